@@ -1,0 +1,39 @@
+"""Names of the `coroner.dev` API, in one place.
+
+Every component (operator, agent, launcher, CLI, manifests' tests) spells the group, the resource
+and the field paths through these constants, so one word means one thing everywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+GROUP: Final = "coroner.dev"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "WorkerRegistration"
+PLURAL: Final = "workerregistrations"
+SINGULAR: Final = "workerregistration"
+SHORT_NAMES: Final = ("wreg",)
+CATEGORIES: Final = ("registrations", "coroner")
+CRD_NAME: Final = f"{PLURAL}.{GROUP}"
+
+#: The label every registration carries so that an agent watches only its own node server-side.
+NODE_LABEL: Final = f"{GROUP}/node"
+#: The RBAC verb that is the retire capability.
+RETIRE_VERB: Final = "retire"
+#: The prefix of a launcher-minted clientInstanceId (anything else is UntrustedIdentityProvenance).
+CLIENT_INSTANCE_PREFIX: Final = "inst-"
+#: Namespace the manifests install into.
+SYSTEM_NAMESPACE: Final = "coroner-system"
+#: Per-node agent Leases live in SYSTEM_NAMESPACE and are named AGENT_LEASE_PREFIX + nodeName.
+AGENT_LEASE_PREFIX: Final = "coroner-agent-"
+#: Annotations on the agent Lease that publish the node facts the agent read.
+AGENT_LEASE_BOOT_ID: Final = f"{GROUP}/boot-id"
+AGENT_LEASE_HOST_ID: Final = f"{GROUP}/host-id"
+AGENT_LEASE_PID_NAMESPACE: Final = f"{GROUP}/pid-namespace"
+
+#: The kernel's fixed inode of the root (initial) pid namespace: PROC_PID_INIT_INO.
+ROOT_PID_NAMESPACE_INODE: Final = 4026531836
+#: The kernel's upper bound for pid_max (PID_MAX_LIMIT on 64-bit).
+PID_MAX_LIMIT: Final = 4194304

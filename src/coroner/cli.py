@@ -1,0 +1,83 @@
+"""The `coroner` command: the dev cluster, the worker launcher and the demo."""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+import click
+
+from coroner.devcluster.errors import DevClusterError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Coroner: retires stale WorkerRegistrations, and never a live one."""
+
+
+@main.group("dev-cluster")
+def dev_cluster() -> None:
+    """A real local control plane (etcd + kube-apiserver) built from Go modules."""
+
+
+_dir_option = click.option(
+    "--dir",
+    "directory",
+    required=True,
+    type=click.Path(file_okay=False, path_type=pathlib.Path),
+    help="Directory holding the cluster's state, certificates, logs and kubeconfig.",
+)
+
+
+def _fail(exc: DevClusterError) -> None:
+    click.echo(f"error: {exc}", err=True)
+    sys.exit(1)
+
+
+@dev_cluster.command("up")
+@_dir_option
+@click.option("--no-controller-manager", is_flag=True, help="Do not start kube-controller-manager.")
+def dev_cluster_up(directory: pathlib.Path, no_controller_manager: bool) -> None:
+    """Build (cached) and start the control plane; idempotent; returns once the API is ready."""
+    from coroner.devcluster import cluster
+
+    try:
+        started = cluster.up(directory, controller_manager=not no_controller_manager, progress=click.echo)
+    except DevClusterError as exc:
+        _fail(exc)
+        return
+    click.echo(f"API server ready at {started.server}")
+    click.echo(f"export KUBECONFIG={started.kubeconfig}")
+
+
+@dev_cluster.command("down")
+@_dir_option
+def dev_cluster_down(directory: pathlib.Path) -> None:
+    """Stop what `up` started in DIR, and nothing else."""
+    from coroner.devcluster import cluster
+
+    try:
+        stopped = cluster.down(directory)
+    except DevClusterError as exc:
+        _fail(exc)
+        return
+    click.echo(f"stopped: {', '.join(stopped)}" if stopped else f"nothing running in {directory}")
+
+
+@dev_cluster.command("token")
+@_dir_option
+@click.option("--service-account", required=True, help="NAMESPACE/NAME of the ServiceAccount.")
+@click.option("--node", default=None, help="Bind the token to this Node (created if missing).")
+def dev_cluster_token(directory: pathlib.Path, service_account: str, node: str | None) -> None:
+    """Mint a ServiceAccount token and print the path of a kubeconfig that uses it."""
+    from coroner.devcluster import cluster, identities
+
+    try:
+        running = cluster.Cluster.load(directory.resolve())
+        if running is None or not cluster.is_ready(running):
+            raise DevClusterError(
+                f"no ready dev cluster in {directory}", fix=f"run `coroner dev-cluster up --dir {directory}` first"
+            )
+        click.echo(identities.mint_token(running, service_account=service_account, node=node))
+    except DevClusterError as exc:
+        _fail(exc)

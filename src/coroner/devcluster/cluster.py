@@ -1,0 +1,432 @@
+"""A real local control plane: etcd + kube-apiserver (+ kube-controller-manager) on loopback.
+
+`up` starts what a cluster directory describes and returns once `/readyz` is OK; `down` stops
+exactly what `up` started there. Each started process is recorded as (pid, start time): a pid
+number is reused, an incarnation is not, so `down` never signals a stranger that inherited a pid —
+the same rule Coroner enforces for workers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import http.client
+import json
+import os
+import pathlib
+import signal
+import socket
+import ssl
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from coroner.devcluster import pki as pki_mod
+from coroner.devcluster.binaries import Binaries, ensure_binaries
+from coroner.devcluster.errors import DevClusterError
+
+STATE_FILE = "cluster.json"
+SERVICE_CIDR = "10.0.0.0/24"
+READY_TIMEOUT = 180.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Started:
+    """One process `up` started: enough to find it again and to prove it is still the same one."""
+
+    name: str
+    pid: int
+    start_time: int
+
+    def alive(self) -> bool:
+        """True only if this pid still holds the incarnation `up` started."""
+        return _start_time(self.pid) == self.start_time
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Cluster:
+    """What `up` returns and writes to DIR/cluster.json."""
+
+    directory: pathlib.Path
+    apiserver_port: int
+    etcd_port: int
+    binaries: pathlib.Path
+    processes: tuple[Started, ...]
+
+    @property
+    def kubeconfig(self) -> pathlib.Path:
+        return self.directory / "kubeconfig"
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.apiserver_port}"
+
+    @property
+    def pki(self) -> pki_mod.Pki:
+        return pki_mod.Pki(directory=self.directory / "pki")
+
+    def binary(self, name: str) -> pathlib.Path:
+        return self.binaries / name
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "apiserverPort": self.apiserver_port,
+            "etcdPort": self.etcd_port,
+            "binaries": str(self.binaries),
+            "processes": [dataclasses.asdict(p) for p in self.processes],
+        }
+
+    @classmethod
+    def load(cls, directory: pathlib.Path) -> Cluster | None:
+        path = directory / STATE_FILE
+        try:
+            raw = json.loads(path.read_text())
+            return cls(
+                directory=directory,
+                apiserver_port=int(raw["apiserverPort"]),
+                etcd_port=int(raw["etcdPort"]),
+                binaries=pathlib.Path(raw["binaries"]),
+                processes=tuple(Started(**p) for p in raw["processes"]),
+            )
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DevClusterError(
+                f"the cluster state file {path} is unreadable ({exc})",
+                fix=f"run `coroner dev-cluster down --dir {directory}` (it stops what it can find) "
+                f"or remove {path}",
+            ) from exc
+
+
+def _start_time(pid: int) -> int | None:
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    # Field 22 overall; fields after the comm start at field 3, so index 22 - 3.
+    return int(fields[19]) if fields[0] != "Z" else None
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _spawn(name: str, argv: list[str], *, log: pathlib.Path) -> Started:
+    # posix_spawn, not Popen: the process must outlive `coroner dev-cluster up`, and a Popen object
+    # left behind warns when collected. setsid detaches it from the caller's terminal signals.
+    log.parent.mkdir(parents=True, exist_ok=True)
+    actions = [
+        (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+        (os.POSIX_SPAWN_OPEN, 1, str(log), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
+        (os.POSIX_SPAWN_DUP2, 1, 2),
+    ]
+    pid = os.posix_spawn(argv[0], argv, dict(os.environ), file_actions=actions, setsid=True)
+    for _ in range(100):
+        start = _start_time(pid)
+        if start is not None:
+            return Started(name=name, pid=pid, start_time=start)
+        time.sleep(0.01)
+    _reap(pid)
+    raise DevClusterError(f"{name} exited immediately; see {log}", fix=f"read {log}")
+
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def _stop(process: Started, *, timeout: float = 15.0) -> None:
+    if not process.alive():
+        _reap(process.pid)
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        _reap(process.pid)
+        if not process.alive():
+            return
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(process.pid, signal.SIGKILL)
+    for _ in range(100):
+        _reap(process.pid)
+        if not process.alive():
+            return
+        time.sleep(0.02)
+
+
+def _tail(path: pathlib.Path, lines: int = 12) -> str:
+    try:
+        return "".join(path.read_text(errors="replace").splitlines(keepends=True)[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _http_get(
+    *, host: str, port: int, path: str, context: ssl.SSLContext | None, timeout: float = 2.0
+) -> tuple[int, bytes]:
+    conn: http.client.HTTPConnection
+    if context is None:
+        conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    else:
+        conn = http.client.HTTPSConnection(host, port, timeout=timeout, context=context)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def admin_ssl_context(cluster: Cluster) -> ssl.SSLContext:
+    """TLS context that verifies the API server and presents the admin client certificate."""
+    context = ssl.create_default_context(cafile=str(cluster.pki.ca_cert))
+    context.load_cert_chain(str(cluster.pki.client_cert("admin")), str(cluster.pki.client_key("admin")))
+    return context
+
+
+def _wait(
+    what: str,
+    probe: Callable[[], bool],
+    *,
+    process: Started,
+    log: pathlib.Path,
+    timeout: float,
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not process.alive():
+            _reap(process.pid)
+            tail = _tail(log)
+            fix = f"read {log}"
+            if "address already in use" in tail:
+                fix = "another process holds the port; run `coroner dev-cluster up` again (it picks new ports)"
+            raise DevClusterError(f"{what} exited during startup; last log lines:\n{tail}", fix=fix)
+        with contextlib.suppress(OSError, http.client.HTTPException):
+            if probe():
+                return
+        time.sleep(0.2)
+    raise DevClusterError(
+        f"{what} did not become ready within {timeout:.0f} s; last log lines:\n{_tail(log)}", fix=f"read {log}"
+    )
+
+
+def is_ready(cluster: Cluster) -> bool:
+    """True when every recorded process is the one `up` started and `/readyz` answers OK."""
+    if not all(p.alive() for p in cluster.processes):
+        return False
+    try:
+        status, _ = _http_get(
+            host="127.0.0.1", port=cluster.apiserver_port, path="/readyz", context=admin_ssl_context(cluster)
+        )
+    except (OSError, http.client.HTTPException):
+        return False
+    return status == 200
+
+
+def write_kubeconfig(
+    path: pathlib.Path,
+    *,
+    server: str,
+    ca: pathlib.Path,
+    user: str,
+    cert: pathlib.Path | None = None,
+    key: pathlib.Path | None = None,
+    token: str | None = None,
+) -> pathlib.Path:
+    """A one-context kubeconfig for one identity (client certificate or bearer token)."""
+    credentials: dict[str, str] = {}
+    if cert is not None and key is not None:
+        credentials = {"client-certificate": str(cert), "client-key": str(key)}
+    if token is not None:
+        credentials = {"token": token}
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "coroner-dev", "cluster": {"server": server, "certificate-authority": str(ca)}}],
+        "users": [{"name": user, "user": credentials}],
+        "contexts": [{"name": user, "context": {"cluster": "coroner-dev", "user": user}}],
+        "current-context": user,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(config, indent=2) + "\n")
+    path.chmod(0o600)
+    return path
+
+
+def up(
+    directory: pathlib.Path,
+    *,
+    controller_manager: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> Cluster:
+    """Starts (or finds running) etcd and kube-apiserver for DIR; returns once the API is ready."""
+    directory = directory.resolve()
+    directory.mkdir(parents=True, exist_ok=True)
+    existing = Cluster.load(directory)
+    if existing is not None:
+        if is_ready(existing):
+            return existing
+        # A stale state file: some recorded process is gone or not ready. Stop what is left so
+        # nothing half-started lingers, then start afresh.
+        down(directory)
+
+    binaries = ensure_binaries(progress=progress)
+    pki = pki_mod.ensure_pki(directory / "pki")
+    logs = directory / "logs"
+    started: list[Started] = []
+    try:
+        etcd_port, peer_port = _free_port(), _free_port()
+        etcd_log = logs / "etcd.log"
+        etcd = _spawn("etcd", _etcd_argv(binaries, directory, etcd_port, peer_port), log=etcd_log)
+        started.append(etcd)
+        _wait(
+            "etcd",
+            lambda: _http_get(host="127.0.0.1", port=etcd_port, path="/health", context=None)[0] == 200,
+            process=etcd,
+            log=etcd_log,
+            timeout=60,
+        )
+        api_port = _free_port()
+        api_log = logs / "kube-apiserver.log"
+        apiserver = _spawn(
+            "kube-apiserver", _apiserver_argv(binaries, directory, pki, etcd_port, api_port), log=api_log
+        )
+        started.append(apiserver)
+        cluster = Cluster(
+            directory=directory,
+            apiserver_port=api_port,
+            etcd_port=etcd_port,
+            binaries=binaries.directory,
+            processes=tuple(started),
+        )
+        context = admin_ssl_context(cluster)
+        _wait(
+            "kube-apiserver",
+            lambda: _http_get(host="127.0.0.1", port=api_port, path="/readyz", context=context)[0] == 200
+            and _http_get(host="127.0.0.1", port=api_port, path="/api/v1/namespaces/default", context=context)[0]
+            == 200,
+            process=apiserver,
+            log=api_log,
+            timeout=READY_TIMEOUT,
+        )
+        write_kubeconfig(
+            cluster.kubeconfig,
+            server=cluster.server,
+            ca=pki.ca_cert,
+            user="admin",
+            cert=pki.client_cert("admin"),
+            key=pki.client_key("admin"),
+        )
+        if controller_manager and binaries.has_controller_manager:
+            kcm_log = logs / "kube-controller-manager.log"
+            kcm = _spawn("kube-controller-manager", _kcm_argv(binaries, cluster, pki), log=kcm_log)
+            started.append(kcm)
+        cluster = dataclasses.replace(cluster, processes=tuple(started))
+        (directory / STATE_FILE).write_text(json.dumps(cluster.to_json(), indent=2) + "\n")
+        return cluster
+    except BaseException:
+        # Never leave half-started processes behind.
+        for process in reversed(started):
+            _stop(process)
+        raise
+
+
+def down(directory: pathlib.Path) -> list[str]:
+    """Stops what `up` started in DIR (and nothing else); returns the names it stopped."""
+    directory = directory.resolve()
+    cluster = Cluster.load(directory)
+    if cluster is None:
+        return []
+    stopped = []
+    for process in reversed(cluster.processes):
+        if process.alive():
+            _stop(process)
+            stopped.append(process.name)
+    (directory / STATE_FILE).unlink(missing_ok=True)
+    return stopped
+
+
+def _etcd_argv(binaries: Binaries, directory: pathlib.Path, port: int, peer_port: int) -> list[str]:
+    return [
+        str(binaries.path("etcd")),
+        f"--data-dir={directory / 'etcd'}",
+        f"--listen-client-urls=http://127.0.0.1:{port}",
+        f"--advertise-client-urls=http://127.0.0.1:{port}",
+        f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
+        f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
+        f"--initial-cluster=default=http://127.0.0.1:{peer_port}",
+        "--unsafe-no-fsync=true",
+        "--quota-backend-bytes=8589934592",
+        "--log-level=warn",
+    ]
+
+
+def _apiserver_argv(
+    binaries: Binaries, directory: pathlib.Path, pki: pki_mod.Pki, etcd_port: int, port: int
+) -> list[str]:
+    return [
+        str(binaries.path("kube-apiserver")),
+        f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+        f"--cert-dir={directory / 'pki'}",
+        f"--tls-cert-file={pki.serving_cert}",
+        f"--tls-private-key-file={pki.serving_key}",
+        f"--client-ca-file={pki.ca_cert}",
+        f"--secure-port={port}",
+        "--bind-address=127.0.0.1",
+        "--advertise-address=127.0.0.1",
+        # The kubernetes Service endpoint reconciler refuses loopback addresses; nothing here
+        # reaches the API through that Service, so it is off.
+        "--endpoint-reconciler-type=none",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--allow-privileged=true",
+        "--authorization-mode=RBAC",
+        # No kubelet, no token controller for legacy secrets: pods are never run here, so the
+        # ServiceAccount admission plugin (which wants mounted token volumes) stays off.
+        "--disable-admission-plugins=ServiceAccount",
+        f"--service-account-issuer=https://127.0.0.1:{port}",
+        f"--service-account-key-file={pki.sa_pub}",
+        f"--service-account-signing-key-file={pki.sa_key}",
+        "--profiling=false",
+        "--v=1",
+    ]
+
+
+def _kcm_argv(binaries: Binaries, cluster: Cluster, pki: pki_mod.Pki) -> list[str]:
+    # Only the controllers Coroner's tests rely on: namespace deletion, owner-reference garbage
+    # collection, default ServiceAccounts, and aggregated ClusterRoles such as `view`.
+    return [
+        str(binaries.path("kube-controller-manager")),
+        f"--kubeconfig={cluster.kubeconfig}",
+        "--controllers=namespace,garbagecollector,serviceaccount,clusterrole-aggregation",
+        f"--service-account-private-key-file={pki.sa_key}",
+        f"--root-ca-file={pki.ca_cert}",
+        "--leader-elect=false",
+        "--bind-address=127.0.0.1",
+        "--secure-port=0",
+        "--v=1",
+    ]
+
+
+@contextlib.contextmanager
+def running(directory: pathlib.Path, *, keep: bool = False) -> Iterator[Cluster]:
+    """`up` for the duration of a block; `down` afterwards unless `keep`."""
+    cluster = up(directory)
+    try:
+        yield cluster
+    finally:
+        if not keep:
+            down(directory)

@@ -1,0 +1,106 @@
+"""Identities on the dev cluster: ServiceAccount tokens (node-bound for agents) and client certs.
+
+Tokens come from the real TokenRequest API; a token bound to a Node object carries
+`authentication.kubernetes.io/node-name` in its user's extra, which is what the admission policy
+that restricts agents reads.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from coroner.devcluster import pki as pki_mod
+from coroner.devcluster.cluster import Cluster, write_kubeconfig
+from coroner.devcluster.errors import DevClusterError
+from coroner.kube import api_client
+
+TOKEN_SECONDS = 24 * 3600
+
+
+def _ignore_conflict(call: object) -> None:
+    try:
+        call()  # type: ignore[operator]
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+
+
+def ensure_node(cluster: Cluster, *, name: str, boot_id: str | None = None, ready: bool = True) -> k8s.V1Node:
+    """Creates a Node object if missing (there are no kubelets here) and sets its boot id and Ready."""
+    with api_client(cluster.kubeconfig) as api:
+        core = k8s.CoreV1Api(api)
+        _ignore_conflict(lambda: core.create_node(k8s.V1Node(metadata=k8s.V1ObjectMeta(name=name))))
+        if boot_id is not None or ready:
+            status: dict[str, object] = {}
+            if boot_id is not None:
+                status["nodeInfo"] = {"bootID": boot_id}
+            status["conditions"] = [
+                {"type": "Ready", "status": "True" if ready else "False", "reason": "CoronerDevCluster"}
+            ]
+            core.patch_node_status(name, {"status": status})
+        node: k8s.V1Node = core.read_node(name)
+        return node
+
+
+def mint_token(
+    cluster: Cluster,
+    *,
+    service_account: str,
+    node: str | None = None,
+    seconds: int = TOKEN_SECONDS,
+) -> pathlib.Path:
+    """Mints a token for NS/NAME (bound to Node `node` if given); returns a kubeconfig path for it."""
+    namespace, sep, name = service_account.partition("/")
+    if not sep or not namespace or not name:
+        raise DevClusterError(
+            f"--service-account must be NAMESPACE/NAME, got {service_account!r}",
+            fix="for example --service-account coroner-system/coroner-agent",
+        )
+    with api_client(cluster.kubeconfig) as api:
+        core = k8s.CoreV1Api(api)
+        _ignore_conflict(lambda: core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=namespace))))
+        _ignore_conflict(
+            lambda: core.create_namespaced_service_account(
+                namespace, k8s.V1ServiceAccount(metadata=k8s.V1ObjectMeta(name=name))
+            )
+        )
+        bound = None
+        if node is not None:
+            node_object = ensure_node(cluster, name=node, ready=False) if not _node_exists(core, node) else None
+            uid = (node_object or core.read_node(node)).metadata.uid
+            bound = k8s.V1BoundObjectReference(api_version="v1", kind="Node", name=node, uid=uid)
+        request = k8s.AuthenticationV1TokenRequest(
+            spec=k8s.V1TokenRequestSpec(audiences=[], expiration_seconds=seconds, bound_object_ref=bound)
+        )
+        token = core.create_namespaced_service_account_token(name, namespace, request).status.token
+    suffix = f".node-{node}" if node else ""
+    path = cluster.directory / "tokens" / f"{namespace}.{name}{suffix}.kubeconfig"
+    return write_kubeconfig(
+        path, server=cluster.server, ca=cluster.pki.ca_cert, user=f"{namespace}.{name}{suffix}", token=token
+    )
+
+
+def _node_exists(core: k8s.CoreV1Api, name: str) -> bool:
+    try:
+        core.read_node(name)
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
+
+
+def user_kubeconfig(cluster: Cluster, *, user: str, groups: tuple[str, ...] = ()) -> pathlib.Path:
+    """A kubeconfig for a plain user authenticated by a client certificate (e.g. a read-only human)."""
+    cert, key = pki_mod.ensure_client_cert(cluster.pki, user=user, groups=groups)
+    return write_kubeconfig(
+        cluster.directory / "users" / f"{user}.kubeconfig",
+        server=cluster.server,
+        ca=cluster.pki.ca_cert,
+        user=user,
+        cert=cert,
+        key=key,
+    )

@@ -1,0 +1,115 @@
+"""The vocabulary of Coroner's outcomes.
+
+A reason code reads the same in a condition, an Event, a log line, a metric label, the CLI and the
+docs: this module is the only place those words are spelled.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Reason(enum.StrEnum):
+    """Why a registration is, or is not, retirable: exactly one per registration per decision."""
+
+    ELIGIBLE_STALE_ORPHAN = "EligibleStaleOrphan"
+    ALREADY_TERMINAL = "AlreadyTerminal"
+    INCOMPLETE_IDENTITY = "IncompleteIdentity"
+    UNTRUSTED_IDENTITY_PROVENANCE = "UntrustedIdentityProvenance"
+    UNPARSABLE_HEARTBEAT = "UnparsableHeartbeat"
+    ATTESTATION_MISSING = "AttestationMissing"
+    ATTESTATION_MISMATCH = "AttestationMismatch"
+    HOST_BINDING_UNPROVEN = "HostBindingUnproven"
+    ATTESTATION_STALE = "AttestationStale"
+    HEARTBEAT_AFTER_ATTESTATION = "HeartbeatAfterAttestation"
+    PID_ALIVE = "PidAlive"
+    PID_REUSE_DETECTED = "PidReuseDetected"
+    LIVENESS_UNKNOWN = "LivenessUnknown"
+    AGENT_UNAVAILABLE = "AgentUnavailable"
+    BOOT_IDENTITY_UNKNOWN = "BootIdentityUnknown"
+    HEARTBEAT_NOT_EXPIRED = "HeartbeatNotExpired"
+    CLIENT_INSTANCE_CONFLICT = "ClientInstanceConflict"
+    CONFLICTING_IDENTITY = "ConflictingIdentity"
+    PROTECTED_LEASE_HOLDER = "ProtectedLeaseHolder"
+    RETIRE_PERMISSION_MISSING = "RetirePermissionMissing"
+
+    @property
+    def eligible(self) -> bool:
+        """Only EligibleStaleOrphan authorizes a retirement."""
+        return self is Reason.ELIGIBLE_STALE_ORPHAN
+
+
+class Verdict(enum.StrEnum):
+    """What the same-node agent attests about one incarnation."""
+
+    DEAD = "Dead"
+    ALIVE = "Alive"
+    REUSED = "Reused"
+    UNKNOWN = "Unknown"
+
+
+class Evidence(enum.StrEnum):
+    """Why the agent reached its verdict; for `Dead`, also the path a retirement took."""
+
+    # Dead
+    PIDFD_EXITED = "PidfdExited"
+    PROC_ABSENT = "ProcAbsent"
+    BOOT_BOUNDARY = "BootBoundary"
+    # Reused
+    START_TIME_DIFFERS = "StartTimeDiffers"
+    # Alive
+    PIDFD_PINNED = "PidfdPinned"
+    # Unknown: each names the fact that could not be established.
+    PROC_UNREADABLE = "ProcUnreadable"
+    START_TIME_UNREADABLE = "StartTimeUnreadable"
+    PID_NAMESPACE_NOT_VISIBLE = "PidNamespaceNotVisible"
+    NOT_ROOT_PID_NAMESPACE = "NotRootPidNamespace"
+    BOOT_ID_UNREADABLE = "BootIdUnreadable"
+    FOREIGN_NODE = "ForeignNode"
+    INVALID_INCARNATION = "InvalidIncarnation"
+    PIDFD_UNAVAILABLE = "PidfdUnavailable"
+    PROCESS_CHANGED_DURING_PROBE = "ProcessChangedDuringProbe"
+    ZOMBIE_THREAD_GROUP_ALIVE = "ZombieThreadGroupAlive"
+    # Node-level evidence the operator may use instead of an attestation (policy opt-in only).
+    NODE_DELETED = "NodeDeleted"
+    NODE_OUT_OF_SERVICE = "NodeOutOfService"
+
+    @property
+    def proves_death(self) -> bool:
+        """Evidence that can back a `Dead` verdict or a retirement."""
+        return self in _DEATH_EVIDENCE
+
+
+_DEATH_EVIDENCE = frozenset(
+    {
+        Evidence.PIDFD_EXITED,
+        Evidence.PROC_ABSENT,
+        Evidence.BOOT_BOUNDARY,
+        Evidence.NODE_DELETED,
+        Evidence.NODE_OUT_OF_SERVICE,
+    }
+)
+
+
+class ConditionType(enum.StrEnum):
+    """The `metav1.Condition` types a registration carries."""
+
+    ATTESTED = "Attested"
+    RETIRABLE = "Retirable"
+    RETIRED = "Retired"
+    RELEASED = "Released"
+
+
+class ApplyAbort(enum.StrEnum):
+    """Why `kubectl coroner apply` refused to act: the world moved since the plan."""
+
+    REGISTRY_MOVED = "RegistryMoved"
+    CANDIDATE_SET_MOVED = "CandidateSetMoved"
+
+
+class EventReason(enum.StrEnum):
+    """Reasons of the Kubernetes Events Coroner posts on registrations."""
+
+    RETIRED = "Retired"
+    RETIRE_CONFLICT = "RetireConflict"
+    RETIRE_ABANDONED = "RetireAbandoned"
