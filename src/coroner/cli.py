@@ -50,6 +50,19 @@ def dev_cluster_up(directory: pathlib.Path, no_controller_manager: bool) -> None
     click.echo(f"export KUBECONFIG={started.kubeconfig}")
 
 
+@dev_cluster.command("build")
+def dev_cluster_build() -> None:
+    """Build (or find cached, or take from KUBEBUILDER_ASSETS) the control plane binaries."""
+    from coroner.devcluster.binaries import ensure_binaries
+
+    try:
+        binaries = ensure_binaries(progress=click.echo)
+    except DevClusterError as exc:
+        _fail(exc)
+        return
+    click.echo(f"control plane binaries ({binaries.source}): {binaries.directory}")
+
+
 @dev_cluster.command("down")
 @_dir_option
 def dev_cluster_down(directory: pathlib.Path) -> None:
@@ -76,8 +89,33 @@ def dev_cluster_token(directory: pathlib.Path, service_account: str, node: str |
         running = cluster.Cluster.load(directory.resolve())
         if running is None or not cluster.is_ready(running):
             raise DevClusterError(
-                f"no ready dev cluster in {directory}", fix=f"run `coroner dev-cluster up --dir {directory}` first"
+                f"no ready dev cluster in {directory}",
+                fix=f"run `coroner dev-cluster up --dir {directory}` first",
             )
         click.echo(identities.mint_token(running, service_account=service_account, node=node))
     except DevClusterError as exc:
         _fail(exc)
+
+
+@main.command("demo")
+@click.option(
+    "--dir",
+    "directory",
+    default=".cluster/demo",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=pathlib.Path),
+    help="Where the demo's control plane lives.",
+)
+@click.option("--keep", is_flag=True, help="Leave the control plane running afterwards.")
+def demo(directory: pathlib.Path, keep: bool) -> None:
+    """Run the main job on a local control plane, start to finish, and explain what happens."""
+    from coroner.demo import run_demo
+
+    try:
+        run_demo(directory=directory, keep=keep)
+    except DevClusterError as exc:
+        _fail(exc)
+
+
+if __name__ == "__main__":
+    main()

@@ -7,9 +7,12 @@ in-cluster ServiceAccount when running in a pod, else from the default kubeconfi
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import kubernetes
 from kubernetes.client import ApiClient
+
+from coroner import api
 
 
 def api_client(kubeconfig: str | os.PathLike[str] | None = None) -> ApiClient:
@@ -21,3 +24,27 @@ def api_client(kubeconfig: str | os.PathLike[str] | None = None) -> ApiClient:
         kubernetes.config.load_incluster_config(client_configuration=configuration)
         return ApiClient(configuration)
     return kubernetes.config.new_client_from_config()
+
+
+JSON_PATCH = "application/json-patch+json"
+MERGE_PATCH = "application/merge-patch+json"
+
+
+def patch_registration_status(
+    client: ApiClient, *, namespace: str, name: str, body: list[dict[str, Any]] | dict[str, Any]
+) -> dict[str, Any]:
+    """Patches /status; a list is sent as a JSON patch (with its `test`s), a dict as a merge patch.
+
+    The generated client sends every body as a merge patch unless told otherwise, which would turn a
+    compare-and-swap JSON patch into a 400; the content type is therefore always explicit here.
+    """
+    result: dict[str, Any] = kubernetes.client.CustomObjectsApi(client).patch_namespaced_custom_object_status(
+        api.GROUP,
+        api.VERSION,
+        namespace,
+        api.PLURAL,
+        name,
+        body,
+        _content_type=JSON_PATCH if isinstance(body, list) else MERGE_PATCH,
+    )
+    return result

@@ -93,8 +93,7 @@ class Cluster:
         except (ValueError, KeyError, TypeError) as exc:
             raise DevClusterError(
                 f"the cluster state file {path} is unreadable ({exc})",
-                fix=f"run `coroner dev-cluster down --dir {directory}` (it stops what it can find) "
-                f"or remove {path}",
+                fix=f"run `coroner dev-cluster down --dir {directory}` (it stops what it can find) or remove {path}",
             ) from exc
 
 
@@ -220,7 +219,8 @@ def _wait(
                 return
         time.sleep(0.2)
     raise DevClusterError(
-        f"{what} did not become ready within {timeout:.0f} s; last log lines:\n{_tail(log)}", fix=f"read {log}"
+        f"{what} did not become ready within {timeout:.0f} s; last log lines:\n{_tail(log)}",
+        fix=f"read {log}",
     )
 
 
@@ -316,9 +316,11 @@ def up(
         context = admin_ssl_context(cluster)
         _wait(
             "kube-apiserver",
-            lambda: _http_get(host="127.0.0.1", port=api_port, path="/readyz", context=context)[0] == 200
-            and _http_get(host="127.0.0.1", port=api_port, path="/api/v1/namespaces/default", context=context)[0]
-            == 200,
+            lambda: (
+                _http_get(host="127.0.0.1", port=api_port, path="/readyz", context=context)[0] == 200
+                and _http_get(host="127.0.0.1", port=api_port, path="/api/v1/namespaces/default", context=context)[0]
+                == 200
+            ),
             process=apiserver,
             log=api_log,
             timeout=READY_TIMEOUT,

@@ -1,0 +1,29 @@
+# The two commands a new user runs: `make demo` and `make test` (what CI runs via .ci/run).
+VENV ?= .venv
+PYTHON ?= python3
+BIN := $(VENV)/bin
+
+.PHONY: demo test lint unit install
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+install: $(BIN)/.installed
+
+demo: $(BIN)/.installed
+	$(BIN)/coroner demo
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/lint-imports
+	$(BIN)/mypy
+
+# Builds the control plane on first use (cached under ~/.cache/coroner), then runs every test.
+test: lint
+	$(BIN)/coroner dev-cluster build
+	$(BIN)/pytest
+
+unit: $(BIN)/.installed
+	$(BIN)/pytest -m unit

@@ -1,0 +1,128 @@
+"""Test-side access to the real dev cluster: kubectl, manifests, identities, waiting."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from kubernetes import client as k8s
+
+from coroner import api
+from coroner.devcluster.cluster import Cluster
+from coroner.kube import patch_registration_status
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+MANIFESTS = REPO / "manifests"
+
+T = TypeVar("T")
+
+
+def kubectl(
+    cluster: Cluster,
+    *args: str,
+    kubeconfig: pathlib.Path | None = None,
+    check: bool = True,
+    stdin: str | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Runs the real kubectl built with the control plane."""
+    command = [str(cluster.binary("kubectl")), f"--kubeconfig={kubeconfig or cluster.kubeconfig}", *args]
+    result = subprocess.run(command, capture_output=True, text=True, input=stdin, timeout=120, check=False)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{' '.join(command)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def wait_for(predicate: Callable[[], T | None], *, timeout: float = 30.0, interval: float = 0.05, what: str = "") -> T:
+    """Polls until predicate returns something truthy; a test-side wait, never product logic."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what or predicate}; last value: {last!r}")
+
+
+def install_api(cluster: Cluster) -> None:
+    """Applies the CRD and admission policies (not the workloads) and waits for the CRD."""
+    kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f", str(MANIFESTS / "base" / "crd.yaml"))
+    kubectl(
+        cluster,
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "-f",
+        str(MANIFESTS / "base" / "admission-policies.yaml"),
+    )
+    kubectl(cluster, "wait", "--for=condition=Established", f"crd/{api.CRD_NAME}", "--timeout=60s")
+
+
+def registration_body(
+    *,
+    name: str,
+    node: str = "node-a",
+    pid: int = 4242,
+    start_time: str = "123456789",
+    boot_id: str = "8d0a4c6e-3b1f-4c1e-9a56-0d6f0c1b2a3e",
+    pid_namespace: str = str(api.ROOT_PID_NAMESPACE_INODE),
+    host_id: str = "0f2e7a1c9d8b4e6f8a7b6c5d4e3f2a1b",
+    client_instance_id: str | None = None,
+    interval: int = 10,
+    ttl: int = 30,
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """A raw WorkerRegistration as the launcher would create it."""
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "metadata": {"name": name, "labels": labels if labels is not None else {api.NODE_LABEL: node}},
+        "spec": {
+            "nodeName": node,
+            "incarnation": {
+                "bootId": boot_id,
+                "pidNamespace": pid_namespace,
+                "pid": pid,
+                "startTime": start_time,
+                "hostId": host_id,
+            },
+            "clientInstanceId": client_instance_id or f"inst-{name}",
+            "heartbeat": {"intervalSeconds": interval, "ttlSeconds": ttl},
+        },
+    }
+
+
+def custom(client: k8s.ApiClient) -> k8s.CustomObjectsApi:
+    return k8s.CustomObjectsApi(client)
+
+
+def create_registration(client: k8s.ApiClient, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+    created: dict[str, Any] = custom(client).create_namespaced_custom_object(
+        api.GROUP, api.VERSION, namespace, api.PLURAL, body
+    )
+    return created
+
+
+def get_registration(client: k8s.ApiClient, namespace: str, name: str) -> dict[str, Any]:
+    obj: dict[str, Any] = custom(client).get_namespaced_custom_object(
+        api.GROUP, api.VERSION, namespace, api.PLURAL, name
+    )
+    return obj
+
+
+def patch_status(client: k8s.ApiClient, namespace: str, name: str, body: Any) -> dict[str, Any]:
+    """A list body is sent as a JSON patch, a dict as a merge patch (the client picks the type)."""
+    return patch_registration_status(client, namespace=namespace, name=name, body=body)
+
+
+def api_error_body(exc: Exception) -> dict[str, Any]:
+    body = getattr(exc, "body", None) or "{}"
+    try:
+        parsed: dict[str, Any] = json.loads(body)
+    except ValueError:
+        return {"message": str(body)}
+    return parsed
