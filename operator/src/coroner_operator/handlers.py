@@ -1,0 +1,80 @@
+"""kopf wiring: thin handlers that feed watch events into the cache and the work queue.
+
+Nothing here decides anything. Indexes gate the start: kopf invokes no other handler until every
+index is populated, so the first reconcile already knows every Node and every agent Lease (a node
+absent from a populated cache may be gone; absent from an empty one it is merely not seen yet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from typing import Any
+
+import kopf
+
+from coroner import api
+from coroner_operator.reconciler import Reconciler
+
+logger = logging.getLogger("coroner.operator")
+
+
+@dataclasses.dataclass
+class Runtime:
+    """What the handlers close over; filled in at startup."""
+
+    reconciler: Reconciler | None = None
+    tasks: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)
+
+
+def configure(settings: kopf.OperatorSettings) -> None:
+    """kopf's own bookkeeping stays out of status and under the coroner.dev annotation prefix."""
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=api.GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=api.GROUP, key="last-handled-configuration"
+    )
+    # kopf's per-handler Events would drown the ones Coroner posts; keep only its warnings.
+    settings.posting.level = logging.WARNING
+    # Bounded watches: a silent connection is re-established rather than trusted forever.
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.inactivity_timeout = 400
+
+
+def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
+    """Registers every handler on `registry` (one registry per operator instance)."""
+
+    def reconciler() -> Reconciler:
+        assert runtime.reconciler is not None, "handlers run only after startup"
+        return runtime.reconciler
+
+    @kopf.index("v1", "nodes", registry=registry)
+    async def nodes_index(body: kopf.Body, name: str, **_: Any) -> dict[str, bool]:
+        reconciler().on_node(_raw(body), deleted=False)
+        return {name: True}
+
+    @kopf.index("coordination.k8s.io", "v1", "leases", registry=registry)
+    async def leases_index(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[str, bool]:
+        reconciler().on_lease(_raw(body), deleted=False)
+        return {f"{namespace}/{name}": True}
+
+    @kopf.on.event("v1", "nodes", registry=registry)
+    async def node_event(event: kopf.RawEvent, **_: Any) -> None:
+        r = reconciler()
+        r.world.nodes_synced = True
+        r.on_node(event["object"], deleted=event["type"] == "DELETED")
+
+    @kopf.on.event("coordination.k8s.io", "v1", "leases", registry=registry)
+    async def lease_event(event: kopf.RawEvent, **_: Any) -> None:
+        reconciler().on_lease(event["object"], deleted=event["type"] == "DELETED")
+
+    @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL, registry=registry)
+    async def registration_event(event: kopf.RawEvent, **_: Any) -> None:
+        r = reconciler()
+        r.world.nodes_synced = True  # indexes are populated before any non-index handler runs
+        r.on_registration(event["object"], deleted=event["type"] == "DELETED")
+
+
+def _raw(body: kopf.Body) -> dict[str, Any]:
+    return {key: body[key] for key in body}

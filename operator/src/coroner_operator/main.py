@@ -1,0 +1,182 @@
+"""`coroner-operator`: runs the operator (kopf) with its metrics and liveness endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import logging
+import os
+import pathlib
+from typing import Any
+
+import click
+import kopf
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from coroner import api
+from coroner.decision import Policy
+from coroner.kube import api_client
+from coroner_operator.handlers import Runtime, configure, register
+from coroner_operator.kubeapi import KubeApi
+from coroner_operator.metrics import Metrics
+from coroner_operator.reconciler import OperatorSettings, Reconciler, utcnow
+from coroner_operator.world import World
+
+logger = logging.getLogger("coroner.operator")
+
+
+def build_registry(
+    *,
+    kubeconfig: str | None,
+    policy: Policy,
+    settings: OperatorSettings,
+    metrics: Metrics,
+    runtime: Runtime,
+    metrics_port: int | None,
+) -> kopf.OperatorRegistry:
+    """A kopf registry with Coroner's handlers, startup and cleanup; one per operator instance."""
+    registry = kopf.OperatorRegistry()
+    register(registry, runtime)
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        if kubeconfig:
+            os.environ["KUBECONFIG"] = kubeconfig
+            return kopf.login_with_kubeconfig(**kwargs)
+        return kopf.login_via_client(**kwargs)
+
+    @kopf.on.startup(registry=registry)
+    async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+        configure(settings)
+        kube = KubeApi(api_client(kubeconfig))
+        identity = await kube.whoami()
+        reconciler = Reconciler(
+            world=World(system_namespace=settings_.system_namespace),
+            kube=kube,
+            policy=policy,
+            metrics=metrics,
+            settings=settings_,
+            identity=identity,
+        )
+        runtime.reconciler = reconciler
+        loops = [reconciler.run_scheduler(), reconciler.run_permission_refresh(), reconciler.run_sweeps()]
+        loops += [reconciler.run_worker() for _ in range(settings_.workers)]
+        if metrics_port is not None:
+            loops.append(_serve_http(metrics_port, metrics, reconciler))
+        runtime.tasks = [asyncio.create_task(loop) for loop in loops]
+        logger.info(
+            "operator started identity=%s nodeDeletionEvidence=%s workers=%s",
+            identity,
+            policy.node_deletion_evidence,
+            settings_.workers,
+        )
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(**_: Any) -> None:
+        for task in runtime.tasks:
+            task.cancel()
+        for task in runtime.tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if runtime.reconciler is not None:
+            runtime.reconciler.kube.close()
+
+    settings_ = settings
+    return registry
+
+
+async def _serve_http(port: int, metrics: Metrics, reconciler: Reconciler) -> None:
+    """/metrics (Prometheus) and /healthz: alive while the sweep loop keeps completing sweeps."""
+    started = utcnow()
+
+    async def metrics_view(_: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(_: web.Request) -> web.Response:
+        limit = datetime.timedelta(seconds=reconciler.settings.resync_seconds * 3 + 60)
+        last = reconciler.last_sweep
+        if last is None and utcnow() - started < limit:
+            return web.Response(text="starting\n")
+        if last is not None and utcnow() - datetime.datetime.fromisoformat(last["time"].replace("Z", "+00:00")) < limit:
+            return web.Response(text="ok\n")
+        return web.Response(status=503, text="no completed sweep recently\n")
+
+    app = web.Application()
+    app.add_routes([web.get("/metrics", metrics_view), web.get("/healthz", healthz)])
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "0.0.0.0", port)
+    await site.start()
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--kubeconfig", type=click.Path(exists=True, dir_okay=False), default=None)
+@click.option("--namespace", "namespaces", multiple=True, help="Serve only these namespaces (repeatable; globs).")
+@click.option("--all-namespaces", "-A", is_flag=True, help="Serve every namespace (the default without --namespace).")
+@click.option("--metrics-port", type=int, default=None, help="Serve /metrics and /healthz on this port.")
+@click.option("--workers", type=int, default=8, show_default=True, help="Concurrent reconciles.")
+@click.option("--resync-seconds", type=float, default=60.0, show_default=True)
+@click.option(
+    "--node-deletion-evidence/--no-node-deletion-evidence",
+    default=False,
+    show_default=True,
+    help="Accept a Node confirmed gone (live GET 404 or another UID, after a quarantine) as death evidence.",
+)
+@click.option("--node-quarantine-seconds", type=float, default=40.0, show_default=True)
+@click.option("--retired-ttl-seconds", type=float, default=None, help="Delete retired registrations after this long.")
+@click.option("--system-namespace", default=api.SYSTEM_NAMESPACE, show_default=True)
+@click.option("--verbose", "-v", is_flag=True)
+def main(
+    kubeconfig: str | None,
+    namespaces: tuple[str, ...],
+    all_namespaces: bool,
+    metrics_port: int | None,
+    workers: int,
+    resync_seconds: float,
+    node_deletion_evidence: bool,
+    node_quarantine_seconds: float,
+    retired_ttl_seconds: float | None,
+    system_namespace: str,
+    verbose: bool,
+) -> None:
+    """Run the Coroner operator: retire stale WorkerRegistrations, never a live one."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    for noisy in ("kopf.objects", "kopf.activities.probe", "kopf._core", "kopf._cogs", "aiohttp.access"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    if kubeconfig:
+        kubeconfig = str(pathlib.Path(kubeconfig).resolve())
+    policy = Policy(
+        node_deletion_evidence=node_deletion_evidence,
+        node_deletion_quarantine_seconds=node_quarantine_seconds,
+    )
+    settings = OperatorSettings(
+        workers=workers,
+        resync_seconds=resync_seconds,
+        retired_ttl_seconds=retired_ttl_seconds,
+        system_namespace=system_namespace,
+    )
+    runtime = Runtime()
+    registry = build_registry(
+        kubeconfig=kubeconfig,
+        policy=policy,
+        settings=settings,
+        metrics=Metrics(),
+        runtime=runtime,
+        metrics_port=metrics_port,
+    )
+    clusterwide = all_namespaces or not namespaces
+    kopf.run(
+        registry=registry,
+        standalone=True,
+        clusterwide=clusterwide,
+        namespaces=() if clusterwide else namespaces,
+    )

@@ -1,0 +1,492 @@
+"""The reconcile loop: gather facts from the cache, call the pure `decide`, apply its effects.
+
+Level-based and idempotent: each reconcile recomputes the decision from current state, and writes
+only when the stored conditions differ from the desired ones. Work is keyed by (namespace, name)
+and deduplicated, so a burst of watch events for one registration is one reconcile. Time-driven
+re-evaluation is scheduled for exactly the instant the decision says it can change by clock alone
+(TTL expiry, corroboration window, staleness, agent Lease expiry), not by a per-object timer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import datetime
+import heapq
+import itertools
+import json
+import logging
+from collections import Counter
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from coroner import api, model
+from coroner.decision import Decision, NodeFacts, Policy, decide
+from coroner.reasons import EventReason, Reason
+from coroner_operator import status as status_mod
+from coroner_operator.kubeapi import KubeApi
+from coroner_operator.metrics import Metrics
+from coroner_operator.world import Key, World, lease_facts
+
+logger = logging.getLogger("coroner.operator")
+
+#: Name of the operator's own Lease in the system namespace; doctor reads the last sweep from it.
+OPERATOR_LEASE = "coroner-operator"
+LAST_SWEEP_ANNOTATION = f"{api.GROUP}/last-sweep"
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class OperatorSettings:
+    """How the operator runs; the decision's own knobs live in `coroner.decision.Policy`."""
+
+    workers: int = 8
+    """Concurrent reconciles (distinct registrations; one registration is never reconciled twice at once)."""
+    resync_seconds: float = 60.0
+    """A full re-decision of every cached registration (no API reads) as a safety net."""
+    permission_refresh_seconds: float = 5.0
+    """How often the `retire` capability is re-checked per namespace; a flip re-queues the namespace."""
+    retired_ttl_seconds: float | None = None
+    """Delete retired registrations this long after retirement; None (default) keeps them forever."""
+    error_backoff: tuple[float, ...] = (1, 2, 4, 8, 16, 30, 60)
+    """Delays before retrying a registration whose reconcile failed unexpectedly (never a hot loop)."""
+    system_namespace: str = api.SYSTEM_NAMESPACE
+
+
+def utcnow() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+class Reconciler:
+    """Owns the work queue, the timers and the effects. One per operator process."""
+
+    def __init__(
+        self,
+        *,
+        world: World,
+        kube: KubeApi,
+        policy: Policy,
+        metrics: Metrics,
+        settings: OperatorSettings,
+        identity: str = "unknown",
+    ) -> None:
+        self.world = world
+        self.kube = kube
+        self.policy = policy
+        self.metrics = metrics
+        self.settings = settings
+        self.identity = identity
+        self._queue: asyncio.Queue[Key] = asyncio.Queue()
+        self._pending: set[Key] = set()
+        self._active: set[Key] = set()
+        self._again: set[Key] = set()
+        self._timers: list[tuple[datetime.datetime, int, Key]] = []
+        self._timer_due: dict[Key, datetime.datetime] = {}
+        self._timer_wakeup = asyncio.Event()
+        self._seq = itertools.count()
+        self._reasons: dict[Key, Reason] = {}
+        self._failures: dict[Key, int] = {}
+        self._sweep_failures: Counter[str] = Counter()
+        self._sweep_errors: dict[str, str] = {}
+        self.last_sweep: dict[str, Any] | None = None
+        self.writes = 0
+
+    # --- queueing ------------------------------------------------------------------------------
+
+    def enqueue(self, key: Key) -> None:
+        """Asks for a reconcile of `key`; duplicates collapse into one."""
+        if key in self._active:
+            self._again.add(key)  # reconcile once more after the running one: it may have read old state
+            return
+        if key not in self._pending:
+            self._pending.add(key)
+            self._queue.put_nowait(key)
+
+    def schedule(self, key: Key, when: datetime.datetime) -> None:
+        """Reconcile `key` at `when` (the earliest of several requests wins)."""
+        due = self._timer_due.get(key)
+        if due is not None and due <= when:
+            return
+        self._timer_due[key] = when
+        heapq.heappush(self._timers, (when, next(self._seq), key))
+        self._timer_wakeup.set()
+
+    async def run_scheduler(self) -> None:
+        while True:
+            now = utcnow()
+            while self._timers and self._timers[0][0] <= now:
+                when, _, key = heapq.heappop(self._timers)
+                if self._timer_due.get(key) == when:
+                    del self._timer_due[key]
+                    self.enqueue(key)
+            timeout = (self._timers[0][0] - now).total_seconds() if self._timers else 3600.0
+            self._timer_wakeup.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._timer_wakeup.wait(), timeout=max(timeout, 0.0) + 0.001)
+
+    async def run_worker(self) -> None:
+        while True:
+            key = await self._queue.get()
+            self._pending.discard(key)
+            self._active.add(key)
+            try:
+                await self.reconcile(key)
+                self._failures.pop(key, None)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._on_failure(key, exc)
+            finally:
+                self._active.discard(key)
+                self._queue.task_done()
+                if key in self._again:
+                    self._again.discard(key)
+                    self.enqueue(key)
+
+    def _on_failure(self, key: Key, exc: Exception) -> None:
+        attempt = self._failures.get(key, 0)
+        self._failures[key] = attempt + 1
+        delay = self.settings.error_backoff[min(attempt, len(self.settings.error_backoff) - 1)]
+        self.metrics.reconcile_errors.inc()
+        self._sweep_failures[key[0]] += 1
+        self._sweep_errors[key[0]] = describe(exc)[:300]
+        logger.warning("reconcile failed workerregistration=%s/%s error=%r retry_in=%ss", key[0], key[1], exc, delay)
+        self.schedule(key, utcnow() + datetime.timedelta(seconds=delay))
+
+    async def drain(self) -> None:
+        """Waits until the queue is empty and nothing is running (tests and sweeps)."""
+        await self._queue.join()
+
+    # --- the reconcile -------------------------------------------------------------------------
+
+    async def reconcile(self, key: Key) -> Decision | None:
+        body = self.world.bodies.get(key)
+        if body is None:
+            self._set_reason(key, None)
+            return None
+        registration = self.world.parsed[key]
+        now = utcnow()
+        if registration.terminal:
+            self._set_reason(key, None)
+            await self._collect_garbage(key, registration, now=now)
+            return None
+        namespace = key[0]
+        if namespace not in self.world.retire_permission:
+            self.world.retire_permission[namespace] = await self.kube.can_retire(namespace=namespace)
+        node_override = await self._confirm_node_gone(registration, now=now)
+        facts = self.world.facts_for(key, now=now, node_override=node_override)
+        decision = decide(registration=registration, facts=facts, policy=self.policy, now=now)
+        self._set_reason(key, decision.reason)
+        if decision.retirable:
+            await self._retire(key, body, registration, decision, now=now, node_override=node_override)
+        else:
+            await self._write_conditions(key, body, registration, decision, now=now)
+        if decision.next_evaluation_at is not None:
+            self.schedule(key, decision.next_evaluation_at)
+        return decision
+
+    async def _confirm_node_gone(self, registration: model.Registration, *, now: datetime.datetime) -> NodeFacts | None:
+        """Like the pod garbage collector: after a quarantine, only a live GET's 404 (or another
+        UID) counts as the node being gone, and only where policy opts into node-deletion evidence."""
+        node = registration.node_name
+        if not node or not self.policy.node_deletion_evidence or node in self.world.nodes:
+            return None
+        view = self.world.node_view(node, now=now)
+        if view.missing_since is None:
+            return None
+        if now < view.missing_since + datetime.timedelta(seconds=self.policy.node_deletion_quarantine_seconds):
+            self.schedule(
+                (registration.namespace or "", registration.name or ""),
+                view.missing_since + datetime.timedelta(seconds=self.policy.node_deletion_quarantine_seconds),
+            )
+            return None
+        live = await self.kube.get_node(name=node)
+        if live is not None:
+            self.world.put_node(live)
+            return None
+        return dataclasses.replace(view, exists=False)
+
+    async def _write_conditions(
+        self,
+        key: Key,
+        body: dict[str, Any],
+        registration: model.Registration,
+        decision: Decision,
+        *,
+        now: datetime.datetime,
+    ) -> None:
+        desired = status_mod.desired_conditions(registration, decision, now=now)
+        if not status_mod.conditions_changed(registration, desired):
+            return  # level-based: nothing changed, write nothing
+        ops = status_mod.conditions_ops(body, desired, resource_version=str(registration.resource_version))
+        try:
+            patched = await self.kube.patch_status(namespace=key[0], name=key[1], ops=ops)
+        except ApiException as exc:
+            if exc.status in (404, 409, 422):
+                await self._reread(key)
+                return
+            raise
+        self.writes += 1
+        self.metrics.status_writes.labels("conditions").inc()
+        self._observe(patched)
+
+    async def _retire(
+        self,
+        key: Key,
+        body: dict[str, Any],
+        registration: model.Registration,
+        decision: Decision,
+        *,
+        now: datetime.datetime,
+        node_override: NodeFacts | None,
+    ) -> None:
+        namespace, name = key
+        # Step 2a: the capability, again, right before the write (revocation takes effect here).
+        if not await self.kube.can_retire(namespace=namespace, name=name):
+            self.world.retire_permission[namespace] = False
+            self.metrics.retire_abandoned.labels(Reason.RETIRE_PERMISSION_MISSING.value).inc()
+            logger.info(
+                "retire abandoned workerregistration=%s/%s cause=%s", namespace, name, "RetirePermissionMissing"
+            )
+            self.enqueue(key)
+            return
+        # Step 2b: the Lease fence. Protecting Leases are re-read live; if their holder set moved
+        # since the decision, this attempt is abandoned and the registration decided again.
+        live = {}
+        for lease in await self.kube.list_leases(namespace=namespace):
+            facts = lease_facts(lease)
+            live[facts.name] = facts
+        cached = self.world.leases.get(namespace, {})
+        if _holders(live) != _holders(cached):
+            self.world.leases[namespace] = live
+            self.metrics.retire_abandoned.labels("LeaseFenceMoved").inc()
+            logger.info("retire abandoned workerregistration=%s/%s cause=LeaseFenceMoved", namespace, name)
+            self.enqueue(key)
+            return
+        # Decide once more with the live Leases and the fresh permission: renewals since the cache
+        # was filled must not be missed.
+        fenced = decide(
+            registration=registration,
+            facts=self.world.facts_for(
+                key,
+                now=now,
+                node_override=node_override,
+                leases_override=live,
+                permission_override=True,
+                use_permission_override=True,
+            ),
+            policy=self.policy,
+            now=now,
+        )
+        if not fenced.retirable:
+            self.world.leases[namespace] = live
+            self.enqueue(key)
+            return
+        # Step 3: compare-and-swap.
+        ops = status_mod.retirement_ops(body, registration, fenced, retired_by=self.identity, now=utcnow())
+        try:
+            patched = await self.kube.patch_status(namespace=namespace, name=name, ops=ops)
+        except ApiException as exc:
+            if exc.status in (404, 409, 422):
+                self.metrics.cas_conflicts.inc()
+                logger.info(
+                    "retire conflict workerregistration=%s/%s status=%s resourceVersion=%s: re-reading",
+                    namespace,
+                    name,
+                    exc.status,
+                    registration.resource_version,
+                )
+                await self._reread(key)
+                return
+            if exc.status == 403:
+                # The admission policy refused: the grant was revoked between the check and the write.
+                self.world.retire_permission[namespace] = False
+                self.metrics.retire_abandoned.labels(Reason.RETIRE_PERMISSION_MISSING.value).inc()
+                self.enqueue(key)
+                return
+            raise
+        self.writes += 1
+        self.metrics.status_writes.labels("retirement").inc()
+        self._observe(patched)
+        # Step 4: Event, metric, one structured log line.
+        evidence = fenced.death_evidence.value if fenced.death_evidence else "Unknown"
+        self.metrics.retirements.labels(evidence).inc()
+        attestation = registration.attestation
+        if attestation is not None and attestation.observed_time is not None:
+            self.metrics.death_to_retirement.observe(max(0.0, (utcnow() - attestation.observed_time).total_seconds()))
+        logger.info(
+            "retired workerregistration=%s/%s evidence=%s node=%s pid=%s resourceVersion=%s retiredBy=%s",
+            namespace,
+            name,
+            evidence,
+            registration.node_name,
+            registration.incarnation.pid,
+            registration.resource_version,
+            self.identity,
+        )
+        try:
+            await self.kube.post_event(
+                body=patched, reason=EventReason.RETIRED.value, message=f"{evidence}: {fenced.detail}"
+            )
+        except ApiException as exc:
+            logger.warning("event not posted workerregistration=%s/%s error=%s", namespace, name, exc.status)
+
+    async def _reread(self, key: Key) -> None:
+        fresh = await self.kube.get_registration(namespace=key[0], name=key[1])
+        if fresh is None:
+            self.world.forget_registration(key)
+            self._set_reason(key, None)
+        else:
+            self._observe(fresh)
+            self.enqueue(key)
+
+    def _observe(self, body: dict[str, Any]) -> None:
+        """A body we wrote or read is at least as new as the cache's; keep the newer one."""
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        cached = self.world.bodies.get(key)
+        if cached is None or _rv(body) >= _rv(cached):
+            self.world.put_registration(body)
+
+    async def _collect_garbage(self, key: Key, registration: model.Registration, *, now: datetime.datetime) -> None:
+        ttl = self.settings.retired_ttl_seconds
+        retirement = registration.retirement
+        if ttl is None or retirement is None or retirement.retired_time is None:
+            return
+        due = retirement.retired_time + datetime.timedelta(seconds=ttl)
+        if due > now:
+            self.schedule(key, due)
+            return
+        try:
+            await self.kube.delete_registration(
+                namespace=key[0], name=key[1], resource_version=str(registration.resource_version)
+            )
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                raise
+        logger.info("deleted retired workerregistration=%s/%s retiredTime=%s", key[0], key[1], retirement.retired_time)
+
+    def _set_reason(self, key: Key, reason: Reason | None) -> None:
+        old = self._reasons.pop(key, None)
+        if old is not None:
+            self.metrics.registrations.labels(old.value).dec()
+        if reason is not None:
+            self._reasons[key] = reason
+            self.metrics.registrations.labels(reason.value).inc()
+
+    def reasons(self) -> dict[Key, Reason]:
+        return dict(self._reasons)
+
+    # --- background loops ----------------------------------------------------------------------
+
+    async def run_permission_refresh(self) -> None:
+        """Re-checks `retire` per namespace; a flip re-queues that namespace (grant or revoke)."""
+        while True:
+            await asyncio.sleep(self.settings.permission_refresh_seconds)
+            for namespace in self.world.namespaces():
+                allowed = await self.kube.can_retire(namespace=namespace)
+                if self.world.retire_permission.get(namespace) != allowed:
+                    self.world.retire_permission[namespace] = allowed
+                    logger.info("retire capability namespace=%s granted=%s", namespace, allowed)
+                    for key in self.world.keys_in_namespace(namespace):
+                        self.enqueue(key)
+
+    async def run_sweeps(self) -> None:
+        """Periodic full re-decision; records the outcome per namespace on the operator's Lease."""
+        while True:
+            started = utcnow()
+            self._sweep_failures.clear()
+            self._sweep_errors.clear()
+            keys = list(self.world.bodies)
+            for key in keys:
+                self.enqueue(key)
+            await self.drain()
+            by_reason = Counter(r.value for r in self._reasons.values())
+            self.last_sweep = {
+                "time": model.format_time(utcnow()),
+                "startedTime": model.format_time(started),
+                "registrations": len(keys),
+                "namespaces": len({k[0] for k in keys}),
+                "failures": dict(self._sweep_failures),
+                "errors": dict(self._sweep_errors),
+                "byReason": dict(by_reason),
+                "retirePermission": {ns: v for ns, v in self.world.retire_permission.items()},
+            }
+            try:
+                await self.kube.upsert_lease(
+                    namespace=self.settings.system_namespace,
+                    name=OPERATOR_LEASE,
+                    holder=self.identity,
+                    duration=int(self.settings.resync_seconds * 3),
+                    annotations={LAST_SWEEP_ANNOTATION: json.dumps(self.last_sweep, sort_keys=True)},
+                )
+            except ApiException as exc:
+                logger.warning(
+                    "operator lease not written namespace=%s error=%s", self.settings.system_namespace, exc.status
+                )
+            await asyncio.sleep(self.settings.resync_seconds)
+
+    # --- watch inputs --------------------------------------------------------------------------
+
+    def on_registration(self, body: dict[str, Any], *, deleted: bool) -> None:
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        # Peers' decisions depend on this one (ClientInstanceConflict, ConflictingIdentity), both
+        # the peers it had and the peers it has now.
+        peers = {(p.namespace or "", p.name or "") for p in self.world.peers_of(key)}
+        if deleted:
+            self.world.forget_registration(key)
+            self._set_reason(key, None)
+        else:
+            cached = self.world.bodies.get(key)
+            # Numeric resourceVersion order is only an optimisation here (skip an event older than
+            # a body we wrote ourselves); correctness comes from the compare-and-swap writes.
+            if cached is not None and _rv(body) < _rv(cached):
+                return
+            self.world.put_registration(body)
+            self.enqueue(key)
+            peers |= {(p.namespace or "", p.name or "") for p in self.world.peers_of(key)}
+        for peer in sorted(peers):
+            self.enqueue(peer)
+
+    def on_lease(self, body: dict[str, Any], *, deleted: bool) -> None:
+        kind, subject = self.world.forget_lease(body) if deleted else self.world.put_lease(body)
+        if kind == "agent" and subject is not None:
+            for key in self.world.keys_on_node(subject):
+                self.enqueue(key)
+        elif kind == "lease" and subject is not None:
+            holder = (body.get("spec") or {}).get("holderIdentity")
+            for key in self.world.keys_in_namespace(subject):
+                r = self.world.parsed.get(key)
+                if r is not None and holder in (r.name, r.session_id, r.client_instance_id):
+                    self.enqueue(key)
+
+    def on_node(self, body: dict[str, Any], *, deleted: bool) -> None:
+        name = str(body["metadata"]["name"])
+        if deleted:
+            self.world.forget_node(name, now=utcnow())
+        else:
+            self.world.put_node(body)
+        for key in self.world.keys_on_node(name):
+            self.enqueue(key)
+
+
+def describe(exc: BaseException) -> str:
+    """One line naming an error; for API errors, the server's own message (it names the fix)."""
+    if isinstance(exc, ApiException):
+        try:
+            message = json.loads(exc.body or "{}").get("message")
+        except (ValueError, AttributeError):
+            message = None
+        return f"{exc.status} {exc.reason}: {message or exc.body}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _holders(leases: dict[str, Any]) -> set[tuple[str, str | None]]:
+    return {(name, facts.holder_identity) for name, facts in leases.items()}
+
+
+def _rv(body: dict[str, Any]) -> int:
+    try:
+        return int(body["metadata"]["resourceVersion"])
+    except (KeyError, TypeError, ValueError):
+        return -1

@@ -1,0 +1,144 @@
+"""What the operator writes: conditions that mirror the decision, and the JSON patches that carry them.
+
+Pure functions: the reconciler compares the desired conditions with the stored ones and writes only
+when they differ (level-based: an unchanged decision is never written twice).
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping
+from typing import Any
+
+from coroner import conditions as cond
+from coroner import model
+from coroner.decision import Decision
+from coroner.reasons import ConditionType, Reason, Verdict
+
+#: Reason of the Retired condition while a registration is active.
+ACTIVE = "Active"
+
+
+def attested_condition(registration: model.Registration) -> tuple[bool, str, str]:
+    """(status, reason, message) of the Attested condition: reason is the verdict."""
+    attestation = registration.attestation
+    if attestation is None:
+        return (
+            False,
+            Reason.ATTESTATION_MISSING.value,
+            (f"no attestation yet from the agent of node {registration.node_name or '?'}"),
+        )
+    verdict = attestation.verdict if isinstance(attestation.verdict, Verdict) else Verdict.UNKNOWN
+    observed = model.format_time(attestation.observed_time) if attestation.observed_time else "?"
+    return (
+        True,
+        verdict.value,
+        (
+            f"{attestation.verdict or '?'} ({attestation.evidence or 'no evidence'}) by the agent of node "
+            f"{attestation.agent_node or '?'} at {observed}: {attestation.detail or ''}".rstrip(": ")
+        ),
+    )
+
+
+def desired_conditions(
+    registration: model.Registration, decision: Decision, *, now: datetime.datetime
+) -> list[model.Condition]:
+    """Attested, Retirable and Retired (False/Active) for an active registration."""
+    generation = registration.generation
+    current = list(registration.conditions)
+    status, reason, message = attested_condition(registration)
+    current = cond.set_condition(
+        current,
+        type=ConditionType.ATTESTED,
+        status=status,
+        reason=reason,
+        message=message,
+        observed_generation=generation,
+        now=now,
+    )
+    current = cond.set_condition(
+        current,
+        type=ConditionType.RETIRABLE,
+        status=decision.retirable,
+        reason=decision.reason.value,
+        message=decision.detail,
+        observed_generation=generation,
+        now=now,
+    )
+    return cond.set_condition(
+        current,
+        type=ConditionType.RETIRED,
+        status=False,
+        reason=ACTIVE,
+        message="active; the Retirable condition says why it is or is not retirable",
+        observed_generation=generation,
+        now=now,
+    )
+
+
+def retired_conditions(
+    registration: model.Registration, decision: Decision, *, now: datetime.datetime
+) -> list[model.Condition]:
+    """The conditions written together with status.retirement, in one compare-and-swap patch."""
+    current = desired_conditions(registration, decision, now=now)
+    evidence = decision.death_evidence.value if decision.death_evidence else "Unknown"
+    return cond.set_condition(
+        current,
+        type=ConditionType.RETIRED,
+        status=True,
+        reason=evidence,
+        message=f"retired: {decision.detail}",
+        observed_generation=registration.generation,
+        now=now,
+    )
+
+
+def conditions_ops(
+    body: Mapping[str, Any], conditions: list[model.Condition], *, resource_version: str
+) -> list[dict[str, Any]]:
+    """A JSON patch that sets status.conditions only if the object is still at `resource_version`.
+
+    A merge patch would replace the whole list and could erase a Released condition the worker
+    wrote a moment earlier; the `test` makes such a race a 422 and a re-read instead.
+    """
+    rendered = cond.render_conditions(conditions)
+    ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/resourceVersion", "value": resource_version}]
+    if not isinstance(body.get("status"), Mapping):
+        ops.append({"op": "add", "path": "/status", "value": {"conditions": rendered}})
+    else:
+        ops.append({"op": "add", "path": "/status/conditions", "value": rendered})
+    return ops
+
+
+def retirement_ops(
+    body: Mapping[str, Any],
+    registration: model.Registration,
+    decision: Decision,
+    *,
+    retired_by: str,
+    now: datetime.datetime,
+) -> list[dict[str, Any]]:
+    """The compare-and-swap retirement: test resourceVersion and the relied-on attestation, then write."""
+    resource_version = str(registration.resource_version)
+    status = body.get("status") if isinstance(body.get("status"), Mapping) else {}
+    assert isinstance(status, Mapping)
+    raw_attestation = status.get("attestation")
+    retirement: dict[str, Any] = {
+        "retiredTime": model.format_time(now, fraction=True),
+        "retiredBy": retired_by,
+        "reason": decision.death_evidence.value if decision.death_evidence else "Unknown",
+        "decision": decision.reason.value,
+    }
+    if raw_attestation is not None:
+        retirement["attestation"] = raw_attestation
+    ops = conditions_ops(body, retired_conditions(registration, decision, now=now), resource_version=resource_version)
+    # The attestation relied on must be exactly the one read; with no attestation (node-level
+    # evidence) its absence is what was relied on.
+    if raw_attestation is not None:
+        ops.insert(1, {"op": "test", "path": "/status/attestation", "value": raw_attestation})
+    ops.append({"op": "add", "path": "/status/retirement", "value": retirement})
+    return ops
+
+
+def conditions_changed(registration: model.Registration, desired: list[model.Condition]) -> bool:
+    return cond.render_conditions(list(registration.conditions)) != cond.render_conditions(desired)

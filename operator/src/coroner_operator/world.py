@@ -1,0 +1,235 @@
+"""What the operator knows of the cluster, kept from watches: the informer-style cache.
+
+Every decision is made from this cache — never a LIST per event. It holds the latest raw body of
+each registration, the agent Lease facts per node, the Node facts, the protecting Leases per
+namespace, and indexes that find a registration's possible peers (same clientInstanceId, same
+incarnation, same session) without scanning the namespace.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from coroner import api, model
+from coroner.decision import AgentFacts, Facts, LeaseFacts, NodeFacts
+
+Key = tuple[str, str]  # (namespace, name)
+
+OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
+
+
+def key_of(body: Mapping[str, Any]) -> Key:
+    meta = body.get("metadata") or {}
+    return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+
+
+def parse_time(value: Any) -> datetime.datetime | None:
+    """RFC 3339 from a Kubernetes object (or a datetime from the client); None when absent or bad."""
+    if isinstance(value, datetime.datetime):
+        return value if value.tzinfo else value.replace(tzinfo=datetime.UTC)
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=datetime.UTC)
+
+
+def agent_facts_from_lease(body: Mapping[str, Any]) -> AgentFacts:
+    """Agent Lease → facts; garbage fields become None (unknown), never a default that looks live."""
+    meta = body.get("metadata") or {}
+    spec = body.get("spec") or {}
+    annotations = meta.get("annotations") or {}
+    duration = spec.get("leaseDurationSeconds")
+    return AgentFacts(
+        boot_id=annotations.get(api.AGENT_LEASE_BOOT_ID) or None,
+        host_id=annotations.get(api.AGENT_LEASE_HOST_ID) or None,
+        renew_time=parse_time(spec.get("renewTime")),
+        lease_duration_seconds=duration if isinstance(duration, int) and duration > 0 else None,
+    )
+
+
+def lease_facts(body: Mapping[str, Any]) -> LeaseFacts:
+    meta = body.get("metadata") or {}
+    spec = body.get("spec") or {}
+    duration = spec.get("leaseDurationSeconds")
+    return LeaseFacts(
+        namespace=str(meta.get("namespace") or ""),
+        name=str(meta.get("name") or ""),
+        holder_identity=spec.get("holderIdentity") or None,
+        renew_time=parse_time(spec.get("renewTime")),
+        lease_duration_seconds=duration if isinstance(duration, int) else None,
+    )
+
+
+def node_facts(body: Mapping[str, Any]) -> NodeFacts:
+    meta = body.get("metadata") or {}
+    spec = body.get("spec") or {}
+    status = body.get("status") or {}
+    taints = spec.get("taints") or []
+    return NodeFacts(
+        exists=True,
+        uid=meta.get("uid") or None,
+        boot_id=((status.get("nodeInfo") or {}).get("bootID")) or None,
+        out_of_service=any(isinstance(t, Mapping) and t.get("key") == OUT_OF_SERVICE_TAINT for t in taints),
+        missing_since=None,
+    )
+
+
+@dataclasses.dataclass
+class World:
+    """The cache. Mutated only from the operator's event loop thread."""
+
+    system_namespace: str = api.SYSTEM_NAMESPACE
+    bodies: dict[Key, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    parsed: dict[Key, model.Registration] = dataclasses.field(default_factory=dict)
+    agents: dict[str, AgentFacts] = dataclasses.field(default_factory=dict)
+    nodes: dict[str, NodeFacts] = dataclasses.field(default_factory=dict)
+    nodes_synced: bool = False
+    node_missing_since: dict[str, datetime.datetime] = dataclasses.field(default_factory=dict)
+    leases: dict[str, dict[str, LeaseFacts]] = dataclasses.field(default_factory=lambda: defaultdict(dict))
+    retire_permission: dict[str, bool | None] = dataclasses.field(default_factory=dict)
+    by_instance: dict[tuple[str, str], set[Key]] = dataclasses.field(default_factory=lambda: defaultdict(set))
+    by_incarnation: dict[tuple[str, ...], set[Key]] = dataclasses.field(default_factory=lambda: defaultdict(set))
+    by_session: dict[tuple[str, str, str], set[Key]] = dataclasses.field(default_factory=lambda: defaultdict(set))
+    by_node: dict[str, set[Key]] = dataclasses.field(default_factory=lambda: defaultdict(set))
+
+    # --- registrations -------------------------------------------------------------------------
+
+    def put_registration(self, body: dict[str, Any]) -> Key:
+        key = key_of(body)
+        self.forget_registration(key)
+        registration = model.parse_registration(body)
+        self.bodies[key] = body
+        self.parsed[key] = registration
+        for index, index_key in self._index_keys(key, registration):
+            index[index_key].add(key)
+        return key
+
+    def forget_registration(self, key: Key) -> None:
+        registration = self.parsed.pop(key, None)
+        self.bodies.pop(key, None)
+        if registration is None:
+            return
+        for index, index_key in self._index_keys(key, registration):
+            index[index_key].discard(key)
+            if not index[index_key]:
+                del index[index_key]
+
+    def _index_keys(self, key: Key, r: model.Registration) -> Iterable[tuple[dict[Any, set[Key]], Any]]:
+        namespace = key[0]
+        if r.client_instance_id:
+            yield self.by_instance, (namespace, r.client_instance_id)
+        inc = r.incarnation
+        if inc is not None:
+            yield (
+                self.by_incarnation,
+                (
+                    namespace,
+                    r.node_name or "",
+                    inc.boot_id or "",
+                    inc.pid_namespace or "",
+                    str(inc.pid),
+                    inc.start_time or "",
+                ),
+            )
+        if r.session_id and r.generation_id:
+            yield self.by_session, (namespace, r.session_id, r.generation_id)
+        if r.node_name:
+            yield self.by_node, r.node_name
+
+    def peers_of(self, key: Key) -> list[model.Registration]:
+        """Registrations that might share identity evidence with `key`: the only peers decide needs."""
+        registration = self.parsed.get(key)
+        if registration is None:
+            return []
+        found: set[Key] = set()
+        for index, index_key in self._index_keys(key, registration):
+            if index is self.by_node:
+                continue
+            found |= index.get(index_key, set())
+        found.discard(key)
+        return [self.parsed[k] for k in sorted(found) if k in self.parsed]
+
+    def keys_on_node(self, node: str) -> list[Key]:
+        return sorted(self.by_node.get(node, set()))
+
+    def keys_in_namespace(self, namespace: str) -> list[Key]:
+        return sorted(k for k in self.bodies if k[0] == namespace)
+
+    def namespaces(self) -> list[str]:
+        return sorted({k[0] for k in self.bodies})
+
+    # --- leases and nodes ----------------------------------------------------------------------
+
+    def put_lease(self, body: Mapping[str, Any]) -> tuple[str, str | None]:
+        """Returns ("agent", node) for an agent Lease, ("lease", namespace) for a protecting one."""
+        facts = lease_facts(body)
+        if facts.namespace == self.system_namespace and facts.name.startswith(api.AGENT_LEASE_PREFIX):
+            node = facts.name[len(api.AGENT_LEASE_PREFIX) :]
+            self.agents[node] = agent_facts_from_lease(body)
+            return "agent", node
+        if facts.namespace == self.system_namespace:
+            return "system", None
+        self.leases[facts.namespace][facts.name] = facts
+        return "lease", facts.namespace
+
+    def forget_lease(self, body: Mapping[str, Any]) -> tuple[str, str | None]:
+        facts = lease_facts(body)
+        if facts.namespace == self.system_namespace and facts.name.startswith(api.AGENT_LEASE_PREFIX):
+            node = facts.name[len(api.AGENT_LEASE_PREFIX) :]
+            self.agents.pop(node, None)
+            return "agent", node
+        self.leases.get(facts.namespace, {}).pop(facts.name, None)
+        return "lease", facts.namespace
+
+    def put_node(self, body: Mapping[str, Any]) -> str:
+        name = str((body.get("metadata") or {}).get("name") or "")
+        self.nodes[name] = node_facts(body)
+        self.node_missing_since.pop(name, None)
+        return name
+
+    def forget_node(self, name: str, *, now: datetime.datetime) -> None:
+        self.nodes.pop(name, None)
+        self.node_missing_since.setdefault(name, now)
+
+    def node_view(self, name: str, *, now: datetime.datetime) -> NodeFacts:
+        """The Node as the cache knows it. Absent from a synced cache is "not seen", not "deleted":
+        only a live GET (done by the reconciler) may turn that into exists=False."""
+        if name in self.nodes:
+            return self.nodes[name]
+        since = self.node_missing_since.setdefault(name, now) if self.nodes_synced else None
+        return NodeFacts(exists=None, uid=None, boot_id=None, out_of_service=False, missing_since=since)
+
+    # --- facts ---------------------------------------------------------------------------------
+
+    def facts_for(
+        self,
+        key: Key,
+        *,
+        now: datetime.datetime,
+        node_override: NodeFacts | None = None,
+        leases_override: Mapping[str, LeaseFacts] | None = None,
+        permission_override: bool | None = None,
+        use_permission_override: bool = False,
+    ) -> Facts:
+        registration = self.parsed[key]
+        node = registration.node_name or ""
+        nodes: dict[str, NodeFacts] = {}
+        if node:
+            nodes[node] = node_override or self.node_view(node, now=now)
+        leases = leases_override if leases_override is not None else self.leases.get(key[0], {})
+        agents = {node: self.agents[node]} if node in self.agents else {}
+        permission = permission_override if use_permission_override else self.retire_permission.get(key[0])
+        return Facts(
+            agents=agents,
+            nodes=nodes,
+            protecting_leases=tuple(leases.values()),
+            peers=tuple(self.peers_of(key)),
+            retire_permission=permission,
+        )
