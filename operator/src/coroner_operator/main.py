@@ -22,7 +22,7 @@ from coroner_operator.handlers import Runtime, configure, register
 from coroner_operator.kubeapi import KubeApi
 from coroner_operator.metrics import Metrics
 from coroner_operator.reconciler import OperatorSettings, Reconciler, utcnow
-from coroner_operator.world import World
+from coroner.world import World
 
 logger = logging.getLogger("coroner.operator")
 

@@ -28,7 +28,7 @@ from coroner.reasons import EventReason, Reason
 from coroner_operator import status as status_mod
 from coroner_operator.kubeapi import KubeApi
 from coroner_operator.metrics import Metrics
-from coroner_operator.world import Key, World, lease_facts
+from coroner.world import Key, World, lease_facts
 
 logger = logging.getLogger("coroner.operator")
 

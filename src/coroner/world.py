@@ -1,4 +1,4 @@
-"""What the operator knows of the cluster, kept from watches: the informer-style cache.
+"""What is known of the cluster, as facts for the decision: the informer-style cache.
 
 Every decision is made from this cache — never a LIST per event. It holds the latest raw body of
 each registration, the agent Lease facts per node, the Node facts, the protecting Leases per
