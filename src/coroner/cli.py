@@ -97,6 +97,50 @@ def dev_cluster_token(directory: pathlib.Path, service_account: str, node: str |
         _fail(exc)
 
 
+@main.command("run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--namespace", "-n", required=True, help="Namespace of the WorkerRegistration.")
+@click.option("--node-name", required=True, envvar="NODE_NAME", help="The node this worker runs on.")
+@click.option("--name", default=None, help="Registration name (default: ROLE-<random>).")
+@click.option("--role", default="", help="Free-text role recorded in spec.role (default: the command's name).")
+@click.option("--kubeconfig", default=None, type=click.Path(exists=True, dir_okay=False))
+@click.option("--interval-seconds", default=10, show_default=True, type=click.IntRange(1, 86400))
+@click.option("--ttl-seconds", default=30, show_default=True, type=click.IntRange(1, 604800))
+@click.option("--boot-id-file", default="/proc/sys/kernel/random/boot_id", show_default=True, hidden=True)
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def run_command(
+    namespace: str,
+    node_name: str,
+    name: str | None,
+    role: str,
+    kubeconfig: str | None,
+    interval_seconds: int,
+    ttl_seconds: int,
+    boot_id_file: str,
+    command: tuple[str, ...],
+) -> None:
+    """Launch COMMAND as a registered worker: heartbeat while it runs, release on a clean exit."""
+    from coroner.launcher import RegistrationError, run
+
+    if ttl_seconds < interval_seconds:
+        raise click.BadParameter("--ttl-seconds must be at least --interval-seconds")
+    try:
+        status = run(
+            command,
+            namespace=namespace,
+            node_name=node_name,
+            kubeconfig=kubeconfig,
+            name=name,
+            role=role,
+            interval_seconds=interval_seconds,
+            ttl_seconds=ttl_seconds,
+            boot_id_file=boot_id_file,
+        )
+    except RegistrationError as exc:
+        click.echo(f"coroner: error: {exc}", err=True)
+        sys.exit(125)
+    sys.exit(status)
+
+
 @main.command("demo")
 @click.option(
     "--dir",

@@ -1,0 +1,349 @@
+"""The worker side: register an incarnation, heartbeat while it lives, release it on a clean exit.
+
+`coroner run -- CMD` launches CMD as a child and registers the child's own incarnation, probed from
+its /proc entries; `registered()` registers the calling process itself (the Python API). Both
+create the WorkerRegistration with a fresh launcher-minted `inst-` clientInstanceId, heartbeat with
+merge patches that touch only status.lastHeartbeatTime, and mark `Released` with a JSON patch that
+tests the resourceVersion (a merge patch would replace the whole conditions list).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import logging
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from coroner import api, conditions, model
+from coroner.kube import api_client, patch_registration_status
+from coroner.reasons import ConditionType
+
+logger = logging.getLogger("coroner.launcher")
+
+RELEASED_REASON = "CleanExit"
+
+
+class RegistrationError(Exception):
+    """A registration could not be made; the message names the object and the fix."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ProbedIncarnation:
+    boot_id: str
+    pid_namespace: str
+    pid: int
+    start_time: str
+    host_id: str
+
+    def to_spec(self) -> dict[str, Any]:
+        return {
+            "bootId": self.boot_id,
+            "pidNamespace": self.pid_namespace,
+            "pid": self.pid,
+            "startTime": self.start_time,
+            "hostId": self.host_id,
+        }
+
+
+def probe_incarnation(
+    pid: int,
+    *,
+    node_name: str,
+    proc_root: str = "/proc",
+    boot_id_file: str = "/proc/sys/kernel/random/boot_id",
+    machine_id_file: str = "/etc/machine-id",
+) -> ProbedIncarnation:
+    """The incarnation of host pid `pid` as the worker itself sees it (its namespaced pid)."""
+    root = pathlib.Path(proc_root) / str(pid)
+    try:
+        stat = (root / "stat").read_text()
+        status = (root / "status").read_text()
+        ns_link = os.readlink(root / "ns" / "pid")
+        boot_id = pathlib.Path(boot_id_file).read_text().strip()
+    except OSError as exc:
+        raise RegistrationError(f"cannot read the incarnation of pid {pid} ({exc}); did it exit already?") from exc
+    fields = stat[stat.rindex(")") + 2 :].split()
+    start_time = fields[19]
+    ns_match = re.fullmatch(r"pid:\[(\d+)\]", ns_link)
+    nspid = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [str(pid)])
+    try:
+        host_id = pathlib.Path(machine_id_file).read_text().strip() or node_name
+    except OSError:
+        host_id = node_name
+    if ns_match is None or not start_time.isdigit() or not boot_id:
+        raise RegistrationError(f"pid {pid}: unreadable incarnation (ns {ns_link!r}, start {start_time!r})")
+    return ProbedIncarnation(
+        boot_id=boot_id,
+        pid_namespace=ns_match.group(1),
+        pid=int(nspid[-1]),
+        start_time=start_time,
+        host_id=host_id,
+    )
+
+
+def _dns_name(text: str) -> str:
+    cleaned = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+    return (cleaned or "worker")[:40].strip("-")
+
+
+@dataclasses.dataclass(slots=True, kw_only=True)
+class Registration:
+    """A live registration this process made; heartbeats until released or stopped."""
+
+    client: k8s.ApiClient
+    namespace: str
+    name: str
+    interval_seconds: int
+    body: dict[str, Any]
+    _stop: threading.Event = dataclasses.field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    heartbeats: int = 0
+
+    def heartbeat(self) -> None:
+        now = model.format_time(datetime.datetime.now(datetime.UTC), fraction=True)
+        patch_registration_status(
+            self.client, namespace=self.namespace, name=self.name, body={"status": {"lastHeartbeatTime": now}}
+        )
+        self.heartbeats += 1
+
+    def start_heartbeats(self) -> None:
+        def loop() -> None:
+            while not self._stop.wait(self.interval_seconds):
+                try:
+                    self.heartbeat()
+                except ApiException as exc:
+                    # A missed heartbeat is not fatal: the TTL tolerates it. Say so and go on.
+                    logger.warning(
+                        "heartbeat failed workerregistration=%s/%s status=%s", self.namespace, self.name, exc.status
+                    )
+                except Exception as exc:
+                    logger.warning("heartbeat failed workerregistration=%s/%s error=%r", self.namespace, self.name, exc)
+
+        self._thread = threading.Thread(target=loop, name=f"heartbeat-{self.name}", daemon=True)
+        self._thread.start()
+
+    def stop_heartbeats(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def release(self, *, message: str) -> None:
+        """Marks Released=True (the worker said goodbye) under compare-and-swap; retries on conflict."""
+        custom = k8s.CustomObjectsApi(self.client)
+        for _ in range(10):
+            body = custom.get_namespaced_custom_object(api.GROUP, api.VERSION, self.namespace, api.PLURAL, self.name)
+            parsed = model.parse_registration(body)
+            if parsed.terminal:
+                return
+            updated = conditions.set_condition(
+                list(parsed.conditions),
+                type=ConditionType.RELEASED,
+                status=True,
+                reason=RELEASED_REASON,
+                message=message,
+                observed_generation=parsed.generation,
+                now=datetime.datetime.now(datetime.UTC),
+            )
+            rendered = conditions.render_conditions(updated)
+            ops: list[dict[str, Any]] = [
+                {"op": "test", "path": "/metadata/resourceVersion", "value": body["metadata"]["resourceVersion"]}
+            ]
+            if isinstance(body.get("status"), dict):
+                ops.append({"op": "add", "path": "/status/conditions", "value": rendered})
+            else:
+                ops.append({"op": "add", "path": "/status", "value": {"conditions": rendered}})
+            try:
+                patch_registration_status(self.client, namespace=self.namespace, name=self.name, body=ops)
+                return
+            except ApiException as exc:
+                if exc.status not in (409, 422):
+                    raise
+        raise RegistrationError(f"could not mark {self.namespace}/{self.name} Released: it kept changing")
+
+
+def register(
+    *,
+    client: k8s.ApiClient,
+    namespace: str,
+    node_name: str,
+    incarnation: ProbedIncarnation,
+    name: str | None = None,
+    role: str = "",
+    session_id: str = "",
+    generation_id: str = "",
+    interval_seconds: int = 10,
+    ttl_seconds: int = 30,
+    node_uid: str | None = None,
+) -> Registration:
+    """Creates the registration (idempotent on retry with the same name and incarnation)."""
+    instance = f"{api.CLIENT_INSTANCE_PREFIX}{uuid.uuid4()}"
+    name = name or f"{_dns_name(role or 'worker')}-{uuid.uuid4().hex[:8]}"
+    spec: dict[str, Any] = {
+        "nodeName": node_name,
+        "incarnation": incarnation.to_spec(),
+        "clientInstanceId": instance,
+        "heartbeat": {"intervalSeconds": interval_seconds, "ttlSeconds": ttl_seconds},
+    }
+    for key, value in (
+        ("role", role),
+        ("sessionId", session_id),
+        ("generationId", generation_id),
+        ("nodeUID", node_uid),
+    ):
+        if value:
+            spec[key] = value
+    body = {
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "metadata": {"name": name, "namespace": namespace, "labels": {api.NODE_LABEL: node_name}},
+        "spec": spec,
+    }
+    custom = k8s.CustomObjectsApi(client)
+    try:
+        created = custom.create_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, body)
+    except ApiException as exc:
+        if exc.status == 409:
+            existing = custom.get_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, name)
+            if (existing.get("spec") or {}).get("incarnation") == incarnation.to_spec():
+                created = existing  # our own earlier attempt: registration is idempotent
+            else:
+                other = model.parse_registration(existing)
+                state = "retired" if other.retired else "released" if other.released else "active"
+                raise RegistrationError(
+                    f"WorkerRegistration {namespace}/{name} already exists for another incarnation "
+                    f"(pid {other.incarnation.pid} on node {other.node_name}, {state}); "
+                    f"choose another --name or let the existing one be released or retired"
+                ) from exc
+        elif exc.status == 404:
+            raise RegistrationError(
+                f"cannot register in namespace {namespace!r}: the namespace or the WorkerRegistration CRD is "
+                f"missing; install the manifests (kubectl apply -k manifests/overlays/plan-only)"
+            ) from exc
+        elif exc.status == 403:
+            raise RegistrationError(
+                f"not allowed to create WorkerRegistrations in namespace {namespace!r}; bind the ClusterRole "
+                f"coroner-worker to this identity there"
+            ) from exc
+        else:
+            raise RegistrationError(f"registering {namespace}/{name} failed: {exc.status} {exc.reason}") from exc
+    registration = Registration(
+        client=client, namespace=namespace, name=name, interval_seconds=interval_seconds, body=created
+    )
+    registration.heartbeat()
+    return registration
+
+
+@contextlib.contextmanager
+def registered(
+    *,
+    namespace: str,
+    node_name: str,
+    kubeconfig: str | None = None,
+    name: str | None = None,
+    role: str = "",
+    interval_seconds: int = 10,
+    ttl_seconds: int = 30,
+) -> Iterator[Registration]:
+    """Registers the calling process for the duration of the block; released on a clean exit.
+
+    An exception leaving the block is not a clean exit: the registration stays active, stops
+    heartbeating, and is retired once the agent confirms the process is gone.
+    """
+    client = api_client(kubeconfig)
+    incarnation = probe_incarnation(os.getpid(), node_name=node_name)
+    registration = register(
+        client=client,
+        namespace=namespace,
+        node_name=node_name,
+        incarnation=incarnation,
+        name=name,
+        role=role,
+        interval_seconds=interval_seconds,
+        ttl_seconds=ttl_seconds,
+    )
+    registration.start_heartbeats()
+    clean = False
+    try:
+        yield registration
+        clean = True
+    finally:
+        registration.stop_heartbeats()
+        if clean:
+            registration.release(message="the worker left its registered block cleanly")
+        client.close()
+
+
+_FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def run(
+    command: Sequence[str],
+    *,
+    namespace: str,
+    node_name: str,
+    kubeconfig: str | None = None,
+    name: str | None = None,
+    role: str = "",
+    interval_seconds: int = 10,
+    ttl_seconds: int = 30,
+    proc_root: str = "/proc",
+    boot_id_file: str = "/proc/sys/kernel/random/boot_id",
+) -> int:
+    """`coroner run`: launch, register, heartbeat, forward signals, release on clean exit; returns
+    the exit status to exit with (the child's, or 128 + signal number)."""
+    client = api_client(kubeconfig)
+    forwarded: list[int] = []
+    child = subprocess.Popen(list(command))
+
+    def forward(signum: int, _frame: object) -> None:
+        forwarded.append(signum)
+        with contextlib.suppress(ProcessLookupError):
+            child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
+    registration: Registration | None = None
+    try:
+        try:
+            incarnation = probe_incarnation(
+                child.pid, node_name=node_name, proc_root=proc_root, boot_id_file=boot_id_file
+            )
+            registration = register(
+                client=client,
+                namespace=namespace,
+                node_name=node_name,
+                incarnation=incarnation,
+                name=name,
+                role=role or pathlib.Path(command[0]).name,
+                interval_seconds=interval_seconds,
+                ttl_seconds=ttl_seconds,
+            )
+        except (RegistrationError, ApiException) as exc:
+            # A worker that cannot be registered must not run unregistered: stop it and say why.
+            child.terminate()
+            child.wait()
+            raise RegistrationError(str(exc)) from exc
+        print(f"coroner: registered {namespace}/{registration.name} pid={child.pid}", file=sys.stderr, flush=True)
+        registration.start_heartbeats()
+        returncode = child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    registration.stop_heartbeats()
+    clean = returncode == 0 or (returncode == -signal.SIGTERM and signal.SIGTERM in forwarded)
+    if clean:
+        registration.release(message=f"the worker exited cleanly (status {returncode})")
+    client.close()
+    return returncode if returncode >= 0 else 128 - returncode
