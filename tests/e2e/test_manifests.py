@@ -1,0 +1,234 @@
+"""The manifests, applied with the real kubectl, and the identities they create, exercised for real.
+
+Each identity gets a token from the TokenRequest API for the manifests' own ServiceAccounts
+(node-bound for agents), so these tests prove what a cluster admin gets from `kubectl apply -k`.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterator
+
+import pytest
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from coroner import api, model
+from coroner.devcluster.cluster import Cluster
+from coroner.devcluster.identities import mint_token
+from coroner.kube import api_client
+from support import kube
+
+pytestmark = pytest.mark.e2e
+
+SYSTEM = api.SYSTEM_NAMESPACE
+OPERATOR = f"system:serviceaccount:{SYSTEM}:coroner-operator"
+AGENT = f"system:serviceaccount:{SYSTEM}:coroner-agent"
+OVERLAYS = kube.MANIFESTS / "overlays"
+
+
+def apply_overlay(cluster: Cluster, name: str, *extra: str) -> str:
+    return kube.kubectl(cluster, "apply", "-k", str(OVERLAYS / name), *extra).stdout
+
+
+def can_i(
+    cluster: Cluster, verb: str, resource: str, *, who: str, namespace: str = "default", subresource: str = ""
+) -> str:
+    extra = [f"--subresource={subresource}"] if subresource else []
+    result = kube.kubectl(cluster, "auth", "can-i", verb, resource, "-n", namespace, f"--as={who}", *extra, check=False)
+    return result.stdout.strip()
+
+
+@pytest.fixture
+def plan_only(cluster: Cluster) -> Iterator[Cluster]:
+    apply_overlay(cluster, "plan-only")
+    kube.kubectl(cluster, "wait", "--for=condition=Established", f"crd/{api.CRD_NAME}", "--timeout=60s")
+    # The retire grant is removed by deleting the component's objects, exactly as reverting the
+    # GitOps commit that added it would prune them.
+    kube.kubectl(cluster, "delete", "clusterrolebinding", "coroner-operator-retire", "--ignore-not-found")
+    yield cluster
+
+
+def _attestation(body: dict[str, object], *, node: str, verdict: str = "Dead") -> dict[str, object]:
+    spec = body["spec"]
+    assert isinstance(spec, dict)
+    inc = spec["incarnation"]
+    return {
+        "verdict": verdict,
+        "evidence": "ProcAbsent",
+        "detail": "test",
+        "incarnation": inc,
+        "bootId": inc["bootId"],
+        "hostId": inc["hostId"],
+        "observedTime": model.format_time(datetime.datetime.now(datetime.UTC), fraction=True),
+        "heartbeatSeen": "",
+        "agent": {"nodeName": node, "podName": "test", "identity": AGENT},
+    }
+
+
+def _retire_patch() -> dict[str, object]:
+    return {
+        "status": {
+            "retirement": {"retiredBy": "test", "reason": "ProcAbsent"},
+            "conditions": [
+                {
+                    "type": "Retired",
+                    "status": "True",
+                    "reason": "ProcAbsent",
+                    "message": "forged",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                }
+            ],
+        }
+    }
+
+
+def test_overlays_apply_twice_in_either_order_and_server_dry_run(plan_only: Cluster) -> None:
+    for overlay in ("plan-only", "production", "production", "plan-only"):
+        apply_overlay(plan_only, overlay)
+        dry = apply_overlay(plan_only, overlay, "--dry-run=server")
+        assert "(server dry run)" in dry
+    kube.kubectl(plan_only, "delete", "clusterrolebinding", "coroner-operator-retire", "--ignore-not-found")
+
+
+def test_can_i_answers_as_documented(plan_only: Cluster) -> None:
+    resource = f"{api.PLURAL}.{api.GROUP}"
+    assert can_i(plan_only, "retire", resource, who=OPERATOR) == "no"
+    assert can_i(plan_only, "retire", resource, who=AGENT) == "no"
+    assert can_i(plan_only, "patch", resource, who=AGENT, subresource="status") == "yes"
+    assert can_i(plan_only, "create", resource, who=AGENT) == "no"
+    assert can_i(plan_only, "delete", resource, who=OPERATOR) == "no"
+    apply_overlay(plan_only, "production")
+    try:
+        assert can_i(plan_only, "retire", resource, who=OPERATOR) == "yes"
+        assert can_i(plan_only, "retire", resource, who=AGENT) == "no"
+    finally:
+        kube.kubectl(plan_only, "delete", "clusterrolebinding", "coroner-operator-retire")
+    assert can_i(plan_only, "retire", resource, who=OPERATOR) == "no"
+
+
+def test_agent_of_node_a_cannot_attest_for_node_b(plan_only: Cluster, admin: k8s.ApiClient, namespace: str) -> None:
+    mine = kube.create_registration(admin, namespace, kube.registration_body(name="on-a", node="node-a"))
+    theirs = kube.create_registration(admin, namespace, kube.registration_body(name="on-b", node="node-b"))
+    with api_client(mint_token(plan_only, service_account=f"{SYSTEM}/coroner-agent", node="node-a")) as agent:
+        kube.patch_status(agent, namespace, "on-a", {"status": {"attestation": _attestation(mine, node="node-a")}})
+        with pytest.raises(ApiException) as raised:
+            kube.patch_status(
+                agent, namespace, "on-b", {"status": {"attestation": _attestation(theirs, node="node-a")}}
+            )
+        assert raised.value.status in (403, 422)
+        assert 'the agent of node "node-a" may not attest' in kube.api_error_body(raised.value)["message"]
+        # Nor may it touch anything but the attestation, even on its own node.
+        with pytest.raises(ApiException) as raised:
+            kube.patch_status(agent, namespace, "on-a", {"status": {"lastHeartbeatTime": "2026-01-01T00:00:00Z"}})
+        assert "may change only status.attestation" in kube.api_error_body(raised.value)["message"]
+        with pytest.raises(ApiException):
+            kube.patch_status(agent, namespace, "on-a", _retire_patch())
+    assert "attestation" not in kube.get_registration(admin, namespace, "on-b").get("status", {})
+
+
+def test_an_agent_token_without_node_binding_cannot_attest(
+    plan_only: Cluster, admin: k8s.ApiClient, namespace: str
+) -> None:
+    mine = kube.create_registration(admin, namespace, kube.registration_body(name="on-a", node="node-a"))
+    with api_client(mint_token(plan_only, service_account=f"{SYSTEM}/coroner-agent")) as agent:
+        with pytest.raises(ApiException) as raised:
+            kube.patch_status(agent, namespace, "on-a", {"status": {"attestation": _attestation(mine, node="node-a")}})
+    assert raised.value.status in (403, 422)
+
+
+def test_worker_cannot_attest_or_retire_but_can_heartbeat_and_release(
+    plan_only: Cluster, admin: k8s.ApiClient, namespace: str
+) -> None:
+    kube.kubectl(
+        plan_only,
+        "create",
+        "rolebinding",
+        "worker",
+        "--clusterrole=coroner-worker",
+        f"--serviceaccount={namespace}:worker",
+        "-n",
+        namespace,
+    )
+    worker_config = mint_token(plan_only, service_account=f"{namespace}/worker")
+    with api_client(worker_config) as worker:
+        created = kube.wait_for(
+            lambda: _try_create(worker, namespace, kube.registration_body(name="w1")), what="worker RBAC"
+        )
+        kube.patch_status(worker, namespace, "w1", {"status": {"lastHeartbeatTime": "2026-01-01T00:00:00Z"}})
+        with pytest.raises(ApiException) as raised:
+            kube.patch_status(
+                worker, namespace, "w1", {"status": {"attestation": _attestation(created, node="node-a")}}
+            )
+        assert "only the coroner agent" in kube.api_error_body(raised.value)["message"]
+        with pytest.raises(ApiException) as raised:
+            kube.patch_status(worker, namespace, "w1", _retire_patch())
+        assert "requires the retire verb" in kube.api_error_body(raised.value)["message"]
+        released = [
+            {
+                "type": "Released",
+                "status": "True",
+                "reason": "CleanExit",
+                "message": "bye",
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+            }
+        ]
+        kube.patch_status(worker, namespace, "w1", {"status": {"conditions": released}})
+    status = kube.get_registration(admin, namespace, "w1")["status"]
+    assert "retirement" not in status and "attestation" not in status
+
+
+def _try_create(client: k8s.ApiClient, namespace: str, body: dict[str, object]) -> dict[str, object] | None:
+    try:
+        return kube.create_registration(client, namespace, body)
+    except ApiException as exc:
+        if exc.status == 403:
+            return None
+        raise
+
+
+def test_operator_retires_only_while_the_component_is_applied(
+    plan_only: Cluster, admin: k8s.ApiClient, namespace: str
+) -> None:
+    for name in ("first", "second"):
+        kube.create_registration(admin, namespace, kube.registration_body(name=name))
+    with api_client(mint_token(plan_only, service_account=f"{SYSTEM}/coroner-operator")) as operator:
+        with pytest.raises(ApiException) as raised:
+            kube.patch_status(operator, namespace, "first", _retire_patch())
+        assert "requires the retire verb" in kube.api_error_body(raised.value)["message"]
+        apply_overlay(plan_only, "production")
+        kube.wait_for(lambda: _retires(operator, namespace, "first"), what="the grant to take effect")
+        kube.kubectl(plan_only, "delete", "clusterrolebinding", "coroner-operator-retire")
+        # Revocation takes effect on the next write, with no restart of anything.
+        kube.wait_for(lambda: not _retires(operator, namespace, "second"), what="the revocation to take effect")
+    assert "retirement" not in kube.get_registration(admin, namespace, "second").get("status", {})
+
+
+def _retires(client: k8s.ApiClient, namespace: str, name: str) -> bool:
+    try:
+        kube.patch_status(client, namespace, name, _retire_patch())
+    except ApiException as exc:
+        if exc.status in (403, 422):
+            return False
+        raise
+    return True
+
+
+def test_delete_overlays_leaves_nothing_behind(cluster: Cluster) -> None:
+    apply_overlay(cluster, "production")
+    kube.kubectl(cluster, "delete", "-k", str(OVERLAYS / "production"), "--wait=true", "--timeout=120s")
+    kube.kubectl(cluster, "delete", "-k", str(OVERLAYS / "plan-only"), "--ignore-not-found", "--wait=true")
+    leftovers = kube.kubectl(
+        cluster,
+        "get",
+        "clusterrole,clusterrolebinding,validatingadmissionpolicy,validatingadmissionpolicybinding,crd",
+        "-l",
+        "app.kubernetes.io/part-of=coroner",
+        "-o",
+        "name",
+    ).stdout.strip()
+    assert leftovers == ""
+    assert kube.kubectl(cluster, "get", "namespace", SYSTEM, check=False).returncode != 0
+    # Later tests share this cluster: put the API back.
+    apply_overlay(cluster, "plan-only")
+    kube.kubectl(cluster, "wait", "--for=condition=Established", f"crd/{api.CRD_NAME}", "--timeout=60s")
