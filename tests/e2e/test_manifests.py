@@ -131,9 +131,9 @@ def test_an_agent_token_without_node_binding_cannot_attest(
     plan_only: Cluster, admin: k8s.ApiClient, namespace: str
 ) -> None:
     mine = kube.create_registration(admin, namespace, kube.registration_body(name="on-a", node="node-a"))
-    with api_client(mint_token(plan_only, service_account=f"{SYSTEM}/coroner-agent")) as agent:
-        with pytest.raises(ApiException) as raised:
-            kube.patch_status(agent, namespace, "on-a", {"status": {"attestation": _attestation(mine, node="node-a")}})
+    agent_config = mint_token(plan_only, service_account=f"{SYSTEM}/coroner-agent")
+    with api_client(agent_config) as agent, pytest.raises(ApiException) as raised:
+        kube.patch_status(agent, namespace, "on-a", {"status": {"attestation": _attestation(mine, node="node-a")}})
     assert raised.value.status in (403, 422)
 
 
