@@ -19,6 +19,7 @@ lint: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/mypy
+	$(BIN)/hadolint images/operator.Dockerfile images/agent.Dockerfile
 
 # Builds the control plane on first use (cached under ~/.cache/coroner), then runs every test.
 test: lint
