@@ -18,11 +18,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from coroner import api
 from coroner.decision import Policy
 from coroner.kube import api_client
+from coroner.world import World
 from coroner_operator.handlers import Runtime, configure, register
 from coroner_operator.kubeapi import KubeApi
 from coroner_operator.metrics import Metrics
 from coroner_operator.reconciler import OperatorSettings, Reconciler, utcnow
-from coroner.world import World
 
 logger = logging.getLogger("coroner.operator")
 
@@ -123,6 +123,13 @@ async def _serve_http(port: int, metrics: Metrics, reconciler: Reconciler) -> No
 @click.option("--workers", type=int, default=8, show_default=True, help="Concurrent reconciles.")
 @click.option("--resync-seconds", type=float, default=60.0, show_default=True)
 @click.option(
+    "--permission-refresh-seconds",
+    type=float,
+    default=5.0,
+    show_default=True,
+    help="How often the retire capability is re-checked per namespace (a grant takes effect within this).",
+)
+@click.option(
     "--node-deletion-evidence/--no-node-deletion-evidence",
     default=False,
     show_default=True,
@@ -139,6 +146,7 @@ def main(
     metrics_port: int | None,
     workers: int,
     resync_seconds: float,
+    permission_refresh_seconds: float,
     node_deletion_evidence: bool,
     node_quarantine_seconds: float,
     retired_ttl_seconds: float | None,
@@ -161,6 +169,7 @@ def main(
     settings = OperatorSettings(
         workers=workers,
         resync_seconds=resync_seconds,
+        permission_refresh_seconds=permission_refresh_seconds,
         retired_ttl_seconds=retired_ttl_seconds,
         system_namespace=system_namespace,
     )

@@ -25,10 +25,10 @@ from kubernetes.client.exceptions import ApiException
 from coroner import api, model
 from coroner.decision import Decision, NodeFacts, Policy, decide
 from coroner.reasons import EventReason, Reason
+from coroner.world import Key, World, lease_facts
 from coroner_operator import status as status_mod
 from coroner_operator.kubeapi import KubeApi
 from coroner_operator.metrics import Metrics
-from coroner.world import Key, World, lease_facts
 
 logger = logging.getLogger("coroner.operator")
 

@@ -1,0 +1,130 @@
+"""`coroner-agent`: the per-node agent. Runs until SIGTERM, then sweeps and exits."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+
+import click
+
+from coroner import api
+from coroner.kube import api_client
+from coroner_agent.kube import AgentApi
+from coroner_agent.prober import ProcProber
+from coroner_agent.service import Agent, AgentSettings
+
+logger = logging.getLogger("coroner.agent")
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--node-name", required=True, envvar="NODE_NAME", help="The node this agent serves (downward API).")
+@click.option("--kubeconfig", type=click.Path(exists=True, dir_okay=False), default=None)
+@click.option("--proc-root", default="/proc", show_default=True, help="Where the host's /proc is mounted.")
+@click.option("--boot-id-file", default="/proc/sys/kernel/random/boot_id", show_default=True)
+@click.option("--machine-id-file", default="/etc/machine-id", show_default=True)
+@click.option("--pod-name", default="", envvar="POD_NAME")
+@click.option("--system-namespace", default=api.SYSTEM_NAMESPACE, show_default=True)
+@click.option("--resync-seconds", type=float, default=30.0, show_default=True)
+@click.option("--lease-duration-seconds", type=int, default=30, show_default=True)
+@click.option("--renew-seconds", type=float, default=10.0, show_default=True)
+@click.option("--no-pidfd", is_flag=True, help="Do not pin incarnations with pidfds (resync path only; benchmarks).")
+@click.option("--max-pidfds", type=int, default=20000, show_default=True)
+@click.option("--verbose", "-v", is_flag=True)
+def main(
+    node_name: str,
+    kubeconfig: str | None,
+    proc_root: str,
+    boot_id_file: str,
+    machine_id_file: str,
+    pod_name: str,
+    system_namespace: str,
+    resync_seconds: float,
+    lease_duration_seconds: int,
+    renew_seconds: float,
+    no_pidfd: bool,
+    max_pidfds: int,
+    verbose: bool,
+) -> None:
+    """Attest the death (or life) of this node's registered worker incarnations."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    asyncio.run(
+        _run(
+            node_name=node_name,
+            kubeconfig=kubeconfig,
+            proc_root=proc_root,
+            boot_id_file=boot_id_file,
+            machine_id_file=machine_id_file,
+            pod_name=pod_name,
+            system_namespace=system_namespace,
+            resync_seconds=resync_seconds,
+            lease_duration_seconds=lease_duration_seconds,
+            renew_seconds=renew_seconds,
+            use_pidfd=not no_pidfd,
+            max_pidfds=max_pidfds,
+        )
+    )
+
+
+async def _run(
+    *,
+    node_name: str,
+    kubeconfig: str | None,
+    proc_root: str,
+    boot_id_file: str,
+    machine_id_file: str,
+    pod_name: str,
+    system_namespace: str,
+    resync_seconds: float,
+    lease_duration_seconds: int,
+    renew_seconds: float,
+    use_pidfd: bool,
+    max_pidfds: int,
+) -> None:
+    client = api_client(kubeconfig)
+    kube = AgentApi(client, node_name=node_name, system_namespace=system_namespace)
+    identity = await asyncio.to_thread(kube.whoami)
+    loop = asyncio.get_running_loop()
+    agent_ref: list[Agent] = []
+    prober = ProcProber(
+        node_name=node_name,
+        proc_root=proc_root,
+        boot_id_file=boot_id_file,
+        machine_id_file=machine_id_file,
+        loop=loop,
+        on_exit=lambda key: agent_ref[0].on_pidfd(key),
+        use_pidfd=use_pidfd,
+        max_pidfds=max_pidfds,
+    )
+    node_boot = await asyncio.to_thread(kube.node_boot_id)
+    if node_boot is not None and node_boot != prober.boot_id():
+        logger.warning(
+            "boot id disagrees with the Node node=%s nodeBootID=%s agentBootID=%s "
+            "(the operator preserves this node's registrations as BootIdentityUnknown)",
+            node_name, node_boot, prober.boot_id(),
+        )
+    settings = AgentSettings(
+        node_name=node_name,
+        pod_name=pod_name or os.environ.get("HOSTNAME", ""),
+        lease_duration_seconds=lease_duration_seconds,
+        renew_seconds=renew_seconds,
+        resync_seconds=resync_seconds,
+    )
+    agent = Agent(kube=kube, prober=prober, settings=settings, identity=identity)
+    agent_ref.append(agent)
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    logger.info(
+        "agent started node=%s identity=%s bootId=%s rootPidNamespace=%s pidfd=%s",
+        node_name, identity, prober.boot_id(), prober.in_root_pid_namespace, use_pidfd,
+    )
+    try:
+        await agent.run(stop=stop)
+    finally:
+        prober.close()
+        client.close()

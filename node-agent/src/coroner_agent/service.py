@@ -1,0 +1,334 @@
+"""The agent's loop: watch this node's registrations, probe each incarnation, attest what it finds.
+
+Event-driven: a watched worker's pidfd becoming readable re-probes that registration at once; a
+periodic resync re-probes everything as a safety net (and is the only path for incarnations the
+agent could not pin). On SIGTERM a shutdown sweep attests every death it can confirm before the
+node goes. An API error delays an attestation; it never invents one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import logging
+import threading
+from typing import Any, Protocol
+
+from kubernetes.client.exceptions import ApiException
+
+from coroner import api, model
+from coroner.reasons import Evidence, Verdict
+from coroner_agent.kube import AgentApi
+
+logger = logging.getLogger("coroner.agent")
+
+Key = tuple[str, str]
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Outcome:
+    """What one probe established about one incarnation."""
+
+    verdict: Verdict
+    evidence: Evidence
+    detail: str
+
+
+class Prober(Protocol):
+    """The probes, injected so every branch of the loop is testable without real processes."""
+
+    def boot_id(self) -> str | None: ...
+    def host_id(self) -> str: ...
+    def rescan(self) -> None: ...
+    def probe(self, *, key: Key, registration: model.Registration) -> Outcome: ...
+    def forget(self, *, key: Key) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class AgentSettings:
+    node_name: str
+    pod_name: str = ""
+    lease_duration_seconds: int = 30
+    """How long the node Lease stays valid without renewal (the operator's AgentUnavailable bound)."""
+    renew_seconds: float = 10.0
+    resync_seconds: float = 30.0
+    """Full re-probe of every registration of this node (the safety net under pidfd events)."""
+    refresh_seconds: float = 240.0
+    """Re-attest an unchanged verdict this often, so attestations never age into AttestationStale."""
+    workers: int = 4
+
+
+def _incarnation_record(registration: model.Registration) -> dict[str, Any]:
+    """The incarnation the agent checked, limited to fields valid under the CRD's status schema."""
+    inc = registration.incarnation
+    record: dict[str, Any] = {}
+    for field, value in (
+        ("bootId", inc.boot_id),
+        ("pidNamespace", inc.pid_namespace),
+        ("pid", inc.pid),
+        ("startTime", inc.start_time),
+        ("hostId", inc.host_id),
+    ):
+        if value is not None:
+            record[field] = value
+    return record
+
+
+def needs_write(
+    current: model.Attestation | None,
+    new: dict[str, Any],
+    *,
+    last_heartbeat_raw: str | None,
+    now: datetime.datetime,
+    refresh_seconds: float,
+) -> bool:
+    """Level-based: write only what changes the record, plus a periodic refresh."""
+    if current is None:
+        return True
+    if (
+        str(current.verdict) != new["verdict"]
+        or str(current.evidence) != new["evidence"]
+        or current.boot_id != new["bootId"]
+        or current.host_id != new["hostId"]
+        or current.agent_node != new["agent"]["nodeName"]
+        or dict(current.raw.get("incarnation") or {}) != new["incarnation"]
+    ):
+        return True
+    if new["verdict"] == Verdict.DEAD.value and current.heartbeat_seen != (last_heartbeat_raw or ""):
+        return True  # a heartbeat landed after the Dead attestation: confirm again with what is seen now
+    if current.observed_time is None:
+        return True
+    return (now - current.observed_time).total_seconds() >= refresh_seconds
+
+
+class Agent:
+    """One node's agent."""
+
+    def __init__(self, *, kube: AgentApi, prober: Prober, settings: AgentSettings, identity: str) -> None:
+        self.kube = kube
+        self.prober = prober
+        self.settings = settings
+        self.identity = identity
+        self.bodies: dict[Key, dict[str, Any]] = {}
+        self._queue: asyncio.Queue[Key] = asyncio.Queue()
+        self._pending: set[Key] = set()
+        self._active: set[Key] = set()
+        self._again: set[Key] = set()
+        self._failures: dict[Key, int] = {}
+        self._stop_watch = threading.Event()
+        self.attestations_written = 0
+        self.synced = asyncio.Event()
+
+    # --- inputs --------------------------------------------------------------------------------
+
+    def enqueue(self, key: Key) -> None:
+        if key in self._active:
+            self._again.add(key)
+            return
+        if key not in self._pending:
+            self._pending.add(key)
+            self._queue.put_nowait(key)
+
+    def on_pidfd(self, key: Key) -> None:
+        """A watched incarnation's pidfd became readable: its whole thread group exited."""
+        self.enqueue(key)
+
+    def on_relist(self, items: list[dict[str, Any]]) -> None:
+        seen = set()
+        for body in items:
+            key = _key(body)
+            seen.add(key)
+            self.bodies[key] = body
+            self.enqueue(key)
+        for key in set(self.bodies) - seen:
+            self._forget(key)
+        self.synced.set()
+
+    def on_event(self, event_type: str, body: dict[str, Any]) -> None:
+        key = _key(body)
+        if event_type == "DELETED":
+            self._forget(key)
+            return
+        self.bodies[key] = body
+        self.enqueue(key)
+
+    def _forget(self, key: Key) -> None:
+        self.bodies.pop(key, None)
+        self.prober.forget(key=key)
+
+    # --- the attest step -----------------------------------------------------------------------
+
+    def attestation_for(self, key: Key, body: dict[str, Any]) -> tuple[model.Registration, dict[str, Any]] | None:
+        registration = model.parse_registration(body)
+        if registration.terminal:
+            self.prober.forget(key=key)
+            return None
+        if registration.node_name != self.settings.node_name:
+            # The label selector said this node; the spec disagrees. Never speak for another node.
+            outcome = Outcome(
+                verdict=Verdict.UNKNOWN,
+                evidence=Evidence.FOREIGN_NODE,
+                detail=f"spec.nodeName is {registration.node_name!r}, this agent serves {self.settings.node_name!r}",
+            )
+        else:
+            outcome = self.prober.probe(key=key, registration=registration)
+        now = datetime.datetime.now(datetime.UTC)
+        attestation = {
+            "verdict": outcome.verdict.value,
+            "evidence": outcome.evidence.value,
+            "detail": outcome.detail[:1000],
+            "incarnation": _incarnation_record(registration),
+            "bootId": self.prober.boot_id() or "",
+            "hostId": self.prober.host_id(),
+            "observedTime": model.format_time(now, fraction=True),
+            "heartbeatSeen": registration.last_heartbeat_raw or "",
+            "agent": {
+                "nodeName": self.settings.node_name,
+                "podName": self.settings.pod_name,
+                "identity": self.identity,
+            },
+        }
+        if not attestation["bootId"]:
+            attestation["verdict"], attestation["evidence"] = Verdict.UNKNOWN.value, Evidence.BOOT_ID_UNREADABLE.value
+        return registration, attestation
+
+    async def attest(self, key: Key) -> None:
+        body = self.bodies.get(key)
+        if body is None:
+            return
+        prepared = self.attestation_for(key, body)
+        if prepared is None:
+            return
+        registration, attestation = prepared
+        now = datetime.datetime.now(datetime.UTC)
+        if not needs_write(
+            registration.attestation,
+            attestation,
+            last_heartbeat_raw=registration.last_heartbeat_raw,
+            now=now,
+            refresh_seconds=self.settings.refresh_seconds,
+        ):
+            return
+        try:
+            written = await asyncio.to_thread(self.kube.write_attestation, body, attestation)
+        except ApiException as exc:
+            if exc.status in (409, 422):
+                # What the probe relied on moved (a heartbeat landed): read again, probe again.
+                fresh = await asyncio.to_thread(self.kube.get_registration, key[0], key[1])
+                if fresh is None:
+                    self._forget(key)
+                else:
+                    self.bodies[key] = fresh
+                    self.enqueue(key)
+                return
+            if exc.status == 404:
+                self._forget(key)
+                return
+            raise
+        self.bodies[key] = written
+        self.attestations_written += 1
+        logger.info(
+            "attested workerregistration=%s/%s verdict=%s evidence=%s pid=%s node=%s",
+            key[0], key[1], attestation["verdict"], attestation["evidence"],
+            registration.incarnation.pid, self.settings.node_name,
+        )
+
+    async def run_worker(self) -> None:
+        while True:
+            key = await self._queue.get()
+            self._pending.discard(key)
+            self._active.add(key)
+            try:
+                await self.attest(key)
+                self._failures.pop(key, None)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                attempt = self._failures.get(key, 0)
+                self._failures[key] = attempt + 1
+                delay = min(30.0, 0.5 * 2**attempt)
+                logger.warning("attest failed workerregistration=%s/%s error=%r retry_in=%.1fs", key[0], key[1], exc, delay)
+                asyncio.get_running_loop().call_later(delay, self.enqueue, key)
+            finally:
+                self._active.discard(key)
+                self._queue.task_done()
+                if key in self._again:
+                    self._again.discard(key)
+                    self.enqueue(key)
+
+    # --- background loops ----------------------------------------------------------------------
+
+    async def run_lease(self) -> None:
+        backoff = 1.0
+        while True:
+            boot_id = self.prober.boot_id()
+            annotations = {
+                api.AGENT_LEASE_BOOT_ID: boot_id or "",
+                api.AGENT_LEASE_HOST_ID: self.prober.host_id(),
+            }
+            try:
+                await asyncio.to_thread(
+                    self.kube.renew_lease,
+                    holder=self.settings.pod_name or self.identity,
+                    duration=self.settings.lease_duration_seconds,
+                    annotations=annotations,
+                )
+                backoff = 1.0
+                await asyncio.sleep(self.settings.renew_seconds)
+            except ApiException as exc:
+                logger.warning("lease renewal failed node=%s status=%s", self.settings.node_name, exc.status)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self.settings.renew_seconds)
+            except Exception as exc:
+                logger.warning("lease renewal failed node=%s error=%r", self.settings.node_name, exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self.settings.renew_seconds)
+
+    async def run_resync(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.resync_seconds)
+            await asyncio.to_thread(self.prober.rescan)
+            for key in list(self.bodies):
+                self.enqueue(key)
+
+    def start_watch(self, loop: asyncio.AbstractEventLoop) -> threading.Thread:
+        thread = threading.Thread(
+            target=self.kube.watch_registrations,
+            kwargs={"loop": loop, "on_event": self.on_event, "on_relist": self.on_relist, "stop": self._stop_watch},
+            name="watch-registrations",
+            daemon=True,
+        )
+        thread.start()
+        return thread
+
+    async def shutdown_sweep(self, *, timeout: float) -> int:
+        """Before the node goes: re-probe everything and attest what can be confirmed."""
+        self._stop_watch.set()
+        await asyncio.to_thread(self.prober.rescan)
+        before = self.attestations_written
+        for key in list(self.bodies):
+            self.enqueue(key)
+        try:
+            await asyncio.wait_for(self._queue.join(), timeout=timeout)
+        except TimeoutError:
+            logger.warning("shutdown sweep timed out node=%s pending=%s", self.settings.node_name, len(self._pending))
+        return self.attestations_written - before
+
+    async def run(self, *, stop: asyncio.Event, sweep_timeout: float = 45.0) -> None:
+        loop = asyncio.get_running_loop()
+        self.start_watch(loop)
+        tasks = [asyncio.create_task(self.run_lease()), asyncio.create_task(self.run_resync())]
+        tasks += [asyncio.create_task(self.run_worker()) for _ in range(self.settings.workers)]
+        await stop.wait()
+        # Workers keep running through the sweep; the lease keeps being renewed until the end.
+        written = await self.shutdown_sweep(timeout=sweep_timeout)
+        logger.info("shutdown sweep done node=%s attestations=%s", self.settings.node_name, written)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _key(body: dict[str, Any]) -> Key:
+    meta = body.get("metadata") or {}
+    return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
