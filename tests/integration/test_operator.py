@@ -8,6 +8,7 @@ test_end_to_end.py.
 from __future__ import annotations
 
 import pathlib
+import re
 import time
 from collections.abc import Iterator
 
@@ -156,5 +157,84 @@ def test_plan_only_until_granted_then_retires_without_restart(
             assert not components.retired(admin, namespace, "w1")
             components.install(granted, grant=True)
             kube.wait_for(lambda: components.retired(admin, namespace, "w1"), what="retirement after the grant")
+    finally:
+        components.install(granted, grant=True)
+
+
+def _register_dead(admin: k8s.ApiClient, agent: k8s.ApiClient, namespace: str, count: int) -> list[str]:
+    names = [f"w{i:04d}" for i in range(count)]
+    for name in names:
+        _register(admin, namespace, name, heartbeat_age=120)
+        components.attest(agent, namespace, name, evidence="PidfdExited")
+    return names
+
+
+def _all_retired(admin: k8s.ApiClient, namespace: str, count: int) -> bool:
+    items = kube.custom(admin).list_namespaced_custom_object(
+        "coroner.dev", "v1alpha1", namespace, "workerregistrations"
+    )["items"]
+    return len(items) == count and all("retirement" in (i.get("status") or {}) for i in items)
+
+
+def test_two_operators_racing_retire_each_registration_exactly_once(
+    granted: Cluster, agent_a: k8s.ApiClient, admin: k8s.ApiClient, namespace: str, tmp_path: pathlib.Path
+) -> None:
+    count = 200
+    config = components.operator_kubeconfig(granted)
+    with (
+        components.process(components.operator_argv(config), log=tmp_path / "operator-1.log"),
+        components.process(components.operator_argv(config), log=tmp_path / "operator-2.log"),
+    ):
+        _register_dead(admin, agent_a, namespace, count)
+        kube.wait_for(lambda: _all_retired(admin, namespace, count), timeout=120, what="all retired")
+        time.sleep(2)  # let any late duplicate attempt surface
+    events = components.events(admin, namespace)
+    assert len(events) == count, "each retirement posts exactly one Event, by the replica that won the CAS"
+    assert len({e.involved_object.name for e in events}) == count
+    logs = (tmp_path / "operator-1.log").read_text() + (tmp_path / "operator-2.log").read_text()
+    assert logs.count("retired workerregistration=") == count
+
+
+def test_operator_killed_mid_retirement_converges_without_double_retirement(
+    granted: Cluster, agent_a: k8s.ApiClient, admin: k8s.ApiClient, namespace: str, tmp_path: pathlib.Path
+) -> None:
+    count = 60
+    config = components.operator_kubeconfig(granted)
+    _register_dead(admin, agent_a, namespace, count)
+    with components.process(components.operator_argv(config), log=tmp_path / "operator-1.log") as first:
+        kube.wait_for(
+            lambda: "retired workerregistration=" in (tmp_path / "operator-1.log").read_text(),
+            timeout=60,
+            interval=0.01,
+            what="the first retirement",
+        )
+        first.kill()  # SIGKILL, mid-stream
+        first.wait()
+    with components.process(components.operator_argv(config), log=tmp_path / "operator-2.log"):
+        kube.wait_for(lambda: _all_retired(admin, namespace, count), timeout=120, what="convergence")
+    events = components.events(admin, namespace)
+    assert len(events) <= count and len({e.involved_object.name for e in events}) == len(events)
+    # A SIGKILL may land between a successful write and its log line or Event, so those may be
+    # missing for the write in flight; what must never happen is a name retired twice.
+    logs = (tmp_path / "operator-1.log").read_text() + (tmp_path / "operator-2.log").read_text()
+    retired_names = re.findall(r"retired workerregistration=(\S+)", logs)
+    assert len(retired_names) == len(set(retired_names)) >= count - 8
+
+
+def test_grant_revoked_between_two_deaths(
+    granted: Cluster, agent_a: k8s.ApiClient, admin: k8s.ApiClient, namespace: str, operator: None
+) -> None:
+    _register(admin, namespace, "first", heartbeat_age=120)
+    components.attest(agent_a, namespace, "first")
+    kube.wait_for(lambda: components.retired(admin, namespace, "first"), what="first retired")
+    kube.kubectl(granted, "delete", "clusterrolebinding", "coroner-operator-retire")
+    try:
+        _register(admin, namespace, "second", heartbeat_age=120)
+        components.attest(agent_a, namespace, "second")
+        kube.wait_for(
+            lambda: components.reason(admin, namespace, "second") == "RetirePermissionMissing", what="plan-only"
+        )
+        time.sleep(2)
+        assert not components.retired(admin, namespace, "second")
     finally:
         components.install(granted, grant=True)
