@@ -1,34 +1,361 @@
-"""`coroner demo`: the main job, start to finish, on the local control plane."""
+"""`coroner demo`: the main job, start to finish, on a real local control plane.
+
+It starts the dev cluster, installs the production manifests, runs the operator and one agent per
+simulated node as local processes, launches real workers with `coroner run`, SIGKILLs some, forces
+a pid reuse in a pid namespace, lets one exit cleanly, and shows what Coroner concluded — then
+stops everything it started.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import pathlib
+import shutil
+import signal
 import subprocess
+import sys
+import time
+import uuid
+from typing import Any
 
-import click
+from kubernetes import client as k8s
+from rich.console import Console
 
+from coroner import api
 from coroner.devcluster import cluster as cluster_mod
+from coroner.devcluster import identities
+from coroner.kube import api_client
 
 DEFAULT_DIR = pathlib.Path(".cluster/demo")
+NAMESPACE = "demo"
+REPO = pathlib.Path(__file__).resolve().parents[2]
+BIN = pathlib.Path(sys.executable).parent
+
+console = Console(highlight=False)
+
+
+def say(text: str) -> None:
+    console.print(f"[bold cyan]==>[/] {text}")
+
+
+class Demo:
+    def __init__(self, *, directory: pathlib.Path) -> None:
+        self.directory = directory.resolve()
+        self.work = self.directory / "demo"
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self.cluster: cluster_mod.Cluster | None = None
+
+    # --- plumbing ------------------------------------------------------------------------------
+
+    def kubectl(self, *args: str, kubeconfig: pathlib.Path | None = None, show: bool = False) -> str:
+        assert self.cluster is not None
+        result = subprocess.run(
+            [str(self.cluster.binary("kubectl")), f"--kubeconfig={kubeconfig or self.cluster.kubeconfig}", *args],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        if show:
+            console.print(result.stdout.rstrip(), markup=False)
+        return result.stdout
+
+    def spawn(self, argv: list[str], *, log: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        self.work.mkdir(parents=True, exist_ok=True)
+        with open(self.work / log, "ab") as out:
+            proc = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True
+            )
+        self.processes.append(proc)
+        return proc
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.processes):
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        for proc in self.processes:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+    def registrations(self) -> list[dict[str, Any]]:
+        assert self.cluster is not None
+        with api_client(self.cluster.kubeconfig) as client:
+            result = k8s.CustomObjectsApi(client).list_namespaced_custom_object(
+                api.GROUP, api.VERSION, NAMESPACE, api.PLURAL
+            )
+        return list(result["items"])
+
+    def wait_for(self, what: str, predicate: Any, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+    def by_name(self, name: str) -> dict[str, Any]:
+        return next(r for r in self.registrations() if r["metadata"]["name"] == name)
+
+    # --- the story -----------------------------------------------------------------------------
+
+    def run(self) -> None:
+        started = time.monotonic()
+        say("Starting a real control plane: etcd + kube-apiserver + kube-controller-manager on loopback")
+        with console.status("building (first time only) and starting the control plane ..."):
+            self.cluster = cluster_mod.up(self.directory, progress=lambda m: console.print(f"    {m}"))
+        console.print(f"    API server ready at {self.cluster.server} (Kubernetes v1.37.2, RBAC and admission on)")
+
+        say(
+            "Installing Coroner: kubectl apply -k manifests/overlays/production (CRD, RBAC, admission policies, retire grant)"
+        )
+        self.kubectl("apply", "-k", str(REPO / "manifests/overlays/production"))
+        self.kubectl("wait", "--for=condition=Established", f"crd/{api.CRD_NAME}", "--timeout=60s")
+        with contextlib.suppress(subprocess.CalledProcessError):
+            self.kubectl("create", "namespace", NAMESPACE)
+        with contextlib.suppress(subprocess.CalledProcessError):
+            self.kubectl(
+                "create",
+                "rolebinding",
+                "workers",
+                "--clusterrole=coroner-worker",
+                f"--serviceaccount={NAMESPACE}:worker",
+                "-n",
+                NAMESPACE,
+            )
+
+        say("Simulating two nodes on this machine, each with its own boot id, each with its own agent")
+        real_boot = pathlib.Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        boots = {"node-1": real_boot, "node-2": str(uuid.uuid4())}
+        boot_files: dict[str, pathlib.Path] = {}
+        self.agent_argv: dict[str, list[str]] = {}
+        self.agents: dict[str, subprocess.Popen[bytes]] = {}
+        for node, boot in boots.items():
+            boot_files[node] = self.work / f"{node}.boot_id"
+            boot_files[node].parent.mkdir(parents=True, exist_ok=True)
+            boot_files[node].write_text(boot + "\n")
+            identities.ensure_node(self.cluster, name=node, boot_id=boot)
+            agent_config = identities.mint_token(
+                self.cluster, service_account=f"{api.SYSTEM_NAMESPACE}/coroner-agent", node=node
+            )
+            self.agent_argv[node] = [
+                str(BIN / "coroner-agent"),
+                f"--node-name={node}",
+                f"--kubeconfig={agent_config}",
+                f"--boot-id-file={boot_files[node]}",
+                "--resync-seconds=5",
+            ]
+            self.agents[node] = self.spawn(
+                self.agent_argv[node], log=f"agent-{node}.log", env={"POD_NAME": f"coroner-agent-{node}"}
+            )
+            console.print(f"    {node}: boot id {boot[:8]}…, agent started with a token bound to Node {node}")
+
+        say("Starting the operator (its ServiceAccount holds the retire verb through the retire-grant component)")
+        operator_config = identities.mint_token(
+            self.cluster, service_account=f"{api.SYSTEM_NAMESPACE}/coroner-operator"
+        )
+        self.spawn(
+            [str(BIN / "coroner-operator"), f"--kubeconfig={operator_config}", "--permission-refresh-seconds=2"],
+            log="operator.log",
+        )
+
+        say("Launching real workers with `coroner run` (each registers its own process incarnation)")
+        worker_config = identities.mint_token(self.cluster, service_account=f"{NAMESPACE}/worker")
+        launchers: dict[str, subprocess.Popen[bytes]] = {}
+        plan = [
+            ("consumer-a", "node-1", ["sleep", "3600"]),
+            ("consumer-b", "node-1", ["sleep", "3600"]),
+            ("consumer-c", "node-2", ["sleep", "3600"]),
+            ("consumer-d", "node-2", ["sleep", "3600"]),
+            ("batch-job", "node-1", ["sleep", "4"]),
+        ]
+        for name, node, command in plan:
+            launchers[name] = self.spawn(
+                [
+                    str(BIN / "coroner"),
+                    "run",
+                    "-n",
+                    NAMESPACE,
+                    f"--node-name={node}",
+                    f"--name={name}",
+                    f"--kubeconfig={worker_config}",
+                    "--interval-seconds=2",
+                    "--ttl-seconds=6",
+                    f"--boot-id-file={boot_files[node]}",
+                    "--",
+                    *command,
+                ],
+                log=f"worker-{name}.log",
+            )
+        reuse_init = self._start_pid_namespace_worker(worker_config, boot_files["node-2"])
+        self.wait_for("every worker to be registered and attested Alive", lambda: self._all_alive(6), timeout=30)
+        console.print()
+        console.print("[bold]kubectl get registrations -n demo[/]  (before)")
+        self.kubectl("get", "registrations", "-n", NAMESPACE, show=True)
+        console.print()
+
+        say("pid reuse while node-2's agent restarts: reused-worker (in its own pid namespace) is killed")
+        console.print("    and a stranger takes its pid number before the agent is back to see the exit")
+        self._stop(self.agents["node-2"])
+        self._force_pid_reuse(reuse_init)
+        self.agents["node-2"] = self.spawn(
+            self.agent_argv["node-2"], log="agent-node-2.log", env={"POD_NAME": "coroner-agent-node-2"}
+        )
+        say("kill -9 consumer-a (node-1) and consumer-c (node-2): processes die without saying goodbye")
+        killed_at = time.monotonic()
+        for name in ("consumer-a", "consumer-c"):
+            self._kill_worker_child(launchers[name])
+        say("batch-job exits cleanly by itself and marks its registration Released")
+        self.wait_for("the retirements", lambda: self._retired({"consumer-a", "consumer-c"}), timeout=30)
+        console.print(
+            f"    consumer-a and consumer-c were retired {time.monotonic() - killed_at:.2f} s after the kill "
+            "(pidfd exit event → attestation → compare-and-swap retirement)"
+        )
+        self.wait_for("batch-job to be released", lambda: self._released("batch-job"), timeout=20)
+        self.wait_for(
+            "the pid reuse to be detected",
+            lambda: self._reason("reused-worker") == "PidReuseDetected",
+            timeout=30,
+        )
+        console.print()
+        console.print("[bold]kubectl get registrations -n demo -o wide[/]  (after)")
+        self.kubectl("get", "registrations", "-n", NAMESPACE, "-o", "wide", show=True)
+        console.print()
+        console.print("What happened:")
+        console.print("  • consumer-a, consumer-c: RETIRED=True — their node's agent saw the exact incarnation exit.")
+        console.print("  • consumer-b, consumer-d: alive, attested Alive (pinned by a pidfd) — never retired.")
+        console.print("  • reused-worker: dead, but its pid number now belongs to another process. Coroner cannot")
+        console.print("    prove which process that number names, so it preserves it: PidReuseDetected.")
+        console.print("  • batch-job: exited cleanly and said goodbye (Released); nothing to retire.")
+        console.print()
+        say("kubectl coroner doctor")
+        doctor = subprocess.run(
+            [str(BIN / "kubectl-coroner"), "doctor", f"--kubeconfig={self.cluster.kubeconfig}"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        console.print((doctor.stdout or doctor.stderr).rstrip(), markup=False)
+        console.print()
+        say(f"Done in {time.monotonic() - started:.1f} s. Logs of every process: {self.work}")
+
+    def _all_alive(self, count: int) -> bool:
+        items = self.registrations()
+        alive = [r for r in items if (r.get("status") or {}).get("attestation", {}).get("verdict") == "Alive"]
+        return len(items) >= count and len(alive) >= count - 1  # batch-job may already be gone
+
+    def _retired(self, names: set[str]) -> bool:
+        return all("retirement" in (self.by_name(n).get("status") or {}) for n in names)
+
+    def _released(self, name: str) -> bool:
+        conditions = (self.by_name(name).get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Released" and c["status"] == "True" for c in conditions)
+
+    def _reason(self, name: str) -> str | None:
+        conditions = (self.by_name(name).get("status") or {}).get("conditions") or []
+        return next((c["reason"] for c in conditions if c["type"] == "Retirable"), None)
+
+    @staticmethod
+    def _stop(proc: subprocess.Popen[bytes]) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+    def _kill_worker_child(self, launcher: subprocess.Popen[bytes]) -> None:
+        children = pathlib.Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read_text().split()
+        for child in children:
+            os.kill(int(child), signal.SIGKILL)
+
+    def _start_pid_namespace_worker(
+        self, worker_config: pathlib.Path, boot_file: pathlib.Path
+    ) -> subprocess.Popen[bytes]:
+        """A pid namespace whose init just waits; the worker runs inside it via nsenter."""
+        init = self.spawn(["unshare", "--pid", "--fork", "--mount-proc", "sleep", "3600"], log="pidns-init.log")
+        self.wait_for("the pid namespace", lambda: self._ns_init_pid(init) is not None, timeout=10)
+        ns_pid = self._ns_init_pid(init)
+        self.spawn(
+            [
+                "nsenter",
+                f"--target={ns_pid}",
+                "--pid",
+                "--mount",
+                "--",
+                str(BIN / "coroner"),
+                "run",
+                "-n",
+                NAMESPACE,
+                "--node-name=node-2",
+                "--name=reused-worker",
+                f"--kubeconfig={worker_config}",
+                "--interval-seconds=2",
+                "--ttl-seconds=6",
+                f"--boot-id-file={boot_file}",
+                "--",
+                "sleep",
+                "3600",
+            ],
+            log="worker-reused-worker.log",
+        )
+        return init
+
+    @staticmethod
+    def _ns_init_pid(init: subprocess.Popen[bytes]) -> int | None:
+        try:
+            children = pathlib.Path(f"/proc/{init.pid}/task/{init.pid}/children").read_text().split()
+        except OSError:
+            return None
+        return int(children[0]) if children else None
+
+    def _force_pid_reuse(self, init: subprocess.Popen[bytes]) -> None:
+        registration = self.by_name("reused-worker")
+        ns_pid_number = int(registration["spec"]["incarnation"]["pid"])
+        ns_init = self._ns_init_pid(init)
+        assert ns_init is not None
+        # Find the worker's host pid: the process in that namespace whose NSpid ends in the number.
+        target_ns = os.readlink(f"/proc/{ns_init}/ns/pid")
+        for entry in pathlib.Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                if os.readlink(entry / "ns" / "pid") != target_ns:
+                    continue
+                nspid = next(
+                    line.split()[1:]
+                    for line in (entry / "status").read_text().splitlines()
+                    if line.startswith("NSpid:")
+                )
+                if int(nspid[-1]) == ns_pid_number and (entry / "comm").read_text().strip() == "sleep":
+                    os.kill(int(entry.name), signal.SIGKILL)
+        time.sleep(0.3)
+        # Inside the namespace: the next pid handed out is ns_last_pid + 1.
+        self.spawn(
+            [
+                "nsenter",
+                f"--target={ns_init}",
+                "--pid",
+                "--mount",
+                "--",
+                "sh",
+                "-c",
+                f"echo {ns_pid_number - 1} > /proc/sys/kernel/ns_last_pid && exec sleep 3600",
+            ],
+            log="pid-reuser.log",
+        )
 
 
 def run_demo(*, directory: pathlib.Path, keep: bool) -> None:
-    """Placeholder until the full demo lands: starts the control plane and shows what it serves."""
-    running = cluster_mod.up(directory, progress=click.echo)
+    """Runs the demo; stops every process it started (and the control plane unless `keep`)."""
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        console.print("[yellow]note:[/] the pid-reuse step needs root and util-linux `unshare`")
+    demo = Demo(directory=directory)
     try:
-        kubectl = str(running.binary("kubectl"))
-        repo = pathlib.Path(__file__).resolve().parents[2]
-        subprocess.run(
-            [
-                kubectl,
-                f"--kubeconfig={running.kubeconfig}",
-                "apply",
-                "-f",
-                str(repo / "manifests/base/crd.yaml"),
-            ],
-            check=True,
-        )
-        subprocess.run([kubectl, f"--kubeconfig={running.kubeconfig}", "get", "nodes,crd"], check=True)
+        demo.run()
     finally:
+        demo.stop_all()
         if not keep:
             cluster_mod.down(directory)

@@ -1,0 +1,226 @@
+"""Real workers, real agents, the real operator, the real API server: the whole loop.
+
+Workers are launched with `coroner run` (a real process, registered under the worker's own
+ServiceAccount), agents run as local processes with node-bound tokens and their own boot-id
+files (two simulated nodes on one machine), and the operator holds the retire grant.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from kubernetes import client as k8s
+
+from coroner.devcluster.cluster import Cluster
+from coroner.devcluster.identities import ensure_node, mint_token
+from support import components, kube
+
+pytestmark = [pytest.mark.integration, pytest.mark.procs]
+
+REAL_BOOT = pathlib.Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+@pytest.fixture(scope="module")
+def plane(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    components.install(cluster, grant=True)
+    logs = tmp_path_factory.mktemp("operator")
+    with components.process(
+        components.operator_argv(components.operator_kubeconfig(cluster)), log=logs / "operator.log"
+    ):
+        yield cluster
+
+
+class Node:
+    def __init__(self, cluster: Cluster, directory: pathlib.Path, name: str, boot_id: str) -> None:
+        self.cluster = cluster
+        self.name = name
+        self.boot_id = boot_id
+        self.boot_file = directory / f"{name}.boot_id"
+        self.boot_file.write_text(boot_id + "\n")
+        self.log = directory / f"agent-{name}.log"
+        ensure_node(cluster, name=name, boot_id=boot_id)
+        self.kubeconfig = components.agent_kubeconfig(cluster, name)
+        self.agent: subprocess.Popen[bytes] | None = None
+
+    def start_agent(self, *extra: str) -> None:
+        argv = components.agent_argv(
+            self.kubeconfig, node=self.name, boot_id_file=self.boot_file, extra=("--resync-seconds=2", *extra)
+        )
+        with open(self.log, "ab") as out:
+            self.agent = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+
+    def stop_agent(self) -> None:
+        if self.agent is not None:
+            components.stop(self.agent)
+            self.agent = None
+
+
+@pytest.fixture
+def nodes(plane: Cluster, tmp_path: pathlib.Path) -> Iterator[dict[str, Node]]:
+    suffix = uuid.uuid4().hex[:6]
+    made = {
+        "a": Node(plane, tmp_path, f"node-a-{suffix}", REAL_BOOT),
+        "b": Node(plane, tmp_path, f"node-b-{suffix}", str(uuid.uuid4())),
+    }
+    try:
+        yield made
+    finally:
+        for node in made.values():
+            node.stop_agent()
+
+
+@pytest.fixture
+def worker_config(plane: Cluster, namespace: str) -> pathlib.Path:
+    kube.kubectl(
+        plane,
+        "create",
+        "rolebinding",
+        "worker",
+        "--clusterrole=coroner-worker",
+        f"--serviceaccount={namespace}:worker",
+        "-n",
+        namespace,
+    )
+    return mint_token(plane, service_account=f"{namespace}/worker")
+
+
+class Worker:
+    def __init__(self, launcher: subprocess.Popen[bytes], name: str) -> None:
+        self.launcher = launcher
+        self.name = name
+
+    @property
+    def child(self) -> int:
+        children = pathlib.Path(f"/proc/{self.launcher.pid}/task/{self.launcher.pid}/children").read_text().split()
+        return int(children[0])
+
+    def kill(self) -> None:
+        os.kill(self.child, signal.SIGKILL)
+        self.launcher.wait(timeout=10)
+
+
+@pytest.fixture
+def launch(namespace: str, worker_config: pathlib.Path, tmp_path: pathlib.Path) -> Iterator[object]:
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(name: str, node: Node, *command: str, interval: int = 2, ttl: int = 6) -> Worker:
+        argv = [
+            str(components.BIN / "coroner"),
+            "run",
+            "-n",
+            namespace,
+            f"--node-name={node.name}",
+            f"--name={name}",
+            f"--kubeconfig={worker_config}",
+            f"--interval-seconds={interval}",
+            f"--ttl-seconds={ttl}",
+            f"--boot-id-file={node.boot_file}",
+            "--",
+            *(command or ("sleep", "600")),
+        ]
+        with open(tmp_path / f"worker-{name}.log", "ab") as out:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        started.append(proc)
+        return Worker(proc, name)
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _attestation(admin: k8s.ApiClient, namespace: str, name: str) -> dict[str, str]:
+    return dict((kube.get_registration(admin, namespace, name).get("status") or {}).get("attestation") or {})
+
+
+def _registered(admin: k8s.ApiClient, namespace: str, name: str) -> bool:
+    try:
+        kube.get_registration(admin, namespace, name)
+    except Exception:
+        return False
+    return True
+
+
+def test_kill_9_is_retired_by_pidfd_and_a_live_worker_is_not(
+    nodes: dict[str, Node], launch: object, admin: k8s.ApiClient, namespace: str
+) -> None:
+    node = nodes["a"]
+    node.start_agent()
+    victim = launch("victim", node)  # type: ignore[operator]
+    launch("survivor", node)  # type: ignore[operator]
+    for name in ("victim", "survivor"):
+        kube.wait_for(
+            lambda n=name: _attestation(admin, namespace, n).get("verdict") == "Alive", timeout=30, what=f"{name} Alive"
+        )
+    killed = time.monotonic()
+    victim.kill()
+    kube.wait_for(lambda: components.retired(admin, namespace, "victim"), timeout=10, interval=0.02, what="retirement")
+    elapsed = time.monotonic() - killed
+    body = kube.get_registration(admin, namespace, "victim")
+    assert body["status"]["retirement"]["reason"] == "PidfdExited"
+    assert elapsed < 5, f"kill to Retired took {elapsed:.2f} s"
+    time.sleep(8)  # longer than the survivor's TTL: heartbeats and Alive keep it
+    assert not components.retired(admin, namespace, "survivor")
+    assert _attestation(admin, namespace, "survivor")["verdict"] == "Alive"
+
+
+def test_agent_started_after_the_death_attests_proc_absent(
+    nodes: dict[str, Node], launch: object, admin: k8s.ApiClient, namespace: str
+) -> None:
+    node = nodes["a"]
+    worker = launch("late", node)  # type: ignore[operator]
+    kube.wait_for(lambda: _registered(admin, namespace, "late"), what="registration")
+    worker.kill()
+    node.start_agent()
+    kube.wait_for(lambda: components.retired(admin, namespace, "late"), timeout=40, what="retirement")
+    assert kube.get_registration(admin, namespace, "late")["status"]["retirement"]["reason"] == "ProcAbsent"
+
+
+def test_boot_id_change_is_a_boot_boundary(
+    nodes: dict[str, Node], launch: object, admin: k8s.ApiClient, namespace: str
+) -> None:
+    node = nodes["b"]
+    worker = launch("rebooted", node)  # type: ignore[operator]
+    kube.wait_for(lambda: _registered(admin, namespace, "rebooted"), what="registration")
+    worker.kill()
+    # The simulated node "reboots": a new boot id, the Node object agrees, the agent restarts.
+    node.boot_id = str(uuid.uuid4())
+    node.boot_file.write_text(node.boot_id + "\n")
+    ensure_node(node.cluster, name=node.name, boot_id=node.boot_id)
+    node.start_agent()
+    kube.wait_for(lambda: components.retired(admin, namespace, "rebooted"), timeout=40, what="retirement")
+    assert kube.get_registration(admin, namespace, "rebooted")["status"]["retirement"]["reason"] == "BootBoundary"
+
+
+def test_two_simulated_nodes_never_attest_each_others_registrations(
+    nodes: dict[str, Node], launch: object, admin: k8s.ApiClient, namespace: str
+) -> None:
+    nodes["a"].start_agent()
+    launch("on-b", nodes["b"])  # type: ignore[operator]
+    kube.wait_for(lambda: _registered(admin, namespace, "on-b"), what="registration")
+    time.sleep(4)  # two resyncs of node a's agent
+    assert _attestation(admin, namespace, "on-b") == {}
+    nodes["b"].start_agent()
+    kube.wait_for(lambda: _attestation(admin, namespace, "on-b").get("verdict") == "Alive", timeout=30, what="Alive")
+    assert _attestation(admin, namespace, "on-b")["agent"]["nodeName"] == nodes["b"].name  # type: ignore[index]
+
+
+def test_clean_exit_is_released_not_retired(
+    nodes: dict[str, Node], launch: object, admin: k8s.ApiClient, namespace: str
+) -> None:
+    nodes["a"].start_agent()
+    worker = launch("batch", nodes["a"], "sleep", "2")  # type: ignore[operator]
+    assert worker.launcher.wait(timeout=30) == 0
+    body = kube.wait_for(
+        lambda: (b := kube.get_registration(admin, namespace, "batch")) and components.condition(b, "Released") and b,
+        what="Released",
+    )
+    assert "retirement" not in body.get("status", {})
