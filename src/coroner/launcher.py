@@ -27,7 +27,7 @@ from typing import Any
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from coroner import api, conditions, model
+from coroner import api, conditions, model, procfs
 from coroner.kube import api_client, patch_registration_status
 from coroner.reasons import ConditionType
 
@@ -40,24 +40,6 @@ class RegistrationError(Exception):
     """A registration could not be made; the message names the object and the fix."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class ProbedIncarnation:
-    boot_id: str
-    pid_namespace: str
-    pid: int
-    start_time: str
-    host_id: str
-
-    def to_spec(self) -> dict[str, Any]:
-        return {
-            "bootId": self.boot_id,
-            "pidNamespace": self.pid_namespace,
-            "pid": self.pid,
-            "startTime": self.start_time,
-            "hostId": self.host_id,
-        }
-
-
 def probe_incarnation(
     pid: int,
     *,
@@ -65,33 +47,27 @@ def probe_incarnation(
     proc_root: str = "/proc",
     boot_id_file: str = "/proc/sys/kernel/random/boot_id",
     machine_id_file: str = "/etc/machine-id",
-) -> ProbedIncarnation:
-    """The incarnation of host pid `pid` as the worker itself sees it (its namespaced pid)."""
+) -> procfs.ProcessIncarnation:
+    """The incarnation of `pid` (in this /proc's namespace) as the worker itself sees it."""
     root = pathlib.Path(proc_root) / str(pid)
     try:
-        stat = (root / "stat").read_text()
-        status = (root / "status").read_text()
+        stat = (root / "stat").read_bytes()
+        status = (root / "status").read_bytes()
         ns_link = os.readlink(root / "ns" / "pid")
-        boot_id = pathlib.Path(boot_id_file).read_text().strip()
+        boot_id = pathlib.Path(boot_id_file).read_bytes()
     except OSError as exc:
         raise RegistrationError(f"cannot read the incarnation of pid {pid} ({exc}); did it exit already?") from exc
-    fields = stat[stat.rindex(")") + 2 :].split()
-    start_time = fields[19]
-    ns_match = re.fullmatch(r"pid:\[(\d+)\]", ns_link)
-    nspid = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [str(pid)])
     try:
-        host_id = pathlib.Path(machine_id_file).read_text().strip() or node_name
+        machine_id: bytes | None = pathlib.Path(machine_id_file).read_bytes()
     except OSError:
-        host_id = node_name
-    if ns_match is None or not start_time.isdigit() or not boot_id:
-        raise RegistrationError(f"pid {pid}: unreadable incarnation (ns {ns_link!r}, start {start_time!r})")
-    return ProbedIncarnation(
-        boot_id=boot_id,
-        pid_namespace=ns_match.group(1),
-        pid=int(nspid[-1]),
-        start_time=start_time,
-        host_id=host_id,
-    )
+        machine_id = None
+    try:
+        return procfs.incarnation_from(
+            stat=stat, status=status, pid_namespace_link=ns_link, boot_id=boot_id, machine_id=machine_id,
+            node_name=node_name,
+        )
+    except procfs.ParseError as exc:
+        raise RegistrationError(f"pid {pid}: unreadable incarnation ({exc})") from exc
 
 
 def _dns_name(text: str) -> str:
@@ -179,7 +155,7 @@ def register(
     client: k8s.ApiClient,
     namespace: str,
     node_name: str,
-    incarnation: ProbedIncarnation,
+    incarnation: procfs.ProcessIncarnation,
     name: str | None = None,
     role: str = "",
     session_id: str = "",
@@ -193,7 +169,7 @@ def register(
     name = name or f"{_dns_name(role or 'worker')}-{uuid.uuid4().hex[:8]}"
     spec: dict[str, Any] = {
         "nodeName": node_name,
-        "incarnation": incarnation.to_spec(),
+        "incarnation": incarnation.spec(),
         "clientInstanceId": instance,
         "heartbeat": {"intervalSeconds": interval_seconds, "ttlSeconds": ttl_seconds},
     }
@@ -217,7 +193,7 @@ def register(
     except ApiException as exc:
         if exc.status == 409:
             existing = custom.get_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, name)
-            if (existing.get("spec") or {}).get("incarnation") == incarnation.to_spec():
+            if (existing.get("spec") or {}).get("incarnation") == incarnation.spec():
                 created = existing  # our own earlier attempt: registration is idempotent
             else:
                 other = model.parse_registration(existing)
