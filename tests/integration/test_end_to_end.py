@@ -138,6 +138,8 @@ def launch(namespace: str, worker_config: pathlib.Path, tmp_path: pathlib.Path) 
 
 
 def _attestation(admin: k8s.ApiClient, namespace: str, name: str) -> dict[str, str]:
+    if not _registered(admin, namespace, name):
+        return {}
     return dict((kube.get_registration(admin, namespace, name).get("status") or {}).get("attestation") or {})
 
 
