@@ -329,7 +329,38 @@ def decide(*, registration: Registration, facts: Facts, policy: Policy, now: dat
             f"is decided once the agent on that host attests it.",
         )
 
-    # 7. Fresh, and no heartbeat arrived after it.
+    # 7. The verdict is Dead, for a reason that proves it. Checked before freshness: a live or
+    # unknown verdict preserves whatever its age, and saying PidAlive rather than
+    # HeartbeatAfterAttestation for every heartbeat of a live worker keeps the reason (and the
+    # status) still while nothing changes.
+    verdict, cited = attestation.verdict, attestation.evidence
+    if verdict == Verdict.ALIVE:
+        return trail.conclude(
+            Reason.PID_ALIVE,
+            f"{what}: {by_agent} attests the process is alive ({cited}); it becomes retirable only "
+            f"after the agent attests it Dead.",
+        )
+    if verdict == Verdict.REUSED:
+        return trail.conclude(
+            Reason.PID_REUSE_DETECTED,
+            f"{what}: {by_agent} finds pid {known.pid} held by another process ({cited}); it becomes "
+            f"retirable once the agent can attest this incarnation Dead.",
+        )
+    if verdict != Verdict.DEAD:
+        return trail.conclude(
+            Reason.LIVENESS_UNKNOWN,
+            f"{what}: {by_agent} could not establish liveness (verdict {verdict!r}, evidence {cited!r}); "
+            f"it becomes retirable only after a Dead attestation.",
+        )
+    death = _agent_death_evidence(cited)
+    if death is None:
+        return trail.conclude(
+            Reason.LIVENESS_UNKNOWN,
+            f"{what}: {by_agent} attests Dead citing {cited!r}, which does not prove death; it becomes "
+            f"retirable after a Dead attestation by pidfd, /proc absence or boot boundary.",
+        )
+
+    # 8. Fresh, and no heartbeat arrived after it (what a Dead verdict relies on).
     if attestation.observed_time is None:
         return trail.conclude(
             Reason.ATTESTATION_STALE,
@@ -375,33 +406,6 @@ def decide(*, registration: Registration, facts: Facts, policy: Policy, now: dat
             f"{attestation.heartbeat_seen!r}; it is decided once the agent attests again.",
         )
 
-    # 8. The verdict is Dead, for a reason that proves it.
-    verdict, cited = attestation.verdict, attestation.evidence
-    if verdict == Verdict.ALIVE:
-        return trail.conclude(
-            Reason.PID_ALIVE,
-            f"{what}: {by_agent} attests the process is alive ({cited}); it becomes retirable only "
-            f"after the agent attests it Dead.",
-        )
-    if verdict == Verdict.REUSED:
-        return trail.conclude(
-            Reason.PID_REUSE_DETECTED,
-            f"{what}: {by_agent} finds pid {known.pid} held by another process ({cited}); it becomes "
-            f"retirable once the agent can attest this incarnation Dead.",
-        )
-    if verdict != Verdict.DEAD:
-        return trail.conclude(
-            Reason.LIVENESS_UNKNOWN,
-            f"{what}: {by_agent} could not establish liveness (verdict {verdict!r}, evidence {cited!r}); "
-            f"it becomes retirable only after a Dead attestation.",
-        )
-    death = _agent_death_evidence(cited)
-    if death is None:
-        return trail.conclude(
-            Reason.LIVENESS_UNKNOWN,
-            f"{what}: {by_agent} attests Dead citing {cited!r}, which does not prove death; it becomes "
-            f"retirable after a Dead attestation by pidfd, /proc absence or boot boundary.",
-        )
     same_boot = attestation.boot_id == known.boot_id
     if (death in _SAME_BOOT_EVIDENCE) != same_boot:
         return trail.conclude(

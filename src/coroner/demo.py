@@ -39,6 +39,10 @@ def say(text: str) -> None:
     console.print(f"[bold cyan]==>[/] {text}")
 
 
+class DemoError(Exception):
+    """A step of the demo failed; the message says which and why."""
+
+
 class Demo:
     def __init__(self, *, directory: pathlib.Path) -> None:
         self.directory = directory.resolve()
@@ -54,8 +58,10 @@ class Demo:
             [str(self.cluster.binary("kubectl")), f"--kubeconfig={kubeconfig or self.cluster.kubeconfig}", *args],
             capture_output=True,
             text=True,
-            check=True,
+            check=False,
         )
+        if result.returncode != 0:
+            raise DemoError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
         if show:
             console.print(result.stdout.rstrip(), markup=False)
         return result.stdout
@@ -116,9 +122,11 @@ class Demo:
         )
         self.kubectl("apply", "-k", str(REPO / "manifests/overlays/production"))
         self.kubectl("wait", "--for=condition=Established", f"crd/{api.CRD_NAME}", "--timeout=60s")
-        with contextlib.suppress(subprocess.CalledProcessError):
+        # kubectl caches discovery; refresh it so the new `registrations` category resolves.
+        self.kubectl("api-resources", f"--api-group={api.GROUP}")
+        with contextlib.suppress(DemoError):
             self.kubectl("create", "namespace", NAMESPACE)
-        with contextlib.suppress(subprocess.CalledProcessError):
+        with contextlib.suppress(DemoError):
             self.kubectl(
                 "create",
                 "rolebinding",
@@ -194,6 +202,11 @@ class Demo:
             )
         reuse_init = self._start_pid_namespace_worker(worker_config, boot_files["node-2"])
         self.wait_for("every worker to be registered and attested Alive", lambda: self._all_alive(6), timeout=30)
+        self.wait_for(
+            "the operator's first decisions",
+            lambda: all(self._reason(r["metadata"]["name"]) for r in self.registrations()),
+            timeout=30,
+        )
         console.print()
         console.print("[bold]kubectl get registrations -n demo[/]  (before)")
         self.kubectl("get", "registrations", "-n", NAMESPACE, show=True)
@@ -206,6 +219,10 @@ class Demo:
         self.agents["node-2"] = self.spawn(
             self.agent_argv["node-2"], log="agent-node-2.log", env={"POD_NAME": "coroner-agent-node-2"}
         )
+        self.wait_for(
+            "the pid reuse to be detected", lambda: self._reason("reused-worker") == "PidReuseDetected", timeout=30
+        )
+        console.print("    node-2's agent is back: the number is held by a process with another start time → Reused")
         say("kill -9 consumer-a (node-1) and consumer-c (node-2): processes die without saying goodbye")
         killed_at = time.monotonic()
         for name in ("consumer-a", "consumer-c"):
@@ -217,11 +234,6 @@ class Demo:
             "(pidfd exit event → attestation → compare-and-swap retirement)"
         )
         self.wait_for("batch-job to be released", lambda: self._released("batch-job"), timeout=20)
-        self.wait_for(
-            "the pid reuse to be detected",
-            lambda: self._reason("reused-worker") == "PidReuseDetected",
-            timeout=30,
-        )
         console.print()
         console.print("[bold]kubectl get registrations -n demo -o wide[/]  (after)")
         self.kubectl("get", "registrations", "-n", NAMESPACE, "-o", "wide", show=True)
@@ -312,27 +324,15 @@ class Demo:
         return int(children[0]) if children else None
 
     def _force_pid_reuse(self, init: subprocess.Popen[bytes]) -> None:
-        registration = self.by_name("reused-worker")
-        ns_pid_number = int(registration["spec"]["incarnation"]["pid"])
+        number = int(self.by_name("reused-worker")["spec"]["incarnation"]["pid"])
         ns_init = self._ns_init_pid(init)
         assert ns_init is not None
-        # Find the worker's host pid: the process in that namespace whose NSpid ends in the number.
-        target_ns = os.readlink(f"/proc/{ns_init}/ns/pid")
-        for entry in pathlib.Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            with contextlib.suppress(OSError):
-                if os.readlink(entry / "ns" / "pid") != target_ns:
-                    continue
-                nspid = next(
-                    line.split()[1:]
-                    for line in (entry / "status").read_text().splitlines()
-                    if line.startswith("NSpid:")
-                )
-                if int(nspid[-1]) == ns_pid_number and (entry / "comm").read_text().strip() == "sleep":
-                    os.kill(int(entry.name), signal.SIGKILL)
-        time.sleep(0.3)
-        # Inside the namespace: the next pid handed out is ns_last_pid + 1.
+        namespace = os.readlink(f"/proc/{ns_init}/ns/pid")
+        victim = _holder(namespace, number)
+        assert victim is not None, "the worker in the pid namespace is not running"
+        os.kill(victim, signal.SIGKILL)
+        self.wait_for("the worker to exit", lambda: _holder(namespace, number) != victim, timeout=10)
+        # Inside the namespace the next pid handed out is ns_last_pid + 1: set it, then fork.
         self.spawn(
             [
                 "nsenter",
@@ -342,19 +342,44 @@ class Demo:
                 "--",
                 "sh",
                 "-c",
-                f"echo {ns_pid_number - 1} > /proc/sys/kernel/ns_last_pid && exec sleep 3600",
+                f"echo {number - 1} > /proc/sys/kernel/ns_last_pid; sleep 3600 & wait",
             ],
             log="pid-reuser.log",
         )
+        self.wait_for("a stranger to take the number", lambda: _holder(namespace, number) is not None, timeout=10)
+
+
+def _holder(namespace: str, number: int) -> int | None:
+    """The host pid of the process whose pid in `namespace` is `number`, if any."""
+    for entry in pathlib.Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, StopIteration):
+            if os.readlink(entry / "ns" / "pid") != namespace:
+                continue
+            status = (entry / "status").read_text().splitlines()
+            nspid = next(line.split()[1:] for line in status if line.startswith("NSpid:"))
+            if int(nspid[-1]) == number:
+                return int(entry.name)
+    return None
 
 
 def run_demo(*, directory: pathlib.Path, keep: bool) -> None:
     """Runs the demo; stops every process it started (and the control plane unless `keep`)."""
     if shutil.which("unshare") is None or os.geteuid() != 0:
         console.print("[yellow]note:[/] the pid-reuse step needs root and util-linux `unshare`")
+    # Every run starts from an empty registry: stop a control plane left running by `--keep` and
+    # drop its etcd data, so earlier runs' registrations cannot collide with this run's names.
+    cluster_mod.down(directory)
+    for leftover in ("etcd", "demo", "tokens", "logs"):
+        shutil.rmtree(directory / leftover, ignore_errors=True)
     demo = Demo(directory=directory)
     try:
         demo.run()
+    except (DemoError, RuntimeError) as exc:
+        console.print(f"[bold red]demo failed:[/] {exc}")
+        console.print(f"logs of every process it started: {demo.work}")
+        raise SystemExit(1) from exc
     finally:
         demo.stop_all()
         if not keep:

@@ -70,6 +70,9 @@ class Evidence(enum.StrEnum):
     PIDFD_UNAVAILABLE = "PidfdUnavailable"
     PROCESS_CHANGED_DURING_PROBE = "ProcessChangedDuringProbe"
     ZOMBIE_THREAD_GROUP_ALIVE = "ZombieThreadGroupAlive"
+    #: /proc shows a process with the recorded start time that cannot be the recorded one (another
+    #: boot id, another pid namespace, a thread): the record or the node's facts are wrong.
+    INCARNATION_CONTRADICTED = "IncarnationContradicted"
     # Node-level evidence the operator may use instead of an attestation (policy opt-in only).
     NODE_DELETED = "NodeDeleted"
     NODE_OUT_OF_SERVICE = "NodeOutOfService"

@@ -41,7 +41,9 @@ def agent_kubeconfig(cluster: Cluster, node: str) -> pathlib.Path:
 
 
 @contextlib.contextmanager
-def process(argv: list[str], *, log: pathlib.Path, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
+def process(
+    argv: list[str], *, log: pathlib.Path, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
     """A component process for the duration of a block; SIGTERM then SIGKILL afterwards."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
@@ -97,7 +99,11 @@ def put_agent_lease(
             "namespace": SYSTEM,
             "annotations": {api.AGENT_LEASE_BOOT_ID: boot_id, api.AGENT_LEASE_HOST_ID: host_id},
         },
-        "spec": {"holderIdentity": f"test-agent-{node}", "leaseDurationSeconds": duration, "renewTime": now_text(renew_offset)},
+        "spec": {
+            "holderIdentity": f"test-agent-{node}",
+            "leaseDurationSeconds": duration,
+            "renewTime": now_text(renew_offset),
+        },
     }
     try:
         coordination.create_namespaced_lease(SYSTEM, body)

@@ -646,7 +646,8 @@ class TestNextEvaluation:
         assert decision.next_evaluation_at == NOW + 20 * S
 
     def test_nothing_changes_by_the_clock(self) -> None:
-        assert decide_raw(make_registration(verdict="Alive")).next_evaluation_at is not None  # staleness
+        # A live verdict preserves at any age: no clock can change PidAlive, only a new attestation.
+        assert decide_raw(make_registration(verdict="Alive")).next_evaluation_at is None
         assert decide_raw(make_registration(client_instance_id="worker")).next_evaluation_at is None
         assert decide_raw(make_registration(conditions=[condition("Released", "True")])).next_evaluation_at is None
 
@@ -692,9 +693,9 @@ FAULTS = [
     Fault(Reason.ATTESTATION_MISSING, {"status.attestation.agent.nodeName": "node-b"}),
     Fault(Reason.ATTESTATION_MISMATCH, {"status.attestation.incarnation.pid": 4243}),
     Fault(Reason.HOST_BINDING_UNPROVEN, {"status.attestation.hostId": "other-host"}),
+    Fault(Reason.PID_ALIVE, {"status.attestation.verdict": "Alive"}),
     Fault(Reason.ATTESTATION_STALE, {"status.attestation.observedTime": stamp(NOW - 3600 * S)}),
     Fault(Reason.HEARTBEAT_AFTER_ATTESTATION, {"status.attestation.heartbeatSeen": "another"}),
-    Fault(Reason.PID_ALIVE, {"status.attestation.verdict": "Alive"}),
     Fault(Reason.AGENT_UNAVAILABLE, facts=_drop_agent),
     Fault(Reason.BOOT_IDENTITY_UNKNOWN, facts=_node_other_boot),
     Fault(

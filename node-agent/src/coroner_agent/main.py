@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import resource
 import signal
 
 import click
@@ -70,6 +71,24 @@ def main(
     )
 
 
+def _raise_fd_limit(wanted: int) -> int:
+    """Raises the soft RLIMIT_NOFILE toward the hard limit; returns how many pidfds may be pinned.
+
+    Python starts with the distribution's soft limit (often 1024): at that limit pidfd_open fails
+    with EMFILE and every further incarnation could only be Unknown until a resync. Room is kept
+    for sockets, /proc reads and the event loop.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, wanted + 1024)
+    if target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as exc:
+            logger.warning("cannot raise the open-file limit from %s to %s: %s", soft, target, exc)
+    return max(0, min(wanted, soft - 256))
+
+
 async def _run(
     *,
     node_name: str,
@@ -85,6 +104,7 @@ async def _run(
     use_pidfd: bool,
     max_pidfds: int,
 ) -> None:
+    max_pidfds = _raise_fd_limit(max_pidfds)
     client = api_client(kubeconfig)
     kube = AgentApi(client, node_name=node_name, system_namespace=system_namespace)
     identity = await asyncio.to_thread(kube.whoami)
@@ -120,8 +140,8 @@ async def _run(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     logger.info(
-        "agent started node=%s identity=%s bootId=%s rootPidNamespace=%s pidfd=%s",
-        node_name, identity, prober.boot_id(), prober.in_root_pid_namespace, use_pidfd,
+        "agent started node=%s identity=%s bootId=%s rootPidNamespace=%s pidfd=%s maxPidfds=%s",
+        node_name, identity, prober.boot_id(), prober.in_root_pid_namespace, use_pidfd, max_pidfds,
     )
     try:
         await agent.run(stop=stop)
