@@ -32,7 +32,7 @@ NAMESPACE = "demo"
 REPO = pathlib.Path(__file__).resolve().parents[2]
 BIN = pathlib.Path(sys.executable).parent
 
-console = Console(highlight=False)
+console = Console(highlight=False, width=max(100, shutil.get_terminal_size((120, 40)).columns))
 
 
 def say(text: str) -> None:
@@ -63,7 +63,7 @@ class Demo:
         if result.returncode != 0:
             raise DemoError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
         if show:
-            console.print(result.stdout.rstrip(), markup=False)
+            print(result.stdout.rstrip(), flush=True)  # kubectl's own table, unwrapped
         return result.stdout
 
     def spawn(self, argv: list[str], *, log: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
@@ -251,8 +251,9 @@ class Demo:
             capture_output=True,
             text=True,
             check=False,
+            env={**os.environ, "COLUMNS": "160"},
         )
-        console.print((doctor.stdout or doctor.stderr).rstrip(), markup=False)
+        print((doctor.stdout or doctor.stderr).rstrip(), flush=True)
         console.print()
         say(f"Done in {time.monotonic() - started:.1f} s. Logs of every process: {self.work}")
 

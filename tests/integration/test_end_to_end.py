@@ -226,3 +226,4 @@ def test_clean_exit_is_released_not_retired(
         what="Released",
     )
     assert "retirement" not in body.get("status", {})
+    kube.wait_for(lambda: components.reason(admin, namespace, "batch") == "AlreadyTerminal", what="AlreadyTerminal")

@@ -169,6 +169,13 @@ class Reconciler:
         now = utcnow()
         if registration.terminal:
             self._set_reason(key, None)
+            if not registration.retired:
+                # Released by the worker: say so once in Retirable (AlreadyTerminal), so the
+                # printer column stops showing the last live decision. Retired ones keep the
+                # decision that retired them, as history.
+                facts = self.world.facts_for(key, now=now)
+                final = decide(registration=registration, facts=facts, policy=self.policy, now=now)
+                await self._write_conditions(key, body, registration, final, now=now)
             await self._collect_garbage(key, registration, now=now)
             return None
         namespace = key[0]

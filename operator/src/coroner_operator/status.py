@@ -17,6 +17,8 @@ from coroner.reasons import ConditionType, Reason, Verdict
 
 #: Reason of the Retired condition while a registration is active.
 ACTIVE = "Active"
+#: Reason of the Retired condition once the worker released its registration.
+RELEASED = "Released"
 
 
 def attested_condition(registration: model.Registration) -> tuple[bool, str, str]:
@@ -69,8 +71,12 @@ def desired_conditions(
         current,
         type=ConditionType.RETIRED,
         status=False,
-        reason=ACTIVE,
-        message="active; the Retirable condition says why it is or is not retirable",
+        reason=RELEASED if registration.released else ACTIVE,
+        message=(
+            "released by the worker; nothing to retire"
+            if registration.released
+            else "active; the Retirable condition says why it is or is not retirable"
+        ),
         observed_generation=generation,
         now=now,
     )
