@@ -1,0 +1,655 @@
+"""`kubectl coroner plan | apply | doctor` against the real API server, through the real kubectl.
+
+Every command runs as ``kubectl coroner ...`` with the virtualenv's bin directory on PATH, so each
+test also proves kubectl discovers the installed ``kubectl-coroner`` plugin. The agent's part is
+played by the test with the agent's own node-bound token (the admission policies accept
+attestations from nobody else); humans are client-certificate users with just the RBAC that
+docs/cli.md asks for. No operator runs here: what retires is the human's apply.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from coroner import api
+from coroner.devcluster import cluster as cluster_mod
+from coroner.devcluster.cluster import Cluster, write_kubeconfig
+from coroner.devcluster.identities import ensure_node, mint_token, user_kubeconfig
+from coroner.kube import api_client
+from support import components, kube
+
+pytestmark = pytest.mark.integration
+
+BIN = pathlib.Path(sys.executable).parent
+BOOT = "8d0a4c6e-3b1f-4c1e-9a56-0d6f0c1b2a3e"  # registration_body's defaults
+HOST = "0f2e7a1c9d8b4e6f8a7b6c5d4e3f2a1b"
+OTHER_BOOT = "11111111-2222-4333-8444-555555555555"
+SUFFIX = uuid.uuid4().hex[:6]
+NODE = f"kc-node-{SUFFIX}"
+
+
+# --- running the plugin -------------------------------------------------------------------------
+
+
+def coroner(cluster: Cluster, *args: str, kubeconfig: pathlib.Path) -> subprocess.CompletedProcess[str]:
+    """``kubectl coroner ARGS --kubeconfig K``, kubectl finding the plugin on PATH."""
+    env = {key: value for key, value in os.environ.items() if key != "KUBECONFIG"}
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    command = [str(cluster.binary("kubectl")), "coroner", *args, f"--kubeconfig={kubeconfig}"]
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, check=False)
+
+
+def as_json(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    assert result.stdout, f"no output (exit {result.returncode}): {result.stderr}"
+    document: dict[str, Any] = json.loads(result.stdout)
+    return document
+
+
+def one_clear_sentence(result: subprocess.CompletedProcess[str]) -> str:
+    """The error output: a single ``error: ...`` line and no traceback."""
+    assert "Traceback" not in result.stderr + result.stdout
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+# --- the cluster as the tests need it -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def installed(cluster: Cluster) -> Cluster:
+    """The plan-only overlay, as a cluster admin installs it first."""
+    kube.kubectl(cluster, "apply", "-k", str(kube.MANIFESTS / "overlays" / "plan-only"))
+    kube.kubectl(cluster, "wait", "--for=condition=Established", f"crd/{api.CRD_NAME}", "--timeout=60s")
+    return cluster
+
+
+@pytest.fixture(scope="module")
+def agent_token(installed: Cluster, admin: k8s.ApiClient) -> Iterator[pathlib.Path]:
+    """A node-bound token of the agent for this module's own node (created NotReady, removed after)."""
+    config = mint_token(installed, service_account=f"{api.SYSTEM_NAMESPACE}/coroner-agent", node=NODE)
+    try:
+        yield config
+    finally:
+        coordination = k8s.CoordinationV1Api(admin)
+        try:
+            coordination.delete_namespaced_lease(f"{api.AGENT_LEASE_PREFIX}{NODE}", api.SYSTEM_NAMESPACE)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        k8s.CoreV1Api(admin).delete_node(NODE)
+
+
+@pytest.fixture
+def agent(agent_token: pathlib.Path, admin: k8s.ApiClient) -> Iterator[k8s.ApiClient]:
+    """The node's agent: a freshly renewed agent Lease and an API client with the agent's identity."""
+    components.put_agent_lease(admin, node=NODE, boot_id=BOOT, host_id=HOST, duration=300)
+    with api_client(agent_token) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def roles(installed: Cluster, admin: k8s.ApiClient) -> Iterator[dict[str, str]]:
+    """ClusterRoles for humans: reading a plan, and retiring (bound per namespace by each test)."""
+    rbac = k8s.RbacAuthorizationV1Api(admin)
+    reader, retirer = f"kc-plan-reader-{SUFFIX}", f"kc-retirer-{SUFFIX}"
+    rbac.create_cluster_role(
+        {
+            "metadata": {"name": reader},
+            "rules": [
+                {"apiGroups": [api.GROUP], "resources": [api.PLURAL], "verbs": ["get", "list"]},
+                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["list"]},
+                {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]},
+            ],
+        }
+    )
+    rbac.create_cluster_role(
+        {
+            "metadata": {"name": retirer},
+            "rules": [
+                {"apiGroups": [api.GROUP], "resources": [api.PLURAL], "verbs": [api.RETIRE_VERB]},
+                {"apiGroups": [api.GROUP], "resources": [f"{api.PLURAL}/status"], "verbs": ["get", "patch"]},
+                {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+            ],
+        }
+    )
+    try:
+        yield {"reader": reader, "retirer": retirer}
+    finally:
+        for name in (reader, retirer):
+            rbac.delete_cluster_role(name)
+
+
+def _user(cluster: Cluster, admin: k8s.ApiClient, *, name: str, reader_role: str) -> Iterator[pathlib.Path]:
+    rbac = k8s.RbacAuthorizationV1Api(admin)
+    binding = f"{name}-reads-plans"
+    rbac.create_cluster_role_binding(
+        {
+            "metadata": {"name": binding},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": reader_role},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": name}],
+        }
+    )
+    try:
+        yield user_kubeconfig(cluster, user=name)
+    finally:
+        rbac.delete_cluster_role_binding(binding)
+
+
+@pytest.fixture(scope="module")
+def alice(installed: Cluster, admin: k8s.ApiClient, roles: dict[str, str]) -> Iterator[pathlib.Path]:
+    """A human who may read plans everywhere; `retire` is granted per test namespace by `grant`."""
+    yield from _user(installed, admin, name=f"alice-{SUFFIX}", reader_role=roles["reader"])
+
+
+@pytest.fixture(scope="module")
+def bob(installed: Cluster, admin: k8s.ApiClient, roles: dict[str, str]) -> Iterator[pathlib.Path]:
+    """A human who may read plans but never holds `retire`."""
+    yield from _user(installed, admin, name=f"bob-{SUFFIX}", reader_role=roles["reader"])
+
+
+@pytest.fixture
+def grant(admin: k8s.ApiClient, roles: dict[str, str], namespace: str) -> str:
+    """alice holds `retire` in this test's namespace only (a RoleBinding, gone with the namespace)."""
+    k8s.RbacAuthorizationV1Api(admin).create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": "alice-retires"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": roles["retirer"]},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": f"alice-{SUFFIX}"}],
+        },
+    )
+    return namespace
+
+
+def register(admin: k8s.ApiClient, namespace: str, name: str, *, pid: int, heartbeat_age: float = 5.0) -> None:
+    """A registration whose heartbeat expired for real: interval 1 s, TTL 1 s, last heartbeat 5 s ago."""
+    body = kube.registration_body(name=name, node=NODE, pid=pid, interval=1, ttl=1)
+    kube.create_registration(admin, namespace, body)
+    kube.patch_status(admin, namespace, name, {"status": {"lastHeartbeatTime": components.now_text(-heartbeat_age)}})
+
+
+def dead(admin: k8s.ApiClient, agent: k8s.ApiClient, namespace: str, name: str, *, pid: int) -> None:
+    """Registered, silent past its TTL, and attested Dead (ProcAbsent) by its node's agent."""
+    register(admin, namespace, name, pid=pid)
+    components.attest(agent, namespace, name, evidence="ProcAbsent")
+
+
+def resource_version(admin: k8s.ApiClient, namespace: str, name: str) -> str:
+    return str(kube.get_registration(admin, namespace, name)["metadata"]["resourceVersion"])
+
+
+def plan_json(cluster: Cluster, namespace: str, *, kubeconfig: pathlib.Path) -> dict[str, Any]:
+    result = coroner(cluster, "plan", "-n", namespace, "-o", "json", kubeconfig=kubeconfig)
+    assert result.returncode == 0, result.stderr
+    return as_json(result)
+
+
+def reasons(document: dict[str, Any]) -> dict[str, str]:
+    return {row["name"]: row["reason"] for row in document["registrations"]}
+
+
+def apply_args(document: dict[str, Any], namespace: str, *names: str) -> list[str]:
+    return [
+        "apply",
+        "-n",
+        namespace,
+        "--registry-fingerprint",
+        document["registryFingerprint"],
+        "--candidate-fingerprint",
+        document["candidateFingerprint"],
+        *names,
+    ]
+
+
+# --- plan ---------------------------------------------------------------------------------------
+
+
+def test_plan_through_kubectl_shows_every_registration_with_its_reason(
+    installed: Cluster, admin: k8s.ApiClient, agent: k8s.ApiClient, alice: pathlib.Path, grant: str
+) -> None:
+    namespace = grant
+    dead(admin, agent, namespace, "dead", pid=5001)
+    register(admin, namespace, "unattested", pid=5002)
+    table = coroner(installed, "plan", "-n", namespace, kubeconfig=alice)
+    assert table.returncode == 0, table.stderr
+    assert "Coroner plan: namespace" in table.stdout
+    for expected in ("dead", "EligibleStaleOrphan", "unattested", "AttestationMissing", "registryFingerprint:"):
+        assert expected in table.stdout
+    assert f"kubectl coroner apply -n {namespace} --registry-fingerprint" in table.stdout
+
+    document = plan_json(installed, namespace, kubeconfig=alice)
+    assert reasons(document) == {"dead": "EligibleStaleOrphan", "unattested": "AttestationMissing"}
+    assert document["counts"]["EligibleStaleOrphan"] == 1 and document["counts"]["AttestationMissing"] == 1
+    assert document["candidates"] == [f"{namespace}/dead"]
+    assert document["retirePermission"] == {namespace: True}
+
+    yaml_out = coroner(installed, "plan", "-n", namespace, "-o", "yaml", kubeconfig=alice)
+    assert yaml_out.returncode == 0 and f"registryFingerprint: {document['registryFingerprint']}" in yaml_out.stdout
+
+    everywhere = coroner(installed, "plan", "-A", "-o", "json", kubeconfig=alice)
+    assert everywhere.returncode == 0, everywhere.stderr
+    assert f"{namespace}/dead" in as_json(everywhere)["candidates"]
+
+
+def test_plan_fingerprints_are_stable_across_heartbeats(
+    installed: Cluster, admin: k8s.ApiClient, agent: k8s.ApiClient, alice: pathlib.Path, grant: str
+) -> None:
+    namespace = grant
+    dead(admin, agent, namespace, "dead", pid=5101)
+    register(admin, namespace, "live", pid=5102, heartbeat_age=0)
+    components.attest(agent, namespace, "live", verdict="Alive", evidence="PidfdPinned")
+    register(admin, namespace, "starting", pid=5103, heartbeat_age=0)
+    before = plan_json(installed, namespace, kubeconfig=alice)
+    assert reasons(before) == {"dead": "EligibleStaleOrphan", "live": "PidAlive", "starting": "AttestationMissing"}
+
+    # Both live workers heartbeat; the agent re-attests the one it watches, as it does on every change.
+    for name in ("live", "starting"):
+        kube.patch_status(admin, namespace, name, {"status": {"lastHeartbeatTime": components.now_text()}})
+    components.attest(agent, namespace, "live", verdict="Alive", evidence="PidfdPinned")
+    components.put_agent_lease(admin, node=NODE, boot_id=BOOT, host_id=HOST, duration=300)
+
+    after = plan_json(installed, namespace, kubeconfig=alice)
+    assert reasons(after) == reasons(before)
+    assert after["registryFingerprint"] == before["registryFingerprint"]
+    assert after["candidateFingerprint"] == before["candidateFingerprint"]
+
+
+# --- apply --------------------------------------------------------------------------------------
+
+
+def test_apply_previews_then_retires_under_the_callers_identity_and_replays_idempotently(
+    installed: Cluster, admin: k8s.ApiClient, agent: k8s.ApiClient, alice: pathlib.Path, grant: str
+) -> None:
+    namespace = grant
+    dead(admin, agent, namespace, "dead", pid=5201)
+    register(admin, namespace, "other", pid=5202)
+    document = plan_json(installed, namespace, kubeconfig=alice)
+    untouched = resource_version(admin, namespace, "dead")
+
+    preview = coroner(installed, *apply_args(document, namespace, "dead"), kubeconfig=alice)
+    assert preview.returncode == 0, preview.stderr
+    assert "WouldRetire" in preview.stdout and "--yes" in preview.stdout
+    assert resource_version(admin, namespace, "dead") == untouched
+
+    applied = coroner(installed, *apply_args(document, namespace, "dead"), "--yes", "-o", "json", kubeconfig=alice)
+    assert applied.returncode == 0, applied.stderr
+    result = as_json(applied)
+    assert [(row["name"], row["outcome"]) for row in result["rows"]] == [("dead", "Retired")]
+    assert result["retiredBy"] == f"alice-{SUFFIX}"
+
+    body = kube.get_registration(admin, namespace, "dead")
+    retirement = body["status"]["retirement"]
+    assert retirement["retiredBy"] == f"alice-{SUFFIX}"
+    assert retirement["reason"] == "ProcAbsent" and retirement["decision"] == "EligibleStaleOrphan"
+    assert retirement["attestation"] == body["status"]["attestation"]
+    retired = components.condition(body, "Retired")
+    assert retired is not None and retired["status"] == "True" and retired["reason"] == "ProcAbsent"
+    assert components.condition(body, "Attested") is None and components.condition(body, "Retirable") is None
+    events = components.events(admin, namespace)
+    assert [event.involved_object.name for event in events] == ["dead"]
+    assert f"alice-{SUFFIX}" in events[0].message and events[0].source.component == "kubectl-coroner"
+    assert "retirement" not in (kube.get_registration(admin, namespace, "other").get("status") or {})
+
+    # Replay: the same command again. The retirement moved the raw fingerprints, but a row retired
+    # as planned is reported AlreadyRetired, not drift, and nothing is written twice.
+    settled = resource_version(admin, namespace, "dead")
+    replay = coroner(installed, *apply_args(document, namespace, "dead"), "--yes", "-o", "json", kubeconfig=alice)
+    assert replay.returncode == 0, replay.stderr
+    assert [(row["name"], row["outcome"]) for row in as_json(replay)["rows"]] == [("dead", "AlreadyRetired")]
+    assert resource_version(admin, namespace, "dead") == settled
+    assert len(components.events(admin, namespace)) == 1
+
+    # A fresh plan shows it terminal.
+    assert reasons(plan_json(installed, namespace, kubeconfig=alice))["dead"] == "AlreadyTerminal"
+
+
+def test_a_new_registration_between_plan_and_apply_aborts_registry_moved(
+    installed: Cluster, admin: k8s.ApiClient, agent: k8s.ApiClient, alice: pathlib.Path, grant: str
+) -> None:
+    namespace = grant
+    dead(admin, agent, namespace, "dead", pid=5301)
+    document = plan_json(installed, namespace, kubeconfig=alice)
+    untouched = resource_version(admin, namespace, "dead")
+    register(admin, namespace, "newcomer", pid=5302)
+
+    result = coroner(installed, *apply_args(document, namespace, "dead"), "--yes", kubeconfig=alice)
+    assert result.returncode == 3
+    assert "RegistryMoved" in one_clear_sentence(result)
+    assert resource_version(admin, namespace, "dead") == untouched
+    assert not components.events(admin, namespace)
+
+
+def test_a_new_attestation_between_plan_and_apply_aborts_candidate_set_moved(
+    installed: Cluster, admin: k8s.ApiClient, agent: k8s.ApiClient, alice: pathlib.Path, grant: str
+) -> None:
+    namespace = grant
+    dead(admin, agent, namespace, "dead", pid=5401)
+    register(admin, namespace, "later", pid=5402)
+    document = plan_json(installed, namespace, kubeconfig=alice)
+    components.attest(agent, namespace, "later", evidence="ProcAbsent")  # a second candidate appears
+    untouched = {name: resource_version(admin, namespace, name) for name in ("dead", "later")}
+
+    result = coroner(installed, *apply_args(document, namespace, "dead"), "--yes", "-o", "json", kubeconfig=alice)
+    assert result.returncode == 3
+    assert as_json(result)["abort"] == "CandidateSetMoved"
+    assert "CandidateSetMoved" in one_clear_sentence(result)
+    assert {name: resource_version(admin, namespace, name) for name in untouched} == untouched
+
+
+def test_a_user_without_retire_is_refused_and_nothing_changes(
+    installed: Cluster, admin: k8s.ApiClient, agent: k8s.ApiClient, alice: pathlib.Path, bob: pathlib.Path, grant: str
+) -> None:
+    namespace = grant
+    dead(admin, agent, namespace, "dead", pid=5501)
+    untouched = resource_version(admin, namespace, "dead")
+    bobs = plan_json(installed, namespace, kubeconfig=bob)
+    assert reasons(bobs) == {"dead": "RetirePermissionMissing"}
+    assert bobs["retirePermission"] == {namespace: False}
+    table = coroner(installed, "plan", "-n", namespace, kubeconfig=bob)
+    assert "do not hold the retire verb" in table.stdout
+
+    refused = coroner(installed, *apply_args(bobs, namespace, "dead"), "--yes", kubeconfig=bob)
+    assert refused.returncode == 2
+    sentence = one_clear_sentence(refused)
+    assert "is not a retirement candidate (RetirePermissionMissing)" in sentence and "retire verb" in sentence
+
+    # Bob replaying alice's approval: her candidate set is not his.
+    alices = plan_json(installed, namespace, kubeconfig=alice)
+    borrowed = coroner(installed, *apply_args(alices, namespace, "dead"), "--yes", kubeconfig=bob)
+    assert borrowed.returncode == 3 and "CandidateSetMoved" in one_clear_sentence(borrowed)
+    assert resource_version(admin, namespace, "dead") == untouched
+
+
+def test_bad_names_and_foreign_fingerprints_are_one_sentence_and_change_nothing(
+    installed: Cluster, admin: k8s.ApiClient, agent: k8s.ApiClient, alice: pathlib.Path, grant: str
+) -> None:
+    namespace = grant
+    dead(admin, agent, namespace, "dead", pid=5601)
+    register(admin, namespace, "unattested", pid=5602)
+    document = plan_json(installed, namespace, kubeconfig=alice)
+    untouched = resource_version(admin, namespace, "dead")
+
+    missing = coroner(installed, *apply_args(document, namespace, "nosuch"), "--yes", kubeconfig=alice)
+    assert missing.returncode == 2
+    assert f"WorkerRegistration {namespace}/nosuch does not exist" in one_clear_sentence(missing)
+    assert missing.stderr.rstrip().endswith("Nothing was changed.")
+
+    ineligible = coroner(installed, *apply_args(document, namespace, "unattested"), "--yes", kubeconfig=alice)
+    assert ineligible.returncode == 2 and "(AttestationMissing)" in one_clear_sentence(ineligible)
+
+    foreign = dict(
+        document, registryFingerprint="v1:sha256:" + "ab" * 32, candidateFingerprint="v1:sha256:" + "cd" * 32
+    )
+    elsewhere = coroner(installed, *apply_args(foreign, namespace, "dead"), "--yes", kubeconfig=alice)
+    assert elsewhere.returncode == 3
+    assert "another cluster" in one_clear_sentence(elsewhere)
+
+    garbled = coroner(
+        installed, *apply_args(dict(document, registryFingerprint="v1:sha"), namespace, "dead"), kubeconfig=alice
+    )
+    assert garbled.returncode == 2 and "is not a Coroner fingerprint" in one_clear_sentence(garbled)
+    assert resource_version(admin, namespace, "dead") == untouched
+    assert not components.events(admin, namespace)
+
+
+def test_no_permission_to_read_is_one_sentence(installed: Cluster, namespace: str) -> None:
+    nobody = user_kubeconfig(installed, user=f"nobody-{SUFFIX}")
+    result = coroner(installed, "plan", "-n", namespace, kubeconfig=nobody)
+    assert result.returncode == 2
+    sentence = one_clear_sentence(result)
+    assert "forbidden to list workerregistrations" in sentence and "coroner-viewer" in sentence
+
+
+def test_an_unreachable_cluster_is_one_sentence(installed: Cluster, tmp_path: pathlib.Path) -> None:
+    closed = write_kubeconfig(
+        tmp_path / "closed.kubeconfig",
+        server="https://127.0.0.1:1",
+        ca=installed.pki.ca_cert,
+        user="nobody",
+        token="x",
+    )
+    for command in (["plan", "-n", "default"], ["doctor"]):
+        result = coroner(installed, *command, kubeconfig=closed)
+        assert result.returncode == 2, result
+        assert "cannot reach the Kubernetes API server at https://127.0.0.1:1" in one_clear_sentence(result)
+
+
+def test_a_cluster_without_the_crd_is_one_sentence(tmp_path: pathlib.Path) -> None:
+    bare = cluster_mod.up(tmp_path / "bare", controller_manager=False)
+    try:
+        result = coroner(bare, "plan", "-n", "default", kubeconfig=bare.kubeconfig)
+        assert result.returncode == 2
+        assert "CustomResourceDefinition workerregistrations.coroner.dev) is not installed" in one_clear_sentence(
+            result
+        )
+        doctor = coroner(bare, "doctor", "-o", "json", kubeconfig=bare.kubeconfig)
+        assert doctor.returncode == 1
+        checks = {check["name"]: check for check in as_json(doctor)["checks"]}
+        assert checks["crd"]["status"] == "FAIL"
+        assert checks["unattested"]["status"] == "UNKNOWN" and "count" not in checks["unattested"]["facts"]
+        assert checks["last-sweep"]["status"] == "UNKNOWN"
+    finally:
+        cluster_mod.down(tmp_path / "bare")
+
+
+# --- doctor -------------------------------------------------------------------------------------
+
+
+def doctor(cluster: Cluster, *extra: str) -> tuple[int, dict[str, dict[str, Any]]]:
+    result = coroner(cluster, "doctor", "-o", "json", *extra, kubeconfig=cluster.kubeconfig)
+    assert result.returncode in (0, 1), result.stderr
+    checks = {check["name"]: check for check in as_json(result)["checks"]}
+    failed = any(check["status"] == "FAIL" for check in checks.values())
+    assert result.returncode == (1 if failed else 0)
+    return result.returncode, checks
+
+
+def test_doctor_names_a_missing_policy_binding_until_it_is_reapplied(installed: Cluster) -> None:
+    binding = "coroner-retire-requires-capability"
+    _, checks = doctor(installed)
+    assert checks["crd"]["status"] == "PASS"
+    assert checks["admission-policies"]["status"] == "PASS"
+    kube.kubectl(installed, "delete", "validatingadmissionpolicybinding", binding)
+    try:
+        code, checks = doctor(installed)
+        assert code == 1
+        assert checks["admission-policies"]["status"] == "FAIL"
+        assert checks["admission-policies"]["objects"] == [f"ValidatingAdmissionPolicyBinding/{binding}"]
+    finally:
+        kube.kubectl(installed, "apply", "-k", str(kube.MANIFESTS / "overlays" / "plan-only"))
+    assert doctor(installed)[1]["admission-policies"]["status"] == "PASS"
+
+
+@pytest.fixture
+def ready_node(installed: Cluster, admin: k8s.ApiClient) -> Iterator[str]:
+    name = f"kc-ready-{uuid.uuid4().hex[:6]}"
+    ensure_node(installed, name=name, boot_id=BOOT, ready=True)
+    try:
+        yield name
+    finally:
+        try:
+            k8s.CoordinationV1Api(admin).delete_namespaced_lease(
+                f"{api.AGENT_LEASE_PREFIX}{name}", api.SYSTEM_NAMESPACE
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        k8s.CoreV1Api(admin).delete_node(name)
+
+
+def agent_problem(checks: dict[str, dict[str, Any]], node: str) -> str | None:
+    check = checks["agents"]
+    problem: str | None = check["facts"].get("problems", {}).get(node)
+    assert (f"node/{node}" in check["objects"]) == (problem is not None)
+    if problem is not None:
+        assert check["status"] == "FAIL"
+    elif not check["objects"]:
+        assert check["status"] == "PASS"
+    return problem
+
+
+def test_doctor_names_ready_nodes_without_a_healthy_agent(
+    installed: Cluster, admin: k8s.ApiClient, ready_node: str
+) -> None:
+    problem = agent_problem(doctor(installed)[1], ready_node)
+    assert problem is not None and "not found" in problem
+
+    components.put_agent_lease(admin, node=ready_node, boot_id=BOOT, host_id=HOST)
+    assert agent_problem(doctor(installed)[1], ready_node) is None
+
+    components.put_agent_lease(admin, node=ready_node, boot_id=OTHER_BOOT, host_id=HOST)
+    problem = agent_problem(doctor(installed)[1], ready_node)
+    assert problem is not None and f"differs from the Node's bootID {BOOT}" in problem
+
+    components.put_agent_lease(admin, node=ready_node, boot_id=BOOT, host_id=HOST, duration=10, renew_offset=-60)
+    problem = agent_problem(doctor(installed)[1], ready_node)
+    assert problem is not None and "expired at" in problem
+
+    # The Node reboots: its bootID moves, the agent follows, and they agree again.
+    ensure_node(installed, name=ready_node, boot_id=OTHER_BOOT)
+    components.put_agent_lease(admin, node=ready_node, boot_id=OTHER_BOOT, host_id=HOST)
+    assert agent_problem(doctor(installed)[1], ready_node) is None
+
+
+@pytest.fixture
+def operator_lease(installed: Cluster, admin: k8s.ApiClient) -> Iterator[k8s.CoordinationV1Api]:
+    """The operator's Lease as a test writes it; whatever was there before comes back afterwards."""
+    coordination = k8s.CoordinationV1Api(admin)
+    name, system = "coroner-operator", api.SYSTEM_NAMESPACE
+    try:
+        saved: dict[str, Any] | None = admin.sanitize_for_serialization(
+            coordination.read_namespaced_lease(name, system)
+        )
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        saved = None
+    try:
+        yield coordination
+    finally:
+        try:
+            coordination.delete_namespaced_lease(name, system)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        if saved is not None:
+            saved["metadata"] = {
+                k: v for k, v in saved["metadata"].items() if k in ("name", "namespace", "annotations", "labels")
+            }
+            coordination.create_namespaced_lease(system, saved)
+
+
+def write_operator_lease(
+    coordination: k8s.CoordinationV1Api, *, renew_offset: float, sweep: dict[str, Any] | None
+) -> None:
+    name, system = "coroner-operator", api.SYSTEM_NAMESPACE
+    try:
+        coordination.delete_namespaced_lease(name, system)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+    annotations = {} if sweep is None else {f"{api.GROUP}/last-sweep": json.dumps(sweep)}
+    coordination.create_namespaced_lease(
+        system,
+        {
+            "metadata": {"name": name, "annotations": annotations},
+            "spec": {
+                "holderIdentity": "system:serviceaccount:coroner-system:coroner-operator",
+                "leaseDurationSeconds": 180,
+                "renewTime": components.now_text(renew_offset),
+            },
+        },
+    )
+
+
+def test_doctor_reports_operator_liveness_and_the_last_sweep_per_namespace(
+    installed: Cluster, operator_lease: k8s.CoordinationV1Api
+) -> None:
+    write_operator_lease(operator_lease, renew_offset=0, sweep=None)
+    _, checks = doctor(installed)
+    assert checks["operator-alive"]["status"] == "PASS"
+    assert checks["last-sweep"]["status"] == "UNKNOWN"
+    assert "never recorded" in checks["last-sweep"]["summary"] and "failures" not in checks["last-sweep"]["facts"]
+
+    sweep = {
+        "time": components.now_text(),
+        "registrations": 3,
+        "namespaces": 2,
+        "failures": {"broken-ns": 2, "fine-ns": 0},
+        "errors": {"broken-ns": "403 Forbidden: no patch"},
+        "byReason": {},
+    }
+    write_operator_lease(operator_lease, renew_offset=0, sweep=sweep)
+    code, checks = doctor(installed)
+    assert code == 1
+    assert checks["last-sweep"]["status"] == "FAIL" and checks["last-sweep"]["objects"] == ["namespace/broken-ns"]
+    assert "403 Forbidden: no patch" in checks["last-sweep"]["summary"]
+
+    write_operator_lease(operator_lease, renew_offset=-600, sweep=dict(sweep, failures={"fine-ns": 0}, errors={}))
+    _, checks = doctor(installed)
+    assert checks["operator-alive"]["status"] == "FAIL" and "expired at" in checks["operator-alive"]["summary"]
+    assert checks["last-sweep"]["status"] == "PASS"
+
+    operator_lease.delete_namespaced_lease("coroner-operator", api.SYSTEM_NAMESPACE)
+    _, checks = doctor(installed)
+    assert checks["operator-alive"]["status"] == "FAIL" and checks["last-sweep"]["status"] == "UNKNOWN"
+
+
+@pytest.fixture
+def grant_restored(installed: Cluster, admin: k8s.ApiClient) -> Iterator[None]:
+    """Whatever the operator's retire grant was before the test, it is again afterwards."""
+    rbac = k8s.RbacAuthorizationV1Api(admin)
+    try:
+        rbac.read_cluster_role_binding("coroner-operator-retire")
+        granted = True
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        granted = False
+    try:
+        yield
+    finally:
+        if granted:
+            kube.kubectl(installed, "apply", "-k", str(kube.MANIFESTS / "overlays" / "production"))
+        else:
+            kube.kubectl(installed, "delete", "clusterrolebinding", "coroner-operator-retire", "--ignore-not-found")
+
+
+def test_doctor_reports_the_retire_grant_and_registrations_blocked_or_unattested(
+    installed: Cluster, admin: k8s.ApiClient, agent: k8s.ApiClient, namespace: str, grant_restored: None
+) -> None:
+    dead(admin, agent, namespace, "dead", pid=5701)
+    register(admin, namespace, "unattested", pid=5702)
+    dead_row, unattested_row = f"workerregistration/{namespace}/dead", f"workerregistration/{namespace}/unattested"
+
+    kube.kubectl(installed, "delete", "clusterrolebinding", "coroner-operator-retire", "--ignore-not-found")
+    code, checks = doctor(installed, "--attestation-grace-seconds=0")
+    assert code == 1
+    assert checks["retire-grant"]["status"] == "FAIL"
+    assert checks["retire-grant"]["objects"] == ["system:serviceaccount:coroner-system:coroner-operator"]
+    assert checks["blocked"]["status"] == "FAIL" and dead_row in checks["blocked"]["objects"]
+    assert f"{namespace}/dead" in checks["blocked"]["facts"]["byReason"]["RetirePermissionMissing"]
+    assert checks["unattested"]["status"] == "FAIL" and unattested_row in checks["unattested"]["objects"]
+    assert dead_row not in checks["unattested"]["objects"]
+
+    _, planned_only = doctor(installed, "--expect-plan-only", "--attestation-grace-seconds=3600")
+    assert planned_only["retire-grant"]["status"] == "PASS"
+    assert dead_row not in planned_only["blocked"]["objects"]
+    assert unattested_row not in planned_only["unattested"]["objects"]  # within its grace period
+
+    kube.kubectl(installed, "apply", "-k", str(kube.MANIFESTS / "overlays" / "production"))
+    _, checks = doctor(installed)
+    assert checks["retire-grant"]["status"] == "PASS"
+    assert dead_row not in checks["blocked"]["objects"]
