@@ -37,3 +37,7 @@ AGENT_LEASE_PID_NAMESPACE: Final = f"{GROUP}/pid-namespace"
 ROOT_PID_NAMESPACE_INODE: Final = 4026531836
 #: The kernel's upper bound for pid_max (PID_MAX_LIMIT on 64-bit).
 PID_MAX_LIMIT: Final = 4194304
+#: The operator's own Lease in SYSTEM_NAMESPACE, renewed after every sweep; doctor reads it.
+OPERATOR_LEASE: Final = "coroner-operator"
+#: Annotation on OPERATOR_LEASE holding the last sweep's outcome (JSON, per-namespace failures).
+LAST_SWEEP_ANNOTATION: Final = f"{GROUP}/last-sweep"

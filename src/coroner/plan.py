@@ -32,9 +32,9 @@ from coroner.reasons import ApplyAbort, ConditionType, Reason
 from coroner.world import Key, World, agent_facts_from_lease, lease_facts, node_facts
 
 #: The operator's own Lease in the system namespace; it renews it after every sweep.
-OPERATOR_LEASE: Final = "coroner-operator"
+OPERATOR_LEASE: Final = api.OPERATOR_LEASE
 #: Annotation on that Lease holding the last sweep's outcome as JSON.
-LAST_SWEEP_ANNOTATION: Final = f"{api.GROUP}/last-sweep"
+LAST_SWEEP_ANNOTATION: Final = api.LAST_SWEEP_ANNOTATION
 #: The ServiceAccount the manifests run the operator as.
 OPERATOR_SERVICE_ACCOUNT: Final = "coroner-operator"
 #: The four ValidatingAdmissionPolicies of manifests/base/admission-policies.yaml, each bound by a

@@ -32,9 +32,6 @@ from coroner_operator.metrics import Metrics
 
 logger = logging.getLogger("coroner.operator")
 
-#: Name of the operator's own Lease in the system namespace; doctor reads the last sweep from it.
-OPERATOR_LEASE = "coroner-operator"
-LAST_SWEEP_ANNOTATION = f"{api.GROUP}/last-sweep"
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -422,10 +419,10 @@ class Reconciler:
             try:
                 await self.kube.upsert_lease(
                     namespace=self.settings.system_namespace,
-                    name=OPERATOR_LEASE,
+                    name=api.OPERATOR_LEASE,
                     holder=self.identity,
                     duration=int(self.settings.resync_seconds * 3),
-                    annotations={LAST_SWEEP_ANNOTATION: json.dumps(self.last_sweep, sort_keys=True)},
+                    annotations={api.LAST_SWEEP_ANNOTATION: json.dumps(self.last_sweep, sort_keys=True)},
                 )
             except ApiException as exc:
                 logger.warning(
