@@ -82,7 +82,9 @@ class AgentApi:
         return (info.boot_id or None) if info else None
 
     def list_registrations(self) -> tuple[list[dict[str, Any]], str]:
-        result = self._custom.list_cluster_custom_object(api.GROUP, api.VERSION, api.PLURAL, label_selector=self.selector)
+        result = self._custom.list_cluster_custom_object(
+            api.GROUP, api.VERSION, api.PLURAL, label_selector=self.selector
+        )
         return list(result.get("items", [])), str(result["metadata"]["resourceVersion"])
 
     def get_registration(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -170,7 +172,9 @@ class AgentApi:
                         loop.call_soon_threadsafe(on_event, event["type"], obj)
             except ApiException as exc:
                 if exc.status != 410:
-                    logger.warning("watch failed node=%s status=%s; relisting in %.1fs", self.node_name, exc.status, backoff)
+                    logger.warning(
+                        "watch failed node=%s status=%s; relisting in %.1fs", self.node_name, exc.status, backoff
+                    )
                     stop.wait(backoff)
                     backoff = min(backoff * 2, 30.0)
             except Exception as exc:  # connection errors: back off and relist, never guess

@@ -125,7 +125,9 @@ async def _run(
         logger.warning(
             "boot id disagrees with the Node node=%s nodeBootID=%s agentBootID=%s "
             "(the operator preserves this node's registrations as BootIdentityUnknown)",
-            node_name, node_boot, prober.boot_id(),
+            node_name,
+            node_boot,
+            prober.boot_id(),
         )
     settings = AgentSettings(
         node_name=node_name,
@@ -141,7 +143,12 @@ async def _run(
         loop.add_signal_handler(sig, stop.set)
     logger.info(
         "agent started node=%s identity=%s bootId=%s rootPidNamespace=%s pidfd=%s maxPidfds=%s",
-        node_name, identity, prober.boot_id(), prober.in_root_pid_namespace, use_pidfd, max_pidfds,
+        node_name,
+        identity,
+        prober.boot_id(),
+        prober.in_root_pid_namespace,
+        use_pidfd,
+        max_pidfds,
     )
     try:
         await agent.run(stop=stop)

@@ -349,7 +349,6 @@ class PidIndex:
         # wins, and the probe verifies every candidate before relying on it.
         self._by_key[(pid_namespace, status.namespaced_pid)] = host_pid
 
-
     @staticmethod
     def _gone(*, reader: ProcReader, host_pid: int, generation: int) -> bool:
         """Confirms a read's "vanished" against a fresh listing before treating the pid as free.

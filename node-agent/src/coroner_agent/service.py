@@ -19,6 +19,7 @@ from kubernetes.client.exceptions import ApiException
 
 from coroner import api, model
 from coroner.reasons import Evidence, Verdict
+from coroner.workqueue import KeyedQueue
 from coroner_agent.kube import AgentApi
 
 logger = logging.getLogger("coroner.agent")
@@ -111,10 +112,7 @@ class Agent:
         self.settings = settings
         self.identity = identity
         self.bodies: dict[Key, dict[str, Any]] = {}
-        self._queue: asyncio.Queue[Key] = asyncio.Queue()
-        self._pending: set[Key] = set()
-        self._active: set[Key] = set()
-        self._again: set[Key] = set()
+        self._queue: KeyedQueue[Key] = KeyedQueue()
         self._failures: dict[Key, int] = {}
         self._stop_watch = threading.Event()
         self.attestations_written = 0
@@ -123,12 +121,7 @@ class Agent:
     # --- inputs --------------------------------------------------------------------------------
 
     def enqueue(self, key: Key) -> None:
-        if key in self._active:
-            self._again.add(key)
-            return
-        if key not in self._pending:
-            self._pending.add(key)
-            self._queue.put_nowait(key)
+        self._queue.put(key)
 
     def on_pidfd(self, key: Key) -> None:
         """A watched incarnation's pidfd became readable: its whole thread group exited."""
@@ -230,15 +223,17 @@ class Agent:
         self.attestations_written += 1
         logger.info(
             "attested workerregistration=%s/%s verdict=%s evidence=%s pid=%s node=%s",
-            key[0], key[1], attestation["verdict"], attestation["evidence"],
-            registration.incarnation.pid, self.settings.node_name,
+            key[0],
+            key[1],
+            attestation["verdict"],
+            attestation["evidence"],
+            registration.incarnation.pid,
+            self.settings.node_name,
         )
 
     async def run_worker(self) -> None:
         while True:
             key = await self._queue.get()
-            self._pending.discard(key)
-            self._active.add(key)
             try:
                 await self.attest(key)
                 self._failures.pop(key, None)
@@ -248,14 +243,12 @@ class Agent:
                 attempt = self._failures.get(key, 0)
                 self._failures[key] = attempt + 1
                 delay = min(30.0, 0.5 * 2**attempt)
-                logger.warning("attest failed workerregistration=%s/%s error=%r retry_in=%.1fs", key[0], key[1], exc, delay)
+                logger.warning(
+                    "attest failed workerregistration=%s/%s error=%r retry_in=%.1fs", key[0], key[1], exc, delay
+                )
                 asyncio.get_running_loop().call_later(delay, self.enqueue, key)
             finally:
-                self._active.discard(key)
-                self._queue.task_done()
-                if key in self._again:
-                    self._again.discard(key)
-                    self.enqueue(key)
+                self._queue.done(key)
 
     # --- background loops ----------------------------------------------------------------------
 
@@ -312,7 +305,7 @@ class Agent:
         try:
             await asyncio.wait_for(self._queue.join(), timeout=timeout)
         except TimeoutError:
-            logger.warning("shutdown sweep timed out node=%s pending=%s", self.settings.node_name, len(self._pending))
+            logger.warning("shutdown sweep timed out node=%s pending=%s", self.settings.node_name, self._queue.pending)
         return self.attestations_written - before
 
     async def run(self, *, stop: asyncio.Event, sweep_timeout: float = 45.0) -> None:

@@ -25,13 +25,13 @@ from kubernetes.client.exceptions import ApiException
 from coroner import api, model
 from coroner.decision import Decision, NodeFacts, Policy, decide
 from coroner.reasons import EventReason, Reason
+from coroner.workqueue import KeyedQueue
 from coroner.world import Key, World, lease_facts
 from coroner_operator import status as status_mod
 from coroner_operator.kubeapi import KubeApi
 from coroner_operator.metrics import Metrics
 
 logger = logging.getLogger("coroner.operator")
-
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,10 +74,7 @@ class Reconciler:
         self.metrics = metrics
         self.settings = settings
         self.identity = identity
-        self._queue: asyncio.Queue[Key] = asyncio.Queue()
-        self._pending: set[Key] = set()
-        self._active: set[Key] = set()
-        self._again: set[Key] = set()
+        self._queue: KeyedQueue[Key] = KeyedQueue()
         self._timers: list[tuple[datetime.datetime, int, Key]] = []
         self._timer_due: dict[Key, datetime.datetime] = {}
         self._timer_wakeup = asyncio.Event()
@@ -93,12 +90,7 @@ class Reconciler:
 
     def enqueue(self, key: Key) -> None:
         """Asks for a reconcile of `key`; duplicates collapse into one."""
-        if key in self._active:
-            self._again.add(key)  # reconcile once more after the running one: it may have read old state
-            return
-        if key not in self._pending:
-            self._pending.add(key)
-            self._queue.put_nowait(key)
+        self._queue.put(key)
 
     def schedule(self, key: Key, when: datetime.datetime) -> None:
         """Reconcile `key` at `when` (the earliest of several requests wins)."""
@@ -125,8 +117,6 @@ class Reconciler:
     async def run_worker(self) -> None:
         while True:
             key = await self._queue.get()
-            self._pending.discard(key)
-            self._active.add(key)
             try:
                 await self.reconcile(key)
                 self._failures.pop(key, None)
@@ -135,11 +125,7 @@ class Reconciler:
             except Exception as exc:
                 self._on_failure(key, exc)
             finally:
-                self._active.discard(key)
-                self._queue.task_done()
-                if key in self._again:
-                    self._again.discard(key)
-                    self.enqueue(key)
+                self._queue.done(key)
 
     def _on_failure(self, key: Key, exc: Exception) -> None:
         attempt = self._failures.get(key, 0)
