@@ -1,0 +1,220 @@
+"""Exit-to-attestation latency of the agent, and its footprint while it watches many workers.
+
+One real control plane, one agent (a local process with a node-bound token), N real `sleep`
+workers registered on its node; then K of them are SIGKILLed one at a time and the time from
+os.kill to `status.attestation.verdict == Dead` observed on a watch is recorded. Also records the
+agent's RSS and open fds once all N are pinned.
+
+    .venv/bin/python bench/attestation.py [--workers 1000] [--kills 120]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import platform
+import queue
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import psutil
+from kubernetes import client as k8s
+from kubernetes import watch
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+from coroner import api, launcher  # noqa: E402
+from coroner.devcluster import cluster as cluster_mod  # noqa: E402
+from coroner.devcluster.binaries import K8S_VERSION  # noqa: E402
+from coroner.devcluster.identities import ensure_node, mint_token  # noqa: E402
+from coroner.kube import api_client  # noqa: E402
+
+BIN = pathlib.Path(sys.executable).parent
+NODE = "bench-node"
+NAMESPACE = "bench"
+
+
+def machine() -> dict[str, object]:
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "kubernetes": K8S_VERSION,
+        "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip(),
+        "note": "shared 2-core machine; other work may have run concurrently",
+    }
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--workers", type=int, default=1000)
+    parser.add_argument("--kills", type=int, default=120)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="coroner-bench-attest-"))
+    sleepers: list[subprocess.Popen[bytes]] = []
+    agent: subprocess.Popen[bytes] | None = None
+    try:
+        cluster = cluster_mod.up(workdir / "cluster", controller_manager=False)
+        kubectl = [str(cluster.binary("kubectl")), f"--kubeconfig={cluster.kubeconfig}"]
+        subprocess.run(
+            [*kubectl, "apply", "-k", str(REPO / "manifests/overlays/plan-only")], check=True, capture_output=True
+        )
+        subprocess.run(
+            [*kubectl, "wait", "--for=condition=Established", f"crd/{api.CRD_NAME}"], check=True, capture_output=True
+        )
+        subprocess.run([*kubectl, "create", "namespace", NAMESPACE], check=True, capture_output=True)
+        boot = pathlib.Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        ensure_node(cluster, name=NODE, boot_id=boot)
+        admin = api_client(cluster.kubeconfig)
+        registrations: dict[str, subprocess.Popen[bytes]] = {}
+        for index in range(args.workers):
+            proc = subprocess.Popen(["sleep", "3600"])
+            sleepers.append(proc)
+            incarnation = launcher.probe_incarnation(proc.pid, node_name=NODE)
+            name = f"w{index:05d}"
+            launcher.register(
+                client=admin,
+                namespace=NAMESPACE,
+                node_name=NODE,
+                incarnation=incarnation,
+                name=name,
+                interval_seconds=10,
+                ttl_seconds=30,
+            )
+            registrations[name] = proc
+        agent_config = mint_token(cluster, service_account=f"{api.SYSTEM_NAMESPACE}/coroner-agent", node=NODE)
+        boot_file = workdir / "boot_id"
+        boot_file.write_text(boot + "\n")
+        with open(workdir / "agent.log", "ab") as log:
+            agent = subprocess.Popen(
+                [
+                    str(BIN / "coroner-agent"),
+                    f"--node-name={NODE}",
+                    f"--kubeconfig={agent_config}",
+                    f"--boot-id-file={boot_file}",
+                    "--resync-seconds=300",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        custom = k8s.CustomObjectsApi(admin)
+
+        def alive_count() -> int:
+            items = custom.list_namespaced_custom_object(api.GROUP, api.VERSION, NAMESPACE, api.PLURAL)["items"]
+            return sum(1 for i in items if (i.get("status") or {}).get("attestation", {}).get("verdict") == "Alive")
+
+        started = time.monotonic()
+        while alive_count() < args.workers and time.monotonic() - started < 600:
+            time.sleep(1)
+        settle_seconds = time.monotonic() - started
+        time.sleep(3)
+        agent_ps = psutil.Process(agent.pid)
+        footprint = {
+            "agent_rss_mb": round(agent_ps.memory_info().rss / 2**20, 1),
+            "agent_fds": agent_ps.num_fds(),
+            "watched_workers": args.workers,
+            "seconds_to_all_alive": round(settle_seconds, 1),
+        }
+
+        events: queue.Queue[tuple[str, float]] = queue.Queue()
+        stop = threading.Event()
+
+        def watch_dead() -> None:
+            stream = watch.Watch()
+            try:
+                for event in stream.stream(
+                    custom.list_namespaced_custom_object,
+                    api.GROUP,
+                    api.VERSION,
+                    NAMESPACE,
+                    api.PLURAL,
+                    timeout_seconds=900,
+                ):
+                    obj = event["object"]
+                    if (obj.get("status") or {}).get("attestation", {}).get("verdict") == "Dead":
+                        events.put((obj["metadata"]["name"], time.monotonic()))
+                    if stop.is_set():
+                        stream.stop()
+            except Exception:  # the control plane going down at the end ends the watch
+                if not stop.is_set():
+                    raise
+
+        watcher = threading.Thread(target=watch_dead, daemon=True)
+        watcher.start()
+        time.sleep(2)
+        while not events.empty():
+            events.get_nowait()
+        latencies: list[float] = []
+        for name in rng.sample(sorted(registrations), args.kills):
+            proc = registrations[name]
+            time.sleep(rng.uniform(0.05, 0.3))
+            killed = time.monotonic()
+            os.kill(proc.pid, signal.SIGKILL)
+            deadline = killed + 30
+            while time.monotonic() < deadline:
+                try:
+                    seen, at = events.get(timeout=max(0.01, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if seen == name:
+                    latencies.append((at - killed) * 1000)
+                    break
+            proc.wait()
+        stop.set()
+        result = {
+            "exit_to_attestation": {
+                "n": len(latencies),
+                "p50_ms": round(statistics.median(latencies), 2),
+                "p90_ms": round(percentile(latencies, 0.9), 2),
+                "p99_ms": round(percentile(latencies, 0.99), 2),
+                "max_ms": round(max(latencies), 2),
+                "kills": args.kills,
+            },
+            **footprint,
+            "machine": machine(),
+            "command": " ".join([".venv/bin/python", "bench/attestation.py", *sys.argv[1:]]),
+            "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        }
+        out = REPO / "bench" / "results" / "attestation.json"
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps(result, indent=2))
+    finally:
+        if agent is not None and agent.poll() is None:
+            agent.send_signal(signal.SIGTERM)
+            try:
+                agent.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                agent.kill()
+        for proc in sleepers:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+        cluster_mod.down(workdir / "cluster")
+
+
+if __name__ == "__main__":
+    main()
