@@ -18,6 +18,7 @@ import pathlib
 import platform
 import queue
 import random
+import resource
 import signal
 import statistics
 import subprocess
@@ -45,7 +46,8 @@ NAMESPACE = "bench"
 
 
 def machine() -> dict[str, object]:
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    cpuinfo = pathlib.Path("/proc/cpuinfo").read_text().splitlines()
+    cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), "?")
     return {
         "cpu": cpu,
         "cores": os.cpu_count(),
@@ -70,9 +72,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     rng = random.Random(args.seed)
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="coroner-bench-attest-"))
     sleepers: list[subprocess.Popen[bytes]] = []
