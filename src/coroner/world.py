@@ -22,6 +22,15 @@ Key = tuple[str, str]  # (namespace, name)
 OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
 
 
+def slim(body: dict[str, Any]) -> dict[str, Any]:
+    """The body without metadata.managedFields: never read here, and the bulk of a cached object
+    (an object touched by launcher, agent and operator carries three managers' field sets)."""
+    meta = body.get("metadata")
+    if isinstance(meta, dict) and "managedFields" in meta:
+        body = {**body, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+    return body
+
+
 def key_of(body: Mapping[str, Any]) -> Key:
     meta = body.get("metadata") or {}
     return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
@@ -102,6 +111,7 @@ class World:
     # --- registrations -------------------------------------------------------------------------
 
     def put_registration(self, body: dict[str, Any]) -> Key:
+        body = slim(body)
         key = key_of(body)
         self.forget_registration(key)
         registration = model.parse_registration(body)

@@ -20,6 +20,7 @@ from kubernetes.client.exceptions import ApiException
 from coroner import api, model
 from coroner.reasons import Evidence, Verdict
 from coroner.workqueue import KeyedQueue
+from coroner.world import slim
 from coroner_agent.kube import AgentApi
 
 logger = logging.getLogger("coroner.agent")
@@ -132,7 +133,7 @@ class Agent:
         for body in items:
             key = _key(body)
             seen.add(key)
-            self.bodies[key] = body
+            self.bodies[key] = slim(body)
             self.enqueue(key)
         for key in set(self.bodies) - seen:
             self._forget(key)
@@ -143,7 +144,7 @@ class Agent:
         if event_type == "DELETED":
             self._forget(key)
             return
-        self.bodies[key] = body
+        self.bodies[key] = slim(body)
         self.enqueue(key)
 
     def _forget(self, key: Key) -> None:
@@ -212,14 +213,14 @@ class Agent:
                 if fresh is None:
                     self._forget(key)
                 else:
-                    self.bodies[key] = fresh
+                    self.bodies[key] = slim(fresh)
                     self.enqueue(key)
                 return
             if exc.status == 404:
                 self._forget(key)
                 return
             raise
-        self.bodies[key] = written
+        self.bodies[key] = slim(written)
         self.attestations_written += 1
         logger.info(
             "attested workerregistration=%s/%s verdict=%s evidence=%s pid=%s node=%s",
