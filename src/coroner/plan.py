@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from coroner import api, conditions, fingerprint, model
+from coroner import api, conditions, fingerprint, model, retirement
 from coroner.decision import Decision, Policy, decide
 from coroner.fingerprint import Plan, PlanEntry, PlanRow
 from coroner.reasons import ApplyAbort, ConditionType, Reason
@@ -375,27 +375,14 @@ def retirement_patch(
     ]
     if rendered not in written:
         written.append(rendered)
-    retirement: dict[str, Any] = {
-        "retiredTime": model.format_time(now, fraction=True),
-        "retiredBy": retired_by,
-        "reason": evidence,
-        "decision": decision.reason.value,
-    }
-    if raw_attestation is not None:
-        retirement["attestation"] = raw_attestation
-    ops: list[dict[str, Any]] = [
-        {"op": "test", "path": "/metadata/resourceVersion", "value": str(registration.resource_version)}
-    ]
-    # The attestation relied on must be exactly the one read; with node-level evidence there is
-    # none, and the resourceVersion test alone guards that none appeared.
-    if raw_attestation is not None:
-        ops.append({"op": "test", "path": "/status/attestation", "value": raw_attestation})
-    if stored_status is None:
-        ops.append({"op": "add", "path": "/status", "value": {"conditions": written, "retirement": retirement}})
-    else:
-        ops.append({"op": "add", "path": "/status/conditions", "value": written})
-        ops.append({"op": "add", "path": "/status/retirement", "value": retirement})
-    return ops
+    return retirement.status_ops(
+        body=body,
+        resource_version=str(registration.resource_version),
+        conditions=written,
+        retirement=retirement.retirement_record(
+            decision=decision, retired_by=retired_by, now=now, attestation=raw_attestation
+        ),
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from coroner import conditions as cond
-from coroner import model
+from coroner import model, retirement
 from coroner.decision import Decision
 from coroner.reasons import ConditionType, Reason, Verdict
 
@@ -102,18 +102,10 @@ def retired_conditions(
 def conditions_ops(
     body: Mapping[str, Any], conditions: list[model.Condition], *, resource_version: str
 ) -> list[dict[str, Any]]:
-    """A JSON patch that sets status.conditions only if the object is still at `resource_version`.
-
-    A merge patch would replace the whole list and could erase a Released condition the worker
-    wrote a moment earlier; the `test` makes such a race a 422 and a re-read instead.
-    """
-    rendered = cond.render_conditions(conditions)
-    ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/resourceVersion", "value": resource_version}]
-    if not isinstance(body.get("status"), Mapping):
-        ops.append({"op": "add", "path": "/status", "value": {"conditions": rendered}})
-    else:
-        ops.append({"op": "add", "path": "/status/conditions", "value": rendered})
-    return ops
+    """A compare-and-swap JSON patch that sets status.conditions (see coroner.retirement)."""
+    return retirement.status_ops(
+        body=body, resource_version=resource_version, conditions=cond.render_conditions(conditions)
+    )
 
 
 def retirement_ops(
@@ -125,25 +117,16 @@ def retirement_ops(
     now: datetime.datetime,
 ) -> list[dict[str, Any]]:
     """The compare-and-swap retirement: test resourceVersion and the relied-on attestation, then write."""
-    resource_version = str(registration.resource_version)
-    status = body.get("status") if isinstance(body.get("status"), Mapping) else {}
-    assert isinstance(status, Mapping)
-    raw_attestation = status.get("attestation")
-    retirement: dict[str, Any] = {
-        "retiredTime": model.format_time(now, fraction=True),
-        "retiredBy": retired_by,
-        "reason": decision.death_evidence.value if decision.death_evidence else "Unknown",
-        "decision": decision.reason.value,
-    }
-    if raw_attestation is not None:
-        retirement["attestation"] = raw_attestation
-    ops = conditions_ops(body, retired_conditions(registration, decision, now=now), resource_version=resource_version)
-    # The attestation relied on must be exactly the one read; with no attestation (node-level
-    # evidence) its absence is what was relied on.
-    if raw_attestation is not None:
-        ops.insert(1, {"op": "test", "path": "/status/attestation", "value": raw_attestation})
-    ops.append({"op": "add", "path": "/status/retirement", "value": retirement})
-    return ops
+    status = body.get("status")
+    attestation = status.get("attestation") if isinstance(status, Mapping) else None
+    return retirement.status_ops(
+        body=body,
+        resource_version=str(registration.resource_version),
+        conditions=cond.render_conditions(retired_conditions(registration, decision, now=now)),
+        retirement=retirement.retirement_record(
+            decision=decision, retired_by=retired_by, now=now, attestation=attestation
+        ),
+    )
 
 
 def conditions_changed(registration: model.Registration, desired: list[model.Condition]) -> bool:

@@ -1,0 +1,57 @@
+"""The compare-and-swap status writes, shared by the operator and `kubectl coroner apply`.
+
+Every status write Coroner makes is a JSON patch that first `test`s the resourceVersion it decided
+from (and, for a retirement, the attestation it relied on, verbatim): if anything moved, the
+server answers 422 and the writer re-reads and decides again. Never a blind write, never a merge
+patch (which would replace the whole conditions list and could erase what another writer added).
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping
+from typing import Any
+
+from coroner import model
+from coroner.decision import Decision
+
+
+def retirement_record(
+    *, decision: Decision, retired_by: str, now: datetime.datetime, attestation: object | None
+) -> dict[str, Any]:
+    """`status.retirement`: when, by whom, on which evidence path, and the attestation relied on."""
+    record: dict[str, Any] = {
+        "retiredTime": model.format_time(now, fraction=True),
+        "retiredBy": retired_by,
+        "reason": decision.death_evidence.value if decision.death_evidence else "Unknown",
+        "decision": decision.reason.value,
+    }
+    if attestation is not None:
+        record["attestation"] = attestation
+    return record
+
+
+def status_ops(
+    *,
+    body: Mapping[str, Any],
+    resource_version: str,
+    conditions: list[dict[str, Any]],
+    retirement: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Sets status.conditions (and status.retirement) only if the object is still as it was read."""
+    status = body.get("status")
+    ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/resourceVersion", "value": resource_version}]
+    if retirement is not None and isinstance(status, Mapping) and status.get("attestation") is not None:
+        # The attestation relied on must be exactly the one read; with node-level evidence there is
+        # none, and the resourceVersion test alone guards that none appeared.
+        ops.append({"op": "test", "path": "/status/attestation", "value": status["attestation"]})
+    if not isinstance(status, Mapping):
+        value: dict[str, Any] = {"conditions": conditions}
+        if retirement is not None:
+            value["retirement"] = retirement
+        ops.append({"op": "add", "path": "/status", "value": value})
+        return ops
+    ops.append({"op": "add", "path": "/status/conditions", "value": conditions})
+    if retirement is not None:
+        ops.append({"op": "add", "path": "/status/retirement", "value": retirement})
+    return ops
