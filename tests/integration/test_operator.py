@@ -238,3 +238,38 @@ def test_grant_revoked_between_two_deaths(
         assert not components.retired(admin, namespace, "second")
     finally:
         components.install(granted, grant=True)
+
+
+def test_metrics_and_optional_garbage_collection_of_retired_registrations(
+    granted: Cluster, agent_a: k8s.ApiClient, admin: k8s.ApiClient, namespace: str, tmp_path: pathlib.Path
+) -> None:
+    import socket
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    gc_rbac = kube.MANIFESTS / "components" / "retired-gc" / "rbac.yaml"
+    kube.kubectl(granted, "apply", "-f", str(gc_rbac))
+    config = components.operator_kubeconfig(granted)
+    argv = components.operator_argv(config, f"--metrics-port={port}", "--retired-ttl-seconds=3")
+    try:
+        with components.process(argv, log=tmp_path / "operator.log"):
+            _register(admin, namespace, "w1", heartbeat_age=120)
+            components.attest(agent_a, namespace, "w1", evidence="PidfdExited")
+            kube.wait_for(lambda: components.retired(admin, namespace, "w1"), what="retirement")
+            metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            assert 'coroner_retirements_total{evidence="PidfdExited"} 1.0' in metrics
+            assert "coroner_death_to_retirement_seconds_count 1.0" in metrics
+            assert urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).status == 200
+            kube.wait_for(lambda: not _exists(admin, namespace, "w1"), timeout=30, what="garbage collection")
+    finally:
+        kube.kubectl(granted, "delete", "-f", str(gc_rbac), "--ignore-not-found")
+
+
+def _exists(admin: k8s.ApiClient, namespace: str, name: str) -> bool:
+    try:
+        kube.get_registration(admin, namespace, name)
+    except Exception:
+        return False
+    return True
