@@ -183,9 +183,9 @@ def main(
         metrics_port=metrics_port,
     )
     clusterwide = all_namespaces or not namespaces
-    kopf.run(
-        registry=registry,
-        standalone=True,
-        clusterwide=clusterwide,
-        namespaces=() if clusterwide else namespaces,
-    )
+    # Agent Leases live in the system namespace: a namespaced operator must watch it too, or every
+    # registration would read AgentUnavailable. (Nodes are cluster-scoped and seen only cluster-wide;
+    # a namespaced operator then has no node facts: Node boot ids go unchecked and node-deletion
+    # evidence is never available, which only ever preserves more.)
+    served = () if clusterwide else tuple(dict.fromkeys((*namespaces, system_namespace)))
+    kopf.run(registry=registry, standalone=True, clusterwide=clusterwide, namespaces=served)
