@@ -273,3 +273,20 @@ def _exists(admin: k8s.ApiClient, namespace: str, name: str) -> bool:
     except Exception:
         return False
     return True
+
+
+def test_a_namespaced_operator_serves_only_its_namespaces(
+    granted: Cluster, agent_a: k8s.ApiClient, admin: k8s.ApiClient, namespace: str, tmp_path: pathlib.Path
+) -> None:
+    other = f"{namespace}-other"
+    k8s.CoreV1Api(admin).create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=other)))
+    try:
+        config = components.operator_kubeconfig(granted)
+        with components.process(components.operator_argv(config, f"--namespace={namespace}"), log=tmp_path / "op.log"):
+            for ns in (namespace, other):
+                _register(admin, ns, "w1", heartbeat_age=120)
+                components.attest(agent_a, ns, "w1", evidence="PidfdExited")
+            kube.wait_for(lambda: components.retired(admin, namespace, "w1"), what="retirement in the served namespace")
+            assert components.reason(admin, other, "w1") is None and not components.retired(admin, other, "w1")
+    finally:
+        k8s.CoreV1Api(admin).delete_namespace(other)
