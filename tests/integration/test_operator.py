@@ -263,15 +263,13 @@ def test_metrics_and_optional_garbage_collection_of_retired_registrations(
             _register(admin, namespace, "w1", heartbeat_age=120)
             components.attest(agent_a, namespace, "w1", evidence="PidfdExited")
             kube.wait_for(lambda: components.retired(admin, namespace, "w1"), what="retirement")
+
             # The operator counts right after its write returns: the status may be visible first.
-            metrics = kube.wait_for(
-                lambda: (
-                    (m := urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode())
-                    if 'coroner_retirements_total{evidence="PidfdExited"} 1.0' in m
-                    else None
-                ),
-                what="the retirement metric",
-            )
+            def counted() -> str | None:
+                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+                return text if 'coroner_retirements_total{evidence="PidfdExited"} 1.0' in text else None
+
+            metrics = kube.wait_for(counted, what="the retirement metric")
             assert "coroner_death_to_retirement_seconds_count 1.0" in metrics
             assert urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).status == 200
             kube.wait_for(lambda: not _exists(admin, namespace, "w1"), timeout=30, what="garbage collection")
