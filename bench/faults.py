@@ -1,0 +1,183 @@
+"""The long fault-injection run: seeded random fault mixes, trial after trial, on one real control plane.
+
+Each trial is what tests/faults/test_faults.py runs (see docs/faults.md): workers on 2-3 simulated
+nodes, 0-3 faults drawn from the fault model, deaths, then the invariant checked in both directions.
+One control plane, one operator and one agent per node serve every trial; a fault restarts only what
+it needs. Results (totals and per fault) are written to bench/results/faults.json every 10 trials
+and at the end.
+
+    .venv/bin/python bench/faults.py --trials 10000 --seed S [--minutes 30]
+
+Stops at --trials or when --minutes of wall time have passed (the running trial finishes first).
+Replay one trial: --replay SEED --faults a,b (the trial seeds are in the results' violations).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import platform
+import random
+import resource
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import psutil
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+from coroner.devcluster.binaries import K8S_VERSION  # noqa: E402
+from faults import runner  # noqa: E402
+from faults.plane import Plane  # noqa: E402
+from faults.trial import FAULTS, MASS_COUNT  # noqa: E402
+
+
+def machine() -> dict[str, object]:
+    cpuinfo = pathlib.Path("/proc/cpuinfo").read_text().splitlines()
+    cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), "?")
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "kubernetes": K8S_VERSION,
+        "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip(),
+        "load_average_at_write": [round(x, 2) for x in os.getloadavg()],
+        "note": "shared 2-core machine; other work may have run concurrently",
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trials", type=int, default=10000)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--minutes", type=float, default=None, help="Wall-time budget (default: none).")
+    parser.add_argument("--lanes", type=int, default=2, help="Trials run concurrently on disjoint nodes.")
+    parser.add_argument("--nodes", type=int, default=None, help="Simulated nodes (default: 3 per lane).")
+    parser.add_argument("--mass", type=int, default=MASS_COUNT, help="Deaths of the mass_death fault.")
+    parser.add_argument(
+        "--faults", default="", help="Comma-separated: draw only from these (or, with --replay, run these)."
+    )
+    parser.add_argument("--replay", type=int, default=None, help="Run one trial with this trial seed.")
+    parser.add_argument("--dir", default=None, help="Directory for the control plane and logs (default: a temp dir).")
+    parser.add_argument("--keep-cluster", action="store_true", help="Leave the control plane running (with --dir).")
+    parser.add_argument("--out", default=str(REPO / "bench" / "results" / "faults.json"))
+    args = parser.parse_args()
+
+    allowed = [f for f in args.faults.split(",") if f]
+    for name in allowed:
+        if name.partition(":")[0] not in FAULTS:
+            parser.error(f"unknown fault {name!r}; known: {', '.join(sorted(FAULTS))}")
+    if allowed and args.replay is None:
+        runner.WEIGHTS = {k: v for k, v in runner.WEIGHTS.items() if k in allowed}
+
+    def interrupted(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")  # so that `finally` stops everything started
+
+    signal.signal(signal.SIGTERM, interrupted)
+    signal.signal(signal.SIGHUP, interrupted)
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    lanes = 1 if args.replay is not None else max(1, args.lanes)
+    nodes = args.nodes or 3 * lanes
+    directory = pathlib.Path(args.dir) if args.dir else pathlib.Path(tempfile.mkdtemp(prefix="coroner-faults-"))
+    command = ".venv/bin/python bench/faults.py " + shlex.join(sys.argv[1:])
+    out = pathlib.Path(args.out)
+    master = random.Random(args.seed)
+    aggregate = runner.Aggregate()
+    plane = Plane(directory, node_count=nodes, keep_cluster=args.keep_cluster)
+    started = time.monotonic()
+    started_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    state = {"stopped_because": "trials", "issued": 0, "done": 0}
+    lock = threading.Lock()
+
+    def write() -> None:
+        elapsed = time.monotonic() - started
+        rate = aggregate.trials / elapsed * 60 if elapsed > 0 else 0.0
+        body = {
+            **aggregate.to_json(),
+            "seed": args.seed,
+            "requested_trials": args.trials,
+            "stopped_because": state["stopped_because"],
+            "wall_seconds": round(elapsed, 1),
+            "trials_per_minute": round(rate, 2),
+            "estimated_hours_for_10000_trials": round(10000 / rate / 60, 1) if rate else None,
+            "mass_death_count": args.mass,
+            "nodes": nodes,
+            "lanes": lanes,
+            "plane_directory": str(directory),
+            "machine": machine(),
+            "command": command,
+            "started": started_at,
+            "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        }
+        if args.replay is None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = out.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(body, indent=2, sort_keys=False, default=str) + "\n")
+            tmp.replace(out)
+        else:
+            print(json.dumps(body["violations"], indent=1, default=str))
+
+    def next_trial() -> tuple[int, int, list[str]] | None:
+        with lock:
+            if state["issued"] >= args.trials or state["stopped_because"] != "trials":
+                return None
+            if args.minutes is not None and time.monotonic() - started > args.minutes * 60:
+                state["stopped_because"] = "minutes"
+                return None
+            index = state["issued"]
+            state["issued"] += 1
+            if args.replay is not None:
+                state["issued"] = args.trials  # one trial only
+                return index, args.replay, allowed
+            seed = master.getrandbits(32)
+            return index, seed, runner.choose_faults(random.Random(seed ^ 0x5EED), nodes=3)
+
+    def stop_issuing() -> None:
+        with lock:
+            state["stopped_because"] = "interrupted"
+
+    def on_result(index: int, result: runner.TrialResult) -> None:
+        with lock:
+            aggregate.add(result)
+            state["done"] += 1
+            print(f"[{state['done']}] {result.summary()}", flush=True)
+            for violation in result.violations:
+                print(f"    {violation.get('counter')}: {violation.get('detail')}", flush=True)
+            if state["done"] % 10 == 0:
+                write()
+
+    try:
+        plane.start()
+        print(f"plane ready in {time.monotonic() - started:.1f} s at {directory} ({nodes} nodes, {lanes} lanes)")
+        runner.run_lanes(
+            plane, lanes=lanes, next_trial=next_trial, on_result=on_result, mass_count=args.mass, stop=stop_issuing
+        )
+    except KeyboardInterrupt:
+        state["stopped_because"] = "interrupted"
+    finally:
+        with lock:
+            write()
+        plane.close()
+    totals = aggregate.to_json()
+    print(
+        f"{aggregate.trials} trials in {time.monotonic() - started:.0f} s: live_retired={totals['live_retired']} "
+        f"double_retired={totals['double_retired']} dead_left_active={totals['dead_left_active']} "
+        f"wrong_reason={totals['wrong_reason']} harness_errors={totals['harness_errors']}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

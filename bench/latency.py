@@ -1,0 +1,552 @@
+"""Kill-to-Retired latency: Coroner (pidfd path, /proc resync path) against a naive TTL reaper and
+against the API server's own floor.
+
+    .venv/bin/python bench/latency.py                 # full: 1000 workers, 200 kills per variant
+    .venv/bin/python bench/latency.py --workers 100 --kills 20 --kill-window 20   # quick
+
+N real worker processes (`sleep`) on `--nodes` simulated nodes (one real coroner-agent each; node-1
+carries this machine's boot id, the others a random one), registered exactly as the launcher
+registers them (`coroner.launcher.probe_incarnation` + `coroner.launcher.register`, as a worker
+ServiceAccount bound to the ClusterRole coroner-worker) and heartbeated from a benchmark thread
+every `--heartbeat-seconds`. K of them are SIGKILLed at random moments spread over `--kill-window`
+seconds. Per kill, the figure is the time from just before `os.kill` to the moment the benchmark's
+own watch of workerregistrations delivers the object with `status.retirement` set.
+
+Variants, run one after the other on the same cluster with N live workers each:
+
+- coroner_pidfd: agents as shipped (pidfds pinned; death is an event).
+- coroner_proc_resync: agents restarted with `--no-pidfd --resync-seconds=5`: a death is found by
+  the periodic /proc resync (`ProcAbsent`) and retired only after the ProcAbsent corroboration
+  window, 2 x the heartbeat interval of silence.
+- baseline_ttl: no Coroner at all; a naive TTL reaper (in this file) lists plain registrations in
+  another namespace every `--sweep-seconds` as admin and deletes those silent >= `--ttl` seconds;
+  the figure is kill -> DELETED seen on the watch.
+- floor: one status JSON-patch (test resourceVersion + write) as admin, from send to its watch
+  event on the same watch, sampled at 4 Hz during the Coroner variants; times two (the agent's
+  attestation and the operator's retirement are two such writes in sequence).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import random
+import sys
+import threading
+import time
+from typing import Any
+
+import common as c
+
+from coroner import model
+
+NS = "bench"
+NS_TTL = "bench-ttl"
+NS_FLOOR = "bench-floor"
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", type=int, default=1000, help="live workers during each variant (N)")
+    parser.add_argument("--kills", type=int, default=200, help="SIGKILLs per variant (K)")
+    parser.add_argument("--nodes", type=int, default=10, help="simulated nodes, one agent each")
+    parser.add_argument("--kill-window", type=float, default=60.0, help="kills are spread over this many seconds")
+    parser.add_argument("--heartbeat-seconds", type=int, default=10, help="heartbeat interval (all variants)")
+    parser.add_argument("--ttl", type=int, default=30, help="heartbeat TTL (registrations and the baseline reaper)")
+    parser.add_argument("--sweep-seconds", type=float, default=10.0, help="baseline reaper sweep period")
+    parser.add_argument("--resync-seconds", type=float, default=5.0, help="agent resync for coroner_proc_resync")
+    parser.add_argument("--variants", default="pidfd,proc_resync,baseline", help="comma-separated subset")
+    parser.add_argument("--seed", type=int, default=8)
+    parser.add_argument(
+        "--profile", action="store_true", help="py-spy the operator and node-1's agent during the pidfd kills"
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs) afterwards")
+    parser.add_argument("--name", default="latency", help="result name: bench/results/NAME.json")
+    return parser.parse_args()
+
+
+class FloorProbe:
+    """Status JSON-patch -> watch delivery on one registration nobody else touches, at 4 Hz."""
+
+    def __init__(self, bench: c.Bench, tracker: c.Tracker, *, period: float = 0.25) -> None:
+        self.http = c.Http(bench.admin.endpoint)
+        self.period = period
+        self.samples: list[float] = []
+        self.round_trips: list[float] = []
+        self._arrivals: dict[str, float] = {}
+        self._cond = threading.Condition()
+        self._running = threading.Event()
+        self._stop = threading.Event()
+        body = {
+            "apiVersion": "coroner.dev/v1alpha1",
+            "kind": "WorkerRegistration",
+            "metadata": {"name": "floor", "labels": {"coroner.dev/node": "floor-node"}},
+            "spec": {
+                "nodeName": "floor-node",
+                "incarnation": {
+                    "bootId": "00000000-0000-4000-8000-000000000000",
+                    "pidNamespace": "4026531836",
+                    "pid": 1,
+                    "startTime": "1",
+                    "hostId": "floor-node",
+                },
+                "clientInstanceId": "floor-probe",
+                "heartbeat": {"intervalSeconds": 10, "ttlSeconds": 30},
+            },
+        }
+        bench.admin.json("POST", c.registrations_path(NS_FLOOR), body)
+        beat = {"status": {"lastHeartbeatTime": c.now_text()}}
+        patched = bench.admin.json(
+            "PATCH",
+            c.registrations_path(NS_FLOOR, "floor", status=True),
+            beat,
+            content_type="application/merge-patch+json",
+        )
+        self.rv = patched["metadata"]["resourceVersion"]
+        tracker.hooks.append(self._hook)
+        self.thread = threading.Thread(target=self._run, name="floor", daemon=True)
+        self.thread.start()
+
+    def _hook(self, kind: str, obj: dict[str, Any], arrived: float) -> None:
+        meta = obj.get("metadata") or {}
+        if meta.get("namespace") == NS_FLOOR and kind == "MODIFIED":
+            with self._cond:
+                self._arrivals[str(meta.get("resourceVersion"))] = arrived
+                self._cond.notify_all()
+
+    def measure(self, on: bool) -> None:
+        (self._running.set if on else self._running.clear)()
+
+    def _run(self) -> None:
+        path = c.registrations_path(NS_FLOOR, "floor", status=True)
+        deadline = time.monotonic() + 4 * 3600
+        while not self._stop.is_set() and time.monotonic() < deadline and len(self.samples) < 100_000:
+            if not self._running.wait(timeout=0.5):
+                continue
+            ops = [
+                {"op": "test", "path": "/metadata/resourceVersion", "value": self.rv},
+                {"op": "add", "path": "/status/lastHeartbeatTime", "value": c.now_text()},
+            ]
+            sent = time.monotonic()
+            try:
+                status, data = self.http.request("PATCH", path, ops, content_type="application/json-patch+json")
+            except Exception:
+                self._stop.wait(self.period)
+                continue
+            answered = time.monotonic()
+            if status == 200:
+                import json
+
+                rv = str(json.loads(data)["metadata"]["resourceVersion"])
+                self.rv = rv
+                with self._cond:
+                    self._cond.wait_for(lambda rv=rv: rv in self._arrivals, timeout=10)
+                    arrived = self._arrivals.pop(rv, None)
+                if arrived is not None:
+                    self.samples.append(arrived - sent)
+                    self.round_trips.append(answered - sent)
+            self._stop.wait(self.period)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._running.set()
+        self.thread.join(timeout=15)
+        self.http.close()
+
+
+class TtlReaper:
+    """The naive baseline: every sweep, list the namespace and delete registrations silent >= TTL."""
+
+    def __init__(self, bench: c.Bench, *, namespace: str, ttl: float, sweep: float) -> None:
+        self.http = c.Http(bench.admin.endpoint, timeout=120)
+        self.namespace = namespace
+        self.ttl = ttl
+        self.sweep = sweep
+        self.sweeps = 0
+        self.deleted = 0
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="ttl-reaper", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + 4 * 3600
+        # A random phase, as any cron-like reaper has relative to the deaths it finds.
+        self._stop.wait(random.uniform(0, self.sweep))
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            started = time.monotonic()
+            with contextlib.suppress(Exception):
+                self._sweep_once()
+            self.sweeps += 1
+            self._stop.wait(max(0.0, self.sweep - (time.monotonic() - started)))
+
+    def _sweep_once(self) -> None:
+        items = self.http.json("GET", c.registrations_path(self.namespace))["items"]
+        now = datetime.datetime.now(datetime.UTC)
+        for item in items:
+            status = item.get("status") or {}
+            beat = model.parse_time(status.get("lastHeartbeatTime")) if status.get("lastHeartbeatTime") else None
+            if beat is None:
+                beat = model.parse_time(item["metadata"]["creationTimestamp"])
+            if beat is not None and (now - beat).total_seconds() >= self.ttl:
+                status_code, _ = self.http.request(
+                    "DELETE", c.registrations_path(self.namespace, item["metadata"]["name"])
+                )
+                if status_code in (200, 202):
+                    self.deleted += 1
+
+    def close(self) -> None:
+        self._stop.set()
+        self.thread.join(timeout=30)
+        self.http.close()
+
+
+class Fleet:
+    """The live workers and their registrations."""
+
+    def __init__(
+        self, bench: c.Bench, nodes: list[c.Node], kubeconfig: Any, hb: c.Heartbeater, args: argparse.Namespace
+    ) -> None:
+        self.bench = bench
+        self.nodes = nodes
+        self.kubeconfig = kubeconfig
+        self.hb = hb
+        self.args = args
+        self.live: dict[tuple[str, str], int] = {}  # registration key -> pid
+        self._spawned = 0
+
+    def grow(self, count: int, *, namespace: str, node_prefix: str = "") -> list[tuple[str, str]]:
+        pids = self.bench.spawn_workers(count)
+        items = []
+        for pid in pids:
+            node = self.nodes[self._spawned % len(self.nodes)]
+            self._spawned += 1
+            items.append((namespace, f"{node_prefix}{node.name}", pid, node.boot_file))
+        keys = c.register_all(self.kubeconfig, items, interval=self.args.heartbeat_seconds, ttl=self.args.ttl)
+        for key, pid in zip(keys, pids, strict=True):
+            self.live[key] = pid
+        return keys
+
+
+def kill_schedule(rng: random.Random, count: int, window: float) -> list[float]:
+    return sorted(rng.uniform(0, window) for _ in range(count))
+
+
+def run_kills(
+    fleet: Fleet, rng: random.Random, *, count: int, window: float, namespace: str, silences: list[float] | None = None
+) -> dict[tuple[str, str], float]:
+    """SIGKILLs `count` random live workers of `namespace` at random moments; returns kill moments.
+    Appends to `silences` each victim's time since its last successful heartbeat, at its kill."""
+    killed: dict[tuple[str, str], float] = {}
+    start = time.monotonic()
+    workers = fleet.bench.workers
+    assert workers is not None
+    for offset in kill_schedule(rng, count, window):
+        delay = start + offset - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        candidates = [k for k in fleet.live if k[0] == namespace]
+        if not candidates:
+            break
+        key = rng.choice(candidates)
+        pid = fleet.live.pop(key)
+        fleet.hb.stop_one(key)  # a dead worker's launcher stops heartbeating with it
+        killed[key] = workers.kill(pid)
+        if silences is not None:
+            last = fleet.hb.last_ok_at.get(key)
+            if last is not None:
+                silences.append(killed[key] - last)
+    return killed
+
+
+def settle(tracker: c.Tracker, keys: list[tuple[str, str]], *, timeout: float, what: str) -> bool:
+    def done() -> bool:
+        return all(
+            (s := tracker.state.get(k)) is not None and s["verdict"] == "Alive" and s["reason"] == "PidAlive"
+            for k in keys
+        )
+
+    return tracker.wait_until(done, timeout=timeout, what=what)
+
+
+def collect(
+    tracker: c.Tracker, killed: dict[tuple[str, str], float], *, deleted: bool = False
+) -> tuple[list[float], dict[str, int], list[float]]:
+    latencies, reasons, to_dead = [], {}, []
+    with tracker.cond:
+        for key, moment in killed.items():
+            seen = (tracker.deleted if deleted else tracker.retired_at).get(key)
+            if seen is not None:
+                latencies.append(seen - moment)
+            if not deleted:
+                state = tracker.state.get(key) or {}
+                reason = str(state.get("retired_reason"))
+                reasons[reason] = reasons.get(reason, 0) + 1
+                if key in tracker.dead_at:
+                    to_dead.append(tracker.dead_at[key] - moment)
+    return latencies, reasons, to_dead
+
+
+def main() -> int:
+    args = parse_args()
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    rng = random.Random(args.seed)
+    random.seed(args.seed)
+    c.raise_nofile()
+    started_wall = time.time()
+    result: dict[str, Any] = {
+        "benchmark": "latency",
+        "command": c.command_line(),
+        "machine": c.machine_info(),
+        "versions": c.versions(),
+        "parameters": {
+            "workers": args.workers,
+            "kills_per_variant": args.kills,
+            "nodes": args.nodes,
+            "kill_window_seconds": args.kill_window,
+            "heartbeat_interval_seconds": args.heartbeat_seconds,
+            "heartbeat_ttl_seconds": args.ttl,
+            "proc_absent_window_seconds": 2 * args.heartbeat_seconds,
+            "agent_resync_seconds_proc_variant": args.resync_seconds,
+            "baseline_sweep_seconds": args.sweep_seconds,
+            "seed": args.seed,
+            "operator_flags": "defaults (--workers 8, --resync-seconds 60, --permission-refresh-seconds 5), "
+            f"--namespace {NS} --namespace coroner-system",
+            "agent_flags": "defaults (--resync-seconds 30) for coroner_pidfd; "
+            f"--no-pidfd --resync-seconds {args.resync_seconds:g} for coroner_proc_resync",
+        },
+    }
+    raw: dict[str, list[float]] = {}
+    with c.Bench("latency", keep=args.keep) as bench:
+        for ns in (NS, NS_TTL, NS_FLOOR):
+            bench.namespace(ns)
+        kubeconfig = bench.worker_identity([NS, NS_TTL])
+        nodes = bench.nodes(args.nodes)
+        tracker = c.Tracker()
+        watch = c.Watch(bench.admin.endpoint, tracker.on_event).start()
+        bench.on_close(watch.close)
+        hb = c.Heartbeater(c.Endpoint.from_token_kubeconfig(bench.cluster, kubeconfig), interval=args.heartbeat_seconds)
+        bench.on_close(hb.close)
+        floor = FloorProbe(bench, tracker)
+        bench.on_close(floor.close)
+        fleet = Fleet(bench, nodes, kubeconfig, hb, args)
+        coroner_variants = [v for v in variants if v in ("pidfd", "proc_resync")]
+        operator = None
+        port = 0
+        if coroner_variants:
+            port = c.free_port()
+            operator = bench.start_operator(f"--namespace={NS}", "--namespace=coroner-system", metrics_port=port)
+            for node in nodes:
+                bench.start_agent(node)
+            c.log(f"registering {args.workers} workers on {args.nodes} nodes")
+            t0 = time.monotonic()
+            keys = fleet.grow(args.workers, namespace=NS)
+            result["parameters"]["registration_seconds"] = round(time.monotonic() - t0, 1)
+            hb.start(keys)
+        phase_info: dict[str, Any] = {}
+        profiles: dict[str, Any] = {}
+        for variant in coroner_variants:
+            name = f"coroner_{variant}"
+            if variant == "proc_resync":
+                c.log("restarting the agents with --no-pidfd")
+                for node in nodes:
+                    assert node.agent is not None
+                    bench.stop_component(node.agent)
+                for node in nodes:
+                    bench.start_agent(node, "--no-pidfd", f"--resync-seconds={args.resync_seconds:g}")
+                refill = args.workers - sum(1 for k in fleet.live if k[0] == NS)
+                if refill > 0:
+                    hb.add(fleet.grow(refill, namespace=NS))
+                # The restarted agents relist and re-probe; give them two resyncs to be in step.
+                time.sleep(2 * args.resync_seconds + 2)
+            live = [k for k in fleet.live if k[0] == NS]
+            t0 = time.monotonic()
+            settled = settle(tracker, live, timeout=300, what=f"{len(live)} registrations attested Alive ({name})")
+            c.log(
+                f"{name}: settled={settled} in {time.monotonic() - t0:.1f} s; killing {args.kills} over {args.kill_window:g} s"
+            )
+            if args.profile and variant == "pidfd":
+                assert operator is not None and nodes[0].agent is not None
+                profiles[f"{name}-operator"] = c.py_spy(
+                    bench, operator.pid, name=f"{args.name}-{name}-operator", seconds=args.kill_window
+                )
+                profiles[f"{name}-agent"] = c.py_spy(
+                    bench, nodes[0].agent.pid, name=f"{args.name}-{name}-agent", seconds=args.kill_window
+                )
+            writes_before = c.operator_status_writes(c.scrape_operator(port))
+            floor_start = len(floor.samples)
+            floor.measure(True)
+            silences: list[float] = []
+            t_kills = time.monotonic()
+            killed = run_kills(fleet, rng, count=args.kills, window=args.kill_window, namespace=NS, silences=silences)
+            tail = 60.0 if variant == "pidfd" else 4 * args.heartbeat_seconds + 4 * args.resync_seconds + 60
+            tracker.wait_until(
+                lambda killed=killed: all(k in tracker.retired_at for k in killed),
+                timeout=tail,
+                what=f"{len(killed)} retirements ({name})",
+            )
+            floor.measure(False)
+            writes_after = c.operator_status_writes(c.scrape_operator(port))
+            latencies, reasons, to_dead = collect(tracker, killed)
+            raw[name] = latencies
+            result[name] = {
+                **c.percentiles(latencies),
+                "killed": len(killed),
+                "not_retired": len(killed) - len(latencies),
+                "retired_by_reason": reasons,
+                "kill_to_dead_attestation": c.percentiles(to_dead),
+                "stages": c.stages(tracker, killed),
+                "operator_status_writes_during_kills": {
+                    kind: int(writes_after[kind] - writes_before[kind]) for kind in writes_after
+                },
+                "heartbeat_silence_at_kill": c.percentiles(silences),
+                "heartbeat_schedule_during_kills": hb.lag_summary(t_kills, time.monotonic()),
+                "floor_during_kills": c.percentiles([2 * x for x in floor.samples[floor_start:]]),
+            }
+            phase_info[name] = {"settled_before_kills": settled}
+            c.log(f"{name}: {result[name]}")
+        if operator is not None:
+            result["operator_metrics"] = {
+                k: v
+                for k, v in c.scrape_operator(port).items()
+                if k.startswith(
+                    (
+                        "coroner_status_writes_total",
+                        "coroner_retirements_total",
+                        "coroner_cas_conflicts_total",
+                        "coroner_retire_abandoned_total",
+                        "coroner_reconcile_errors_total",
+                    )
+                )
+            }
+        if "baseline" in variants:
+            # No Coroner at all from here on: the baseline reaper against plain registrations.
+            for component in list(bench.components):
+                bench.stop_component(component)
+            for key in [k for k in fleet.live if k[0] == NS]:
+                hb.stop_one(key)
+            pids_in_use = set(fleet.live.values())
+            # The same workers, now with plain registrations in another namespace (on node names no
+            # agent serves), heartbeating at the same interval; their Coroner registrations go quiet.
+            c.log(f"baseline: registering {args.workers} plain registrations in {NS_TTL}")
+            for key in [k for k in fleet.live if k[0] == NS]:
+                fleet.live.pop(key)
+            bench_workers = bench.workers
+            existing = sorted(pids_in_use)
+            items = []
+            for i, pid in enumerate(existing[: args.workers]):
+                node = nodes[i % len(nodes)]
+                items.append((NS_TTL, f"ttl-{node.name}", pid, node.boot_file))
+            keys = c.register_all(kubeconfig, items, interval=args.heartbeat_seconds, ttl=args.ttl)
+            for key, (_, _, pid, _) in zip(keys, items, strict=True):
+                fleet.live[key] = pid
+            missing = args.workers - len(keys)
+            if missing > 0:
+                keys += fleet.grow(missing, namespace=NS_TTL, node_prefix="ttl-")
+            assert bench_workers is not None
+            hb.add(keys)
+            time.sleep(args.heartbeat_seconds)  # every one heartbeats once at its own phase
+            reaper = TtlReaper(bench, namespace=NS_TTL, ttl=args.ttl, sweep=args.sweep_seconds)
+            bench.on_close(reaper.close)
+            c.log(f"baseline_ttl: killing {args.kills} over {args.kill_window:g} s")
+            silences = []
+            t_kills = time.monotonic()
+            killed = run_kills(
+                fleet, rng, count=args.kills, window=args.kill_window, namespace=NS_TTL, silences=silences
+            )
+            tracker.wait_until(
+                lambda killed=killed: all(k in tracker.deleted for k in killed),
+                timeout=args.ttl + 3 * args.sweep_seconds + 60,
+                what=f"{len(killed)} reaps (baseline_ttl)",
+            )
+            latencies, _, _ = collect(tracker, killed, deleted=True)
+            raw["baseline_ttl"] = latencies
+            live_reaped = sum(1 for k in fleet.live if k in tracker.deleted)
+            result["baseline_ttl"] = {
+                **c.percentiles(latencies),
+                "killed": len(killed),
+                "not_reaped": len(killed) - len(latencies),
+                "live_reaped": live_reaped,
+                "sweeps": reaper.sweeps,
+                "heartbeat_silence_at_kill": c.percentiles(silences),
+                "heartbeat_schedule_during_kills": hb.lag_summary(t_kills, time.monotonic()),
+                "how": f"admin lists {NS_TTL} every {args.sweep_seconds:g} s and deletes registrations whose "
+                f"lastHeartbeatTime is >= {args.ttl} s old; figure = kill -> DELETED on the watch",
+            }
+            c.log(f"baseline_ttl: {result['baseline_ttl']}")
+        floor_samples = [2 * s for s in floor.samples]
+        raw["floor"] = floor_samples
+        single = c.percentiles(floor.samples)
+        result["floor"] = {
+            **c.percentiles(floor_samples),
+            "single_write_to_watch_p50_ms": single["p50_ms"],
+            "single_write_to_watch_p99_ms": single["p99_ms"],
+            "single_patch_round_trip_p50_ms": c.percentiles(floor.round_trips)["p50_ms"],
+            "how": "2 x (send of a status JSON patch with a resourceVersion test, as admin -> its event on the "
+            "benchmark's watch), sampled at 4 Hz during the Coroner variants' kill windows",
+        }
+        result["machine"]["load_during_run"] = bench.load.summary()
+        result["heartbeats"] = hb.lag_summary()
+        if profiles:
+            result["profiles"] = {k: v.summary() for k, v in profiles.items() if v is not None}
+        result["watch_reconnect_errors"] = watch.errors
+    pidfd = result.get("coroner_pidfd", {})
+    base = result.get("baseline_ttl", {})
+    fl = result["floor"]
+    ratios: dict[str, Any] = {}
+    if pidfd.get("p50_ms") and fl.get("p50_ms"):
+        ratios["coroner_pidfd_p50_over_floor_p50"] = round(pidfd["p50_ms"] / fl["p50_ms"], 2)
+    if pidfd.get("p50_ms") and base.get("p50_ms"):
+        ratios["baseline_p50_over_coroner_pidfd_p50"] = round(base["p50_ms"] / pidfd["p50_ms"], 1)
+    result["ratios"] = ratios
+    goals = {}
+    if pidfd.get("n"):
+        goals["pidfd_p50_le_100ms"] = {"measured_ms": pidfd["p50_ms"], "met": pidfd["p50_ms"] <= 100}
+        goals["pidfd_p99_le_500ms"] = {"measured_ms": pidfd["p99_ms"], "met": pidfd["p99_ms"] <= 500}
+    if "coroner_pidfd_p50_over_floor_p50" in ratios:
+        value = ratios["coroner_pidfd_p50_over_floor_p50"]
+        goals["pidfd_p50_within_3x_floor"] = {"measured_ratio": value, "met": value <= 3}
+    if "baseline_p50_over_coroner_pidfd_p50" in ratios:
+        value = ratios["baseline_p50_over_coroner_pidfd_p50"]
+        goals["baseline_ge_100x_pidfd_at_median"] = {"measured_ratio": value, "met": value >= 100}
+    result["goals"] = goals
+    result["wall_seconds"] = round(time.time() - started_wall, 1)
+    result["finished"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    c.write_result(args.name, result)
+    result["plot"] = c.plot(args.name, lambda plt: draw(plt, raw, result))
+    if result["plot"]:
+        c.write_result(args.name, result)
+    return 0
+
+
+def draw(plt: Any, raw: dict[str, list[float]], result: dict[str, Any]) -> None:
+    _fig, ax = plt.subplots(figsize=(9, 5))
+    colours = {
+        "floor": "grey",
+        "coroner_pidfd": "tab:green",
+        "coroner_proc_resync": "tab:orange",
+        "baseline_ttl": "tab:red",
+    }
+    for name, values in raw.items():
+        if not values:
+            continue
+        xs = sorted(v * 1000 for v in values)
+        ys = [(i + 1) / len(xs) for i in range(len(xs))]
+        p50 = result[name]["p50_ms"]
+        ax.step(xs, ys, where="post", label=f"{name} (n={len(xs)}, p50={p50:g} ms)", color=colours.get(name))
+    ax.set_xscale("log")
+    ax.set_xlabel("kill -> Retired seen on a watch (ms, log scale); floor = 2 x (status patch -> watch event)")
+    ax.set_ylabel("fraction of kills")
+    params = result["parameters"]
+    ax.set_title(
+        f"Coroner kill-to-retirement latency: {params['workers']} workers, {params['nodes']} nodes, "
+        f"{params['kills_per_variant']} kills per variant\n(heartbeat {params['heartbeat_interval_seconds']} s; "
+        "shared 2-core machine)",
+        fontsize=10,
+    )
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,366 @@
+"""Mass death: thousands of workers die at once in a node-loss shape; how long until every one is
+Retired, how many API requests each retirement costs, and that no survivor is touched.
+
+    .venv/bin/python bench/massdeath.py                       # full: 3000 workers, 2000 killed
+    .venv/bin/python bench/massdeath.py --workers 300 --killed 200   # quick
+
+W real worker processes (`sleep`) on `--nodes` simulated nodes, each with a real coroner-agent
+(pidfds, defaults) and one operator (all namespaces, defaults). The killed workers fill the first
+`--lost-nodes` nodes entirely; the survivors fill the other nodes. Every worker is registered as
+the launcher registers it and heartbeated from the benchmark. Once all are attested Alive, every
+worker on the lost nodes gets SIGKILL in one tight loop (the shape of a node whose whole workload
+dies at once while its agent lives: a runtime crash, a cgroup-wide OOM kill, or a scale-down whose
+agent sweep sees them go).
+
+Figures:
+- seconds_to_all_retired: first SIGKILL -> the last killed worker's registration seen Retired on
+  the benchmark's watch.
+- API requests per retirement: the API server's own `apiserver_request_total` (GET /metrics with
+  the admin client certificate) diffed from just before the kills to just after the last Event,
+  attributed by verb and resource. Status PATCHes are split using counts the benchmark knows
+  exactly (its own heartbeats) and the operator's own `coroner_status_writes_total`:
+  attestation patches = status PATCHes - heartbeats - operator status writes.
+  writes = attestation patches + retirement patches + operator condition patches + Event creates;
+  reads = SelfSubjectAccessReviews + Lease LISTs (the operator's checks right before each write).
+- live_retired: survivors whose registration is retired (must be 0); each survivor's process is
+  also checked to be still alive, with the start time it registered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import pathlib
+import sys
+import time
+from typing import Any
+
+import common as c
+import psutil
+
+NS = "bench"
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", type=int, default=3000, help="all workers (killed + survivors)")
+    parser.add_argument("--killed", type=int, default=2000, help="workers killed at once")
+    parser.add_argument("--nodes", type=int, default=10)
+    parser.add_argument("--lost-nodes", type=int, default=5, help="nodes whose workers all die")
+    parser.add_argument("--heartbeat-seconds", type=int, default=30, help="heartbeat interval (TTL = 3x)")
+    parser.add_argument("--timeout", type=float, default=600, help="give up waiting for retirements after this")
+    parser.add_argument("--profile", action="store_true", help="py-spy the operator for 90 s from the mass death on")
+    parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--name", default="massdeath")
+    return parser.parse_args()
+
+
+def start_time(pid: int) -> int | None:
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return int(fields[19]) if fields[0] != "Z" else None
+
+
+def main() -> int:
+    args = parse_args()
+    if not 0 < args.lost_nodes < args.nodes or not 0 < args.killed < args.workers:
+        raise SystemExit("need 0 < --lost-nodes < --nodes and 0 < --killed < --workers")
+    c.raise_nofile()
+    started_wall = time.time()
+    survivors_n = args.workers - args.killed
+    result: dict[str, Any] = {
+        "benchmark": "massdeath",
+        "command": c.command_line(),
+        "machine": c.machine_info(),
+        "versions": c.versions(),
+        "parameters": {
+            "workers": args.workers,
+            "killed": args.killed,
+            "nodes": args.nodes,
+            "lost_nodes": args.lost_nodes,
+            "heartbeat_interval_seconds": args.heartbeat_seconds,
+            "heartbeat_ttl_seconds": 3 * args.heartbeat_seconds,
+            "operator_flags": "defaults (all namespaces, --workers 8, --resync-seconds 60, --permission-refresh-seconds 5)",
+            "agent_flags": "defaults (pidfds, --resync-seconds 30)",
+            "shape": f"{args.killed} workers spread over {args.lost_nodes} lost nodes (all of their workers), "
+            f"{survivors_n} survivors over the other {args.nodes - args.lost_nodes} nodes",
+        },
+    }
+    curve: list[float] = []
+    dead_curve: list[float] = []
+    probe_curve: list[float] = []
+    with c.Bench("massdeath", keep=args.keep) as bench:
+        bench.namespace(NS)
+        kubeconfig = bench.worker_identity([NS])
+        nodes = bench.nodes(args.nodes)
+        lost, healthy = nodes[: args.lost_nodes], nodes[args.lost_nodes :]
+        tracker = c.Tracker()
+        watch = c.Watch(bench.admin.endpoint, tracker.on_event).start()
+        bench.on_close(watch.close)
+        worker_endpoint = c.Endpoint.from_token_kubeconfig(bench.cluster, kubeconfig)
+        hb = c.Heartbeater(worker_endpoint, interval=args.heartbeat_seconds)
+        bench.on_close(hb.close)
+        port = c.free_port()
+        operator = bench.start_operator(metrics_port=port)
+        agents = [bench.start_agent(node) for node in nodes]
+        c.log(f"spawning and registering {args.workers} workers")
+        t0 = time.monotonic()
+        pids = bench.spawn_workers(args.workers)
+        items = []
+        for i, pid in enumerate(pids[: args.killed]):
+            node = lost[i % len(lost)]
+            items.append((NS, node.name, pid, node.boot_file))
+        for i, pid in enumerate(pids[args.killed :]):
+            node = healthy[i % len(healthy)]
+            items.append((NS, node.name, pid, node.boot_file))
+        keys = c.register_all(kubeconfig, items, interval=args.heartbeat_seconds, ttl=3 * args.heartbeat_seconds)
+        registered = dict(zip(keys, pids, strict=True))
+        start_times = {pid: start_time(pid) for pid in pids}
+        result["parameters"]["registration_seconds"] = round(time.monotonic() - t0, 1)
+        hb.start(keys)
+        victims = keys[: args.killed]
+        survivors = keys[args.killed :]
+
+        def settled() -> bool:
+            return all(
+                (s := tracker.state.get(k)) is not None and s["verdict"] == "Alive" and s["reason"] == "PidAlive"
+                for k in keys
+            )
+
+        t0 = time.monotonic()
+        ok = tracker.wait_until(settled, timeout=900, what=f"{args.workers} registrations attested Alive", poll=2.0)
+        result["parameters"]["settle_seconds"] = round(time.monotonic() - t0, 1)
+        result["settled_before_kill"] = ok
+        time.sleep(5)  # let the last conditions writes land before the counters are read
+
+        procs = {"operator": operator.pid, "kube-apiserver": 0, "etcd": 0}
+        for started in bench.cluster.processes:
+            procs[started.name] = started.pid
+        for agent in agents:
+            procs[agent.name] = agent.pid
+        cpu = {name: psutil.Process(pid) for name, pid in procs.items() if pid}
+        cpu["benchmark"] = psutil.Process()
+
+        def cpu_seconds() -> dict[str, float]:
+            out = {}
+            for name, proc in cpu.items():
+                times = proc.cpu_times()
+                out[name] = times.user + times.system
+            return out
+
+        hb_before = hb.counts()[0]
+        api_before = c.apiserver_requests(bench.admin)
+        op_before = c.scrape_operator(port)
+        cpu_before = cpu_seconds()
+        profile = None
+        if args.profile:
+            profile = c.py_spy(bench, operator.pid, name=f"{args.name}-operator", seconds=90)
+            time.sleep(1)
+
+        c.log(f"killing {args.killed} workers on {args.lost_nodes} nodes at once")
+        for key in victims:
+            hb.stop_one(key)
+        assert bench.workers is not None
+        moments = bench.workers.kill_many(registered[k] for k in victims)
+        first_kill = min(moments.values())
+        kill_loop_seconds = max(moments.values()) - first_kill
+        victim_kill = {k: moments[registered[k]] for k in victims}
+        tracker.wait_until(
+            lambda: all(k in tracker.retired_at for k in victims),
+            timeout=args.timeout,
+            what=f"{args.killed} retirements",
+        )
+        with tracker.cond:
+            retired_times = {k: tracker.retired_at[k] for k in victims if k in tracker.retired_at}
+        all_retired = len(retired_times) == len(victims)
+        seconds_to_all = (max(retired_times.values()) - first_kill) if all_retired else None
+        curve = sorted(t - first_kill for t in retired_times.values())
+        with tracker.cond:
+            dead_curve[:] = sorted(tracker.dead_at[k] - first_kill for k in victims if k in tracker.dead_at)
+            probe_curve[:] = sorted(
+                tracker.dead_observed[k] - first_kill for k in victims if k in tracker.dead_observed
+            )
+        # The Event of the last retirement is posted after its write: wait for it (bounded).
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            now_api = c.apiserver_requests(bench.admin)
+            events = sum(v - api_before[k] for k, v in now_api.items() if k[0] == "POST" and k[2] == "events")
+            if events >= len(retired_times):
+                break
+            time.sleep(1)
+        time.sleep(2)
+        hb_after = hb.counts()[0]
+        api_after = c.apiserver_requests(bench.admin)
+        op_after = c.scrape_operator(port)
+        cpu_after = cpu_seconds()
+        window = time.monotonic() - first_kill
+
+        # Survivors: still running, with the start time they registered, and not retired.
+        survivors_alive = sum(
+            1
+            for k in survivors
+            if bench.workers.alive(registered[k]) and start_time(registered[k]) == start_times[registered[k]]
+        )
+        live_retired = 0
+        for namespace, name in survivors:
+            body = bench.admin.json("GET", c.registrations_path(namespace, name))
+            if "retirement" in (body.get("status") or {}) or (namespace, name) in tracker.retired_at:
+                live_retired += 1
+        requests = c.diff_requests(api_after, api_before)
+        heartbeats = hb_after - hb_before
+
+        def count(verb: str, resource: str, sub: str = "", group: str | None = None) -> int:
+            return sum(
+                v - api_before[k]
+                for k, v in api_after.items()
+                if k[0] == verb and k[2] == resource and k[3] == sub and (group is None or k[1] == group)
+            )
+
+        status_patches = count("PATCH", "workerregistrations", "status")
+        op_writes = {
+            kind: int(
+                op_after.get(f'coroner_status_writes_total{{kind="{kind}"}}', 0)
+                - op_before.get(f'coroner_status_writes_total{{kind="{kind}"}}', 0)
+            )
+            for kind in ("retirement", "conditions")
+        }
+        attestation_patches = status_patches - heartbeats - op_writes["retirement"] - op_writes["conditions"]
+        event_creates = count("POST", "events")
+        ssar = count("POST", "selfsubjectaccessreviews")
+        lease_lists = count("LIST", "leases")
+        retirements = len(retired_times) or 1
+        writes = attestation_patches + op_writes["retirement"] + op_writes["conditions"] + event_creates
+        reads = ssar + lease_lists
+        accounted = status_patches + event_creates + ssar + lease_lists
+        breakdown = {
+            "status_patches_total": status_patches,
+            "heartbeat_patches_by_benchmark": heartbeats,
+            "attestation_patches": attestation_patches,
+            "retirement_patches": op_writes["retirement"],
+            "operator_condition_patches": op_writes["conditions"],
+            "event_creates": event_creates,
+            "selfsubjectaccessreviews": ssar,
+            "lease_lists": lease_lists,
+            "registration_gets": count("GET", "workerregistrations"),
+            "lease_gets": count("GET", "leases"),
+            "lease_updates": count("PUT", "leases"),
+            "all_requests": sum(requests.values()),
+            "all_requests_not_counted_above": sum(requests.values()) - accounted,
+            "per_retirement": {
+                "attestation_patches": round(attestation_patches / retirements, 3),
+                "retirement_patches": round(op_writes["retirement"] / retirements, 3),
+                "operator_condition_patches": round(op_writes["conditions"] / retirements, 3),
+                "event_creates": round(event_creates / retirements, 3),
+                "selfsubjectaccessreviews": round(ssar / retirements, 3),
+                "lease_lists": round(lease_lists / retirements, 3),
+            },
+            "apiserver_request_total_diff": requests,
+        }
+        per_kill = [retired_times[k] - victim_kill[k] for k in retired_times]
+        by_reason: dict[str, int] = {}
+        with tracker.cond:
+            for k in victims:
+                reason = str((tracker.state.get(k) or {}).get("retired_reason"))
+                by_reason[reason] = by_reason.get(reason, 0) + 1
+        metrics_keys = (
+            "coroner_cas_conflicts_total",
+            "coroner_retire_abandoned_total",
+            "coroner_reconcile_errors_total",
+        )
+        result.update(
+            {
+                "workers_killed": args.killed,
+                "survivors": survivors_n,
+                "seconds_to_all_retired": None if seconds_to_all is None else round(seconds_to_all, 2),
+                "retired": len(retired_times),
+                "retired_by_reason": by_reason,
+                "kill_loop_seconds": round(kill_loop_seconds, 3),
+                "per_kill_latency": c.percentiles(per_kill),
+                "stages": c.stages(tracker, victim_kill),
+                "seconds_to_half_retired": round(curve[len(curve) // 2], 2) if curve else None,
+                "seconds_to_all_attested_dead": round(dead_curve[-1], 2) if len(dead_curve) == len(victims) else None,
+                "api_writes_per_retirement": round(writes / retirements, 3),
+                "api_reads_per_retirement": round(reads / retirements, 3),
+                "live_retired": live_retired,
+                "survivors_alive": survivors_alive,
+                "breakdown": breakdown,
+                "window_seconds": round(window, 1),
+                "cpu_seconds_during_window": {
+                    name: round(cpu_after[name] - cpu_before[name], 2)
+                    for name in ("operator", "kube-apiserver", "etcd", "benchmark")
+                }
+                | {"agents_total": round(sum(cpu_after[a.name] - cpu_before[a.name] for a in agents), 2)},
+                "operator_metrics_diff": {
+                    k: op_after[k] - op_before.get(k, 0.0)
+                    for k in op_after
+                    if k.startswith(metrics_keys) and op_after[k] - op_before.get(k, 0.0)
+                },
+                "heartbeats": hb.lag_summary(),
+            }
+        )
+        result["machine"]["load_during_run"] = bench.load.summary()
+        if profile is not None:
+            result["operator_profile"] = profile.summary()
+    goals = {
+        "all_retired_le_30s": {
+            "measured_s": result["seconds_to_all_retired"],
+            "met": bool(result["seconds_to_all_retired"] is not None and result["seconds_to_all_retired"] <= 30),
+        },
+        "writes_per_retirement_le_3": {
+            "measured": result["api_writes_per_retirement"],
+            "met": result["api_writes_per_retirement"] <= 3,
+        },
+        "reads_per_retirement_le_2": {
+            "measured": result["api_reads_per_retirement"],
+            "met": result["api_reads_per_retirement"] <= 2,
+        },
+        "live_retired_eq_0": {"measured": result["live_retired"], "met": result["live_retired"] == 0},
+    }
+    result["goals"] = goals
+    result["wall_seconds"] = round(time.time() - started_wall, 1)
+    result["finished"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    c.write_result(args.name, result)
+    result["plot"] = c.plot(args.name, lambda plt: draw(plt, curve, dead_curve, probe_curve, result))
+    if result["plot"]:
+        c.write_result(args.name, result)
+    return 0
+
+
+def draw(
+    plt: Any, curve: list[float], dead_curve: list[float], probe_curve: list[float], result: dict[str, Any]
+) -> None:
+    _fig, ax = plt.subplots(figsize=(9, 5))
+    ax.step(
+        probe_curve,
+        range(1, len(probe_curve) + 1),
+        where="post",
+        color="tab:purple",
+        alpha=0.6,
+        label="probed Dead by their agents (attestation observedTime)",
+    )
+    ax.step(
+        dead_curve,
+        range(1, len(dead_curve) + 1),
+        where="post",
+        color="tab:orange",
+        label="Dead attestation seen on the watch",
+    )
+    ax.step(curve, range(1, len(curve) + 1), where="post", color="tab:green", label="retired (killed workers)")
+    ax.axhline(result["workers_killed"], color="grey", linestyle=":", label=f"killed: {result['workers_killed']}")
+    ax.set_xlabel("seconds since the first SIGKILL")
+    ax.set_ylabel("registrations seen Retired")
+    ax.set_title(
+        f"Mass death: {result['workers_killed']} killed at once, {result['survivors']} survivors "
+        f"(live_retired={result['live_retired']}); {result['api_writes_per_retirement']} writes and "
+        f"{result['api_reads_per_retirement']} reads per retirement\n(shared 2-core machine)",
+        fontsize=10,
+    )
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="lower right")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,473 @@
+"""Steady state: what Coroner costs while nothing dies.
+
+    .venv/bin/python bench/steady.py            # full: 10000 registrations, 5-minute window (~12 min)
+    .venv/bin/python bench/steady.py --quick    # 2000 registrations, 2-minute window (~5 min)
+
+R registrations heartbeat every 30 s (from the benchmark, spread evenly over the interval) while
+the operator runs (all namespaces, defaults, `--metrics-port`). `--agent-workers` of them
+(default 1000) are real `sleep` processes registered on node-1, watched by one real coroner-agent;
+the rest are registrations on nodes 2..N whose agents' API behaviour the benchmark plays itself,
+with those nodes' node-bound agent tokens: it renews each node's agent Lease every 10 s (GET + PUT,
+as coroner-agent does), writes each registration's `Alive` attestation once, and refreshes it every
+240 s (coroner-agent's refresh period for an unchanged verdict). So the operator decides every one
+of the R registrations on the same path as a live worker's (PidAlive), as it would with R real
+workers on N nodes.
+
+Measured over a window after everything settled (all R show Retirable=PidAlive) and a warm-up of
+one heartbeat interval:
+- operator RSS and CPU (psutil on the operator's pid, sampled every second);
+- operator status writes per minute (its own `coroner_status_writes_total`) while no registration
+  changes except for heartbeats and attestation refreshes;
+- the real agent's RSS, open fds and CPU with its 1000 watched workers;
+- API server requests per second caused by Coroner: `apiserver_request_total` diffed over the
+  window, minus the benchmark's own heartbeat PATCHes (counted exactly by the benchmark), minus the
+  background rate of the idle control plane (measured before anything was installed beyond the
+  manifests). The requests the benchmark sends in place of the agents of nodes 2..N are Coroner's
+  and are counted as such (and also reported separately).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import json
+import os
+import sys
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import common as c
+import psutil
+
+from coroner import api
+from coroner.launcher import probe_incarnation
+from coroner_agent.kube import attestation_ops
+
+AGENT_IDENTITY = f"system:serviceaccount:{c.SYSTEM}:coroner-agent"
+REFRESH_SECONDS = 240.0  # coroner_agent.service.AgentSettings.refresh_seconds
+LEASE_SECONDS = 10.0  # coroner-agent --renew-seconds default
+LEASE_DURATION = 30  # coroner-agent --lease-duration-seconds default
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--registrations", type=int, default=10000)
+    parser.add_argument("--agent-workers", type=int, default=1000, help="real workers on node-1 (the real agent's)")
+    parser.add_argument("--nodes", type=int, default=10)
+    parser.add_argument("--namespaces", type=int, default=10)
+    parser.add_argument("--heartbeat-seconds", type=int, default=30)
+    parser.add_argument("--window", type=float, default=300.0, help="measurement window (seconds)")
+    parser.add_argument("--idle-seconds", type=float, default=20.0, help="idle control plane background window")
+    parser.add_argument("--quick", action="store_true", help="2000 registrations, 120 s window, 10 s idle")
+    parser.add_argument("--profile", action="store_true", help="py-spy the operator for 60 s in the window")
+    parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--name", default=None, help="default: steady (steady-quick with --quick)")
+    args = parser.parse_args()
+    if args.quick:
+        args.registrations = min(args.registrations, 2000)
+        args.window = min(args.window, 120.0)
+        args.idle_seconds = min(args.idle_seconds, 10.0)
+    args.name = args.name or ("steady-quick" if args.quick else "steady")
+    args.agent_workers = min(args.agent_workers, args.registrations)
+    return args
+
+
+class EmulatedAgents:
+    """The API side of coroner-agent for nodes 2..N: Lease renewals and Alive attestations."""
+
+    def __init__(self, bench: c.Bench, nodes: list[c.Node], host_id: str) -> None:
+        self.nodes = {node.name: node for node in nodes}
+        self.http = {
+            node.name: c.Http(c.Endpoint.from_token_kubeconfig(bench.cluster, node.kubeconfig)) for node in nodes
+        }
+        self.host_id = host_id
+        self.bodies: dict[tuple[str, str], dict[str, Any]] = {}
+        self.lease_requests = 0
+        self.lease_failures = 0
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self.thread = threading.Thread(target=self._leases, name="emulated-agent-leases", daemon=True)
+        self.refresher: c.Heartbeater | None = None
+        self.heartbeats: c.Heartbeater | None = None
+
+    def start_leases(self) -> None:
+        for node in self.nodes:
+            self._renew(node)
+        self.thread.start()
+
+    def _leases(self) -> None:
+        deadline = time.monotonic() + 4 * 3600
+        while not self._stop.wait(LEASE_SECONDS) and time.monotonic() < deadline:
+            for node in self.nodes:
+                try:
+                    self._renew(node)
+                except Exception:
+                    self.lease_failures += 1
+
+    def _renew(self, node: str) -> None:
+        http_ = self.http[node]
+        name = f"{api.AGENT_LEASE_PREFIX}{node}"
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{c.SYSTEM}/leases"
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        annotations = {api.AGENT_LEASE_BOOT_ID: self.nodes[node].boot_id, api.AGENT_LEASE_HOST_ID: self.host_id}
+        status, data = http_.request("GET", f"{path}/{name}")
+        with self._lock:
+            self.lease_requests += 1
+        if status == 404:
+            body = {
+                "metadata": {"name": name, "annotations": annotations},
+                "spec": {
+                    "holderIdentity": AGENT_IDENTITY,
+                    "leaseDurationSeconds": LEASE_DURATION,
+                    "acquireTime": now,
+                    "renewTime": now,
+                },
+            }
+            http_.json("POST", path, body)
+        else:
+            lease = json.loads(data)
+            lease["metadata"].setdefault("annotations", {}).update(annotations)
+            lease["spec"].update(
+                {"holderIdentity": AGENT_IDENTITY, "leaseDurationSeconds": LEASE_DURATION, "renewTime": now}
+            )
+            http_.json("PUT", f"{path}/{name}", lease)
+        with self._lock:
+            self.lease_requests += 1
+
+    def attestation(self, key: tuple[str, str], seen: str) -> dict[str, Any]:
+        body = self.bodies[key]
+        spec = body["spec"]
+        return {
+            "verdict": "Alive",
+            "evidence": "PidfdPinned",
+            "detail": f"host pid {spec['incarnation']['pid']} (state S, 1 threads) pinned by a pidfd, start time "
+            "re-checked after opening",
+            "incarnation": spec["incarnation"],
+            "bootId": spec["incarnation"]["bootId"],
+            "hostId": self.host_id,
+            "observedTime": c.now_text(),
+            "heartbeatSeen": seen,
+            "agent": {"nodeName": spec["nodeName"], "podName": "", "identity": AGENT_IDENTITY},
+        }
+
+    def attest(self, key: tuple[str, str]) -> None:
+        """The first attestation, exactly as coroner-agent writes it (JSON patch testing what it read)."""
+        body = self.bodies[key]
+        seen = (body.get("status") or {}).get("lastHeartbeatTime") or ""
+        ops = attestation_ops(body, self.attestation(key, seen))
+        self.http[body["spec"]["nodeName"]].json(
+            "PATCH", c.registrations_path(*key, status=True), ops, content_type="application/json-patch+json"
+        )
+
+    def refresh_request(self, key: tuple[str, str]) -> tuple[c.Http, str, str, Any, str]:
+        """A refresh of an unchanged Alive verdict (merge patch of status.attestation, same content
+        but observedTime). heartbeatSeen is the heartbeat the benchmark last wrote for it."""
+        seen = (self.heartbeats.last.get(key) if self.heartbeats else None) or ""
+        body = {"status": {"attestation": self.attestation(key, seen)}}
+        node = self.bodies[key]["spec"]["nodeName"]
+        return self.http[node], "PATCH", c.registrations_path(*key, status=True), body, "application/merge-patch+json"
+
+    def close(self) -> None:
+        self._stop.set()
+        if self.thread.is_alive():
+            self.thread.join(timeout=30)
+        for http_ in self.http.values():
+            http_.close()
+
+
+def main() -> int:
+    args = parse_args()
+    c.raise_nofile()
+    started_wall = time.time()
+    result: dict[str, Any] = {
+        "benchmark": "steady",
+        "command": c.command_line(),
+        "machine": c.machine_info(),
+        "versions": c.versions(),
+        "parameters": {
+            "registrations": args.registrations,
+            "real_agent_workers_on_node_1": args.agent_workers,
+            "emulated_agent_registrations": args.registrations - args.agent_workers,
+            "nodes": args.nodes,
+            "namespaces": args.namespaces,
+            "heartbeat_interval_seconds": args.heartbeat_seconds,
+            "window_seconds": args.window,
+            "attestation_refresh_seconds": REFRESH_SECONDS,
+            "operator_flags": "defaults (all namespaces, --workers 8, --resync-seconds 60, --permission-refresh-seconds 5)",
+            "agent_flags": "defaults (pidfds, --resync-seconds 30)",
+        },
+    }
+    series: dict[str, list[tuple[float, float, float, int]]] = {}
+    with c.Bench(args.name, keep=args.keep) as bench:
+        # Background: the idle control plane (manifests installed, nothing running).
+        c.log(f"measuring the idle control plane for {args.idle_seconds:g} s")
+        idle_before = c.apiserver_requests(bench.admin)
+        t_idle = time.monotonic()
+        time.sleep(args.idle_seconds)
+        idle_after = c.apiserver_requests(bench.admin)
+        idle_seconds = time.monotonic() - t_idle
+        idle_total = sum(idle_after.values()) - sum(idle_before.values())
+        background_rps = idle_total / idle_seconds
+
+        namespaces = [f"steady-{i}" for i in range(args.namespaces)]
+        kubeconfig = bench.worker_identity(namespaces)
+        worker = c.Endpoint.from_token_kubeconfig(bench.cluster, kubeconfig)
+        nodes = bench.nodes(args.nodes)
+        real_node, emulated_nodes = nodes[0], nodes[1:]
+        reference = probe_incarnation(os.getpid(), node_name=real_node.name)
+        emulated = EmulatedAgents(bench, emulated_nodes, reference.host_id)
+        bench.on_close(emulated.close)
+
+        # The real agent starts before its workers exist: its footprint with nothing to watch first.
+        agent = bench.start_agent(real_node)
+        time.sleep(10)
+        agent_idle_rss = round(psutil.Process(agent.pid).memory_info().rss / 2**20, 1)
+        agent_idle_fds = psutil.Process(agent.pid).num_fds()
+
+        t0 = time.monotonic()
+        c.log(f"registering {args.agent_workers} real workers on {real_node.name}")
+        pids = bench.spawn_workers(args.agent_workers)
+        items = [
+            (namespaces[i % len(namespaces)], real_node.name, pid, real_node.boot_file) for i, pid in enumerate(pids)
+        ]
+        keys = c.register_all(kubeconfig, items, interval=args.heartbeat_seconds, ttl=3 * args.heartbeat_seconds)
+        synthetic_n = args.registrations - args.agent_workers
+        c.log(f"registering {synthetic_n} registrations on {len(emulated_nodes)} nodes with emulated agents")
+        creator = c.Http(worker, timeout=60)
+
+        def create(i: int) -> tuple[str, str]:
+            node = emulated_nodes[i % len(emulated_nodes)]
+            namespace = namespaces[i % len(namespaces)]
+            name = f"s-{node.name}-{i}"
+            body = {
+                "apiVersion": api.API_VERSION,
+                "kind": api.KIND,
+                "metadata": {"name": name, "namespace": namespace, "labels": {api.NODE_LABEL: node.name}},
+                "spec": {
+                    "nodeName": node.name,
+                    "incarnation": {
+                        "bootId": node.boot_id,
+                        "pidNamespace": str(reference.pid_namespace),
+                        "pid": 100000 + i,
+                        "startTime": str(1000 + i),
+                        "hostId": reference.host_id,
+                    },
+                    "clientInstanceId": f"{api.CLIENT_INSTANCE_PREFIX}{uuid.uuid4()}",
+                    "role": "bench-synthetic",
+                    "heartbeat": {"intervalSeconds": args.heartbeat_seconds, "ttlSeconds": 3 * args.heartbeat_seconds},
+                },
+            }
+            creator.json("POST", c.registrations_path(namespace), body)
+            beat = {"status": {"lastHeartbeatTime": c.now_text()}}
+            stored = creator.json(
+                "PATCH",
+                c.registrations_path(namespace, name, status=True),
+                beat,
+                content_type="application/merge-patch+json",
+            )
+            emulated.bodies[(namespace, name)] = stored
+            return namespace, name
+
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            synthetic = list(pool.map(create, range(synthetic_n)))
+        creator.close()
+        c.log("emulated agents: Leases and first attestations")
+        emulated.start_leases()
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            list(pool.map(emulated.attest, synthetic))
+        all_keys = keys + synthetic
+        result["parameters"]["registration_seconds"] = round(time.monotonic() - t0, 1)
+
+        tracker = c.Tracker()
+        watch = c.Watch(bench.admin.endpoint, tracker.on_event).start()
+        port = c.free_port()
+        operator = bench.start_operator(metrics_port=port)
+        t0 = time.monotonic()
+
+        def settled() -> bool:
+            return all((s := tracker.state.get(k)) is not None and s["reason"] == "PidAlive" for k in all_keys)
+
+        ok = tracker.wait_until(settled, timeout=900, what=f"{len(all_keys)} registrations decided PidAlive", poll=3.0)
+        result["parameters"]["settle_seconds"] = round(time.monotonic() - t0, 1)
+        result["settled"] = ok
+        watch.close()  # the benchmark's own watch is not part of the steady state
+
+        hb = c.Heartbeater(worker, interval=args.heartbeat_seconds, senders=64)
+        bench.on_close(hb.close)
+        emulated.heartbeats = hb
+        hb.start(all_keys)
+        refresher = c.Heartbeater(None, interval=REFRESH_SECONDS, build=emulated.refresh_request, senders=16)
+        bench.on_close(refresher.close)
+        refresher.start(synthetic)
+        emulated.refresher = refresher
+        c.log(f"settled={ok}; warming up for one heartbeat interval ({args.heartbeat_seconds} s)")
+        time.sleep(args.heartbeat_seconds)
+
+        pids_watched = {"operator": operator.pid, "agent": agent.pid}
+        for started in bench.cluster.processes:
+            pids_watched[started.name] = started.pid
+        procs = {name: psutil.Process(pid) for name, pid in pids_watched.items()}
+        procs["benchmark"] = psutil.Process()
+
+        def cpu() -> dict[str, float]:
+            return {name: sum(p.cpu_times()[:2]) for name, p in procs.items()}
+
+        sampler = c.Sampler({"operator": operator.pid, "agent": agent.pid}, period=1.0).start()
+        bench.on_close(sampler.close)
+        c.log(f"measuring for {args.window:g} s")
+        hb_before, refresh_before, lease_before = hb.counts()[0], refresher.counts()[0], emulated.lease_requests
+        api_before = c.apiserver_requests(bench.admin)
+        op_before = c.scrape_operator(port)
+        cpu_before = cpu()
+        t_window = time.monotonic()
+        profile_path = None
+        if args.profile:
+            profile_path = c.py_spy(bench, operator.pid, name=f"{args.name}-operator", seconds=min(60.0, args.window))
+        time.sleep(args.window)
+        window = time.monotonic() - t_window
+        hb_after, refresh_after, lease_after = hb.counts()[0], refresher.counts()[0], emulated.lease_requests
+        api_after = c.apiserver_requests(bench.admin)
+        op_after = c.scrape_operator(port)
+        cpu_after = cpu()
+        sampler.close()
+        series = sampler.samples
+        agent_fds_now = psutil.Process(agent.pid).num_fds()
+
+        requests = c.diff_requests(api_after, api_before)
+        total = sum(requests.values())
+        heartbeats = hb_after - hb_before
+        refreshes = refresh_after - refresh_before
+        leases = lease_after - lease_before
+        op_writes = {
+            kind: op_after.get(f'coroner_status_writes_total{{kind="{kind}"}}', 0)
+            - op_before.get(f'coroner_status_writes_total{{kind="{kind}"}}', 0)
+            for kind in ("conditions", "retirement")
+        }
+        status_patches = sum(
+            v - api_before[k]
+            for k, v in api_after.items()
+            if k[0] == "PATCH" and k[2] == "workerregistrations" and k[3] == "status"
+        )
+        real_agent_attestations = (
+            status_patches - heartbeats - refreshes - op_writes["conditions"] - op_writes["retirement"]
+        )
+        coroner_requests = total - heartbeats - background_rps * window
+        minutes = window / 60
+
+        def stats(name: str, column: int) -> dict[str, float]:
+            values = [s[column] for s in series.get(name, [])]
+            if not values:
+                return {}
+            return {
+                "max": round(max(values), 1),
+                "mean": round(sum(values) / len(values), 1),
+                "last": round(values[-1], 1),
+            }
+
+        op_rss, agent_rss, agent_fd = stats("operator", 1), stats("agent", 1), stats("agent", 3)
+        result.update(
+            {
+                "registrations": args.registrations,
+                "operator_rss_mb": op_rss.get("max"),
+                "operator_rss_mb_detail": op_rss,
+                "operator_cpu_cores": round((cpu_after["operator"] - cpu_before["operator"]) / window, 3),
+                "operator_writes_per_min_unchanged": round(
+                    (op_writes["conditions"] + op_writes["retirement"]) / minutes, 1
+                ),
+                "operator_writes_in_window": {k: int(v) for k, v in op_writes.items()},
+                "agent_watched_workers": args.agent_workers,
+                "agent_rss_mb": agent_rss.get("max"),
+                "agent_rss_mb_detail": agent_rss,
+                "agent_fds": int(agent_fd.get("max") or agent_fds_now),
+                "agent_rss_mb_with_no_workers": agent_idle_rss,
+                "agent_fds_with_no_workers": agent_idle_fds,
+                "agent_cpu_cores": round((cpu_after["agent"] - cpu_before["agent"]) / window, 3),
+                "apiserver_requests_per_second_by_coroner": round(coroner_requests / window, 1),
+                "apiserver_requests": {
+                    "window_seconds": round(window, 1),
+                    "total_per_second": round(total / window, 1),
+                    "benchmark_heartbeats_per_second": round(heartbeats / window, 1),
+                    "idle_background_per_second": round(background_rps, 2),
+                    "emulated_agents_per_second": round((refreshes + leases) / window, 2),
+                    "emulated_agent_attestation_refreshes_per_min": round(refreshes / minutes, 1),
+                    "real_agent_attestation_writes_per_min": round(real_agent_attestations / minutes, 1),
+                    "how": "coroner = total - benchmark heartbeat PATCHes (counted by the benchmark) - idle background "
+                    "rate x window; the emulated agents' Lease and attestation requests stand in for real agents and "
+                    "count as Coroner's",
+                    "diff": requests,
+                },
+                "cpu_cores_in_window": {
+                    name: round((cpu_after[name] - cpu_before[name]) / window, 3) for name in cpu_after
+                },
+                "heartbeats": {
+                    "intended_per_second": round(args.registrations / args.heartbeat_seconds, 1),
+                    "achieved_per_second": round(heartbeats / window, 1),
+                    **hb.lag_summary(),
+                },
+                "operator_metrics_at_end": {
+                    k: v
+                    for k, v in op_after.items()
+                    if k.startswith(("coroner_registrations{", "coroner_reconcile_errors_total"))
+                },
+            }
+        )
+        result["machine"]["load_during_run"] = bench.load.summary()
+        if profile_path is not None:
+            result["operator_profile"] = profile_path.summary()
+    result["goals"] = {
+        "operator_rss_le_300mb": {
+            "measured_mb": result["operator_rss_mb"],
+            "met": (result["operator_rss_mb"] or 1e9) <= 300,
+        },
+        "operator_cpu_le_0_3_core": {
+            "measured_cores": result["operator_cpu_cores"],
+            "met": result["operator_cpu_cores"] <= 0.3,
+        },
+        "operator_writes_per_min_unchanged_eq_0": {
+            "measured": result["operator_writes_per_min_unchanged"],
+            "met": result["operator_writes_per_min_unchanged"] == 0,
+        },
+        "agent_rss_le_80mb": {"measured_mb": result["agent_rss_mb"], "met": (result["agent_rss_mb"] or 1e9) <= 80},
+    }
+    result["wall_seconds"] = round(time.time() - started_wall, 1)
+    result["finished"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    c.write_result(args.name, result)
+    result["plot"] = c.plot(args.name, lambda plt: draw(plt, series, result))
+    if result["plot"]:
+        c.write_result(args.name, result)
+    return 0
+
+
+def draw(plt: Any, series: dict[str, list[tuple[float, float, float, int]]], result: dict[str, Any]) -> None:
+    _fig, (ax_rss, ax_cpu) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
+    for name, colour in (("operator", "tab:blue"), ("agent", "tab:green")):
+        samples = series.get(name) or []
+        if len(samples) < 2:
+            continue
+        t0 = samples[0][0]
+        ax_rss.plot([s[0] - t0 for s in samples], [s[1] for s in samples], color=colour, label=f"{name} RSS")
+        times = [s[0] - t0 for s in samples]
+        cores = [0.0] + [(b[2] - a[2]) / max(1e-6, b[0] - a[0]) for a, b in itertools.pairwise(samples)]
+        ax_cpu.plot(times, cores, color=colour, alpha=0.7, label=f"{name} CPU")
+    ax_rss.set_ylabel("RSS (MiB)")
+    ax_rss.legend(loc="lower right")
+    ax_rss.grid(True, alpha=0.3)
+    ax_cpu.set_ylabel("CPU (cores, 1 s samples)")
+    ax_cpu.set_xlabel("seconds into the measurement window")
+    ax_cpu.legend(loc="upper right")
+    ax_cpu.grid(True, alpha=0.3)
+    ax_rss.set_title(
+        f"Steady state: {result['registrations']} registrations, heartbeats every "
+        f"{result['parameters']['heartbeat_interval_seconds']} s; agent watches {result['agent_watched_workers']} workers\n"
+        f"operator {result['operator_cpu_cores']} cores, {result['operator_writes_per_min_unchanged']} writes/min "
+        "(shared 2-core machine)",
+        fontsize=10,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

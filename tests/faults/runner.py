@@ -1,0 +1,313 @@
+"""Choosing fault mixes, running trials back to back on one plane, and adding up the results."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import threading
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from faults.plane import Plane
+from faults.trial import BOUND, COUNTERS, FAULTS, MASS_BOUND, Trial, TrialResult
+
+#: How often each fault is drawn relative to the others (500 deaths take ~2 minutes here).
+WEIGHTS = {name: 1.0 for name in FAULTS if name not in ("none", "selftest")} | {"mass_death": 0.05}
+#: Faults that cannot share a trial (both restart the API server).
+EXCLUSIVE = [{"apiserver_restart", "watch_expiry"}]
+#: Faults after which the operator is restarted before the next trial: they cut its connection to
+#: the API server, and its permission-refresh loop does not survive that (see docs/faults.md,
+#: finding 1); without the restart that one bug would be charged to whichever later trial revokes
+#: the grant.
+DISRUPTS_OPERATOR = {"apiserver_restart", "watch_expiry"}
+
+
+def choose_faults(rng: random.Random, *, nodes: int, max_faults: int = 3) -> list[str]:
+    """0-3 distinct faults, node-local ones at most one per node, exclusive pairs never together."""
+    count = rng.choices([0, 1, 2, 3], weights=[0.1, 0.45, 0.3, 0.15])[0]
+    count = min(count, max_faults)
+    names = list(WEIGHTS)
+    chosen: list[str] = []
+    for _ in range(50):
+        if len(chosen) >= count:
+            break
+        name = rng.choices(names, weights=[WEIGHTS[n] for n in names])[0]
+        if name in chosen:
+            continue
+        if any(name in pair and pair & set(chosen) for pair in EXCLUSIVE):
+            continue
+        local = sum(1 for f in chosen if FAULTS[f].node_local)
+        if FAULTS[name].node_local and local >= nodes:
+            continue
+        chosen.append(name)
+    return chosen
+
+
+def run_one(
+    plane: Plane,
+    *,
+    seed: int,
+    faults: list[str],
+    index: int,
+    mass_count: int,
+    pool: list[str] | None = None,
+    restart: bool = True,
+    **options: Any,
+) -> TrialResult:
+    """One trial; a harness error is recorded in the result (not raised), and the plane is healed.
+
+    `restart`: restart the operator afterwards when the trial needs it (see DISRUPTS_OPERATOR); a
+    lane runner passes False and does it itself once no other trial is running.
+    """
+    trial = Trial(plane, seed=seed, faults=faults, index=index, mass_count=mass_count, pool=pool, **options)
+    try:
+        result = trial.run()
+    except Exception as exc:
+        result = trial.result
+        result.labels = result.labels or list(faults) or ["none"]
+        result.counts["harness_errors"] += 1
+        result.violations.append(
+            {
+                "counter": "harness_errors",
+                "detail": f"{exc!r}",
+                "seed": seed,
+                "faults": result.labels,
+                "traceback": traceback.format_exc()[-2000:],
+                "timeline": trial.timeline[-30:],
+            }
+        )
+    if restart and needs_operator_restart(faults, result):
+        restart_operator(plane)
+    return result
+
+
+def needs_operator_restart(faults: list[str], result: TrialResult) -> bool:
+    names = {f.partition(":")[0] for f in faults}
+    return not result.ok or bool(result.counts["harness_errors"]) or bool(names & DISRUPTS_OPERATOR)
+
+
+def cluster_wide(faults: list[str]) -> bool:
+    return any(FAULTS[f.partition(":")[0]].cluster_wide for f in faults)
+
+
+class Gate:
+    """Shared for ordinary trials (one per lane), exclusive for trials with a cluster-wide fault."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writer = False
+        self._waiting = 0
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            while self._writer or self._waiting:
+                self._cond.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            self._waiting += 1
+            while self._writer or self._readers:
+                self._cond.wait()
+            self._waiting -= 1
+            self._writer = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writer = False
+                self._cond.notify_all()
+
+
+def run_lanes(
+    plane: Plane,
+    *,
+    lanes: int,
+    next_trial: Callable[[], tuple[int, int, list[str]] | None],
+    on_result: Callable[[int, TrialResult], None],
+    mass_count: int,
+    stop: Callable[[], None] | None = None,
+) -> None:
+    """Runs trials from `next_trial` in `lanes` threads; lane i owns nodes i*k..i*k+k-1 (k = nodes /
+    lanes) for ordinary trials. A trial with a cluster-wide fault waits until it runs alone, over
+    every node. `next_trial` returns (index, seed, faults) or None when done."""
+    names = list(plane.agents)
+    size = len(names) // lanes
+    pools = [names[i * size : (i + 1) * size] for i in range(lanes)]
+    gate = Gate()
+    errors: list[BaseException] = []
+
+    def lane(pool: list[str]) -> None:
+        try:
+            while (item := next_trial()) is not None:
+                index, seed, faults = item
+                if cluster_wide(faults):
+                    with gate.exclusive():
+                        result = run_one(plane, seed=seed, faults=faults, index=index, mass_count=mass_count)
+                else:
+                    with gate.shared():
+                        result = run_one(
+                            plane, seed=seed, faults=faults, index=index, mass_count=mass_count, pool=pool,
+                            restart=False,
+                        )  # fmt: skip
+                    if needs_operator_restart(faults, result):
+                        with gate.exclusive():
+                            restart_operator(plane)
+                on_result(index, result)
+        except BaseException as exc:
+            errors.append(exc)
+            raise
+
+    threads = [
+        threading.Thread(target=lane, args=(pool,), name=f"lane-{i}", daemon=True) for i, pool in enumerate(pools)
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        while any(thread.is_alive() for thread in threads):
+            for thread in threads:
+                thread.join(timeout=0.5)
+    except KeyboardInterrupt:
+        # Let every lane finish (and heal) the trial it is in before the caller stops the plane.
+        if stop is not None:
+            stop()
+        for thread in threads:
+            thread.join(timeout=300)
+        raise
+    if errors:
+        raise errors[0]
+
+
+def restart_operator(plane: Plane) -> None:
+    for operator in plane.operators:
+        operator.stop()
+    plane.operators = []
+    plane.start_operator()
+    deadline = time.monotonic() + 60
+    while "operator started" not in plane.operator.log.read_text(errors="replace"):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the operator did not start again")
+        time.sleep(0.1)
+
+
+class Aggregate:
+    """Totals over trials, overall and per fault (a trial counts once under each of its faults)."""
+
+    def __init__(self) -> None:
+        self.trials = 0
+        self.totals: Counter[str] = Counter()
+        self.per_fault: dict[str, dict[str, Any]] = {}
+        self.violations: list[dict[str, Any]] = []
+        self.latencies: list[float] = []
+        self.retired_by: Counter[str] = Counter()
+        self.notes: Counter[str] = Counter()
+        self.facts: dict[str, Counter[str]] = {}
+        self.reasons: dict[str, Counter[str]] = {"final": Counter(), "live": Counter()}
+        self.deaths = 0
+        self.workers = 0
+        self.seconds = 0.0
+
+    def add(self, result: TrialResult) -> None:
+        self.trials += 1
+        self.deaths += result.deaths
+        self.workers += result.workers
+        self.seconds += result.seconds
+        for key, value in result.counts.items():
+            self.totals[key] += value
+        self.latencies.extend(result.latencies)
+        self.retired_by.update(result.evidence.get("retired_by", Counter()))
+        self.notes.update(result.evidence.get("notes", Counter()))
+        for key in ("final", "live"):
+            self.reasons[key].update(result.reasons.get(key, Counter()))
+        for violation in result.violations:
+            if len(self.violations) < 200:
+                self.violations.append(violation)
+        labels = result.labels or ["none"]
+        for label in labels:
+            name, _, variant = label.partition("[")
+            entry = self.per_fault.setdefault(
+                name,
+                {
+                    "trials": 0,
+                    "alone": 0,
+                    **{c: 0 for c in (*COUNTERS, "harness_errors")},
+                    "reasons": Counter(),
+                    "variants": Counter(),
+                },
+            )
+            entry["trials"] += 1
+            entry["alone"] += len(labels) == 1
+            if variant:
+                entry["variants"][variant.rstrip("]")] += 1
+            for key, value in result.counts.items():
+                entry[key] = entry.get(key, 0) + value
+            for reason, count in result.reasons.get(name, Counter()).items():
+                entry["reasons"][reason] += count
+            self._facts(name, result.facts.get(label) or {})
+
+    def _facts(self, name: str, facts: dict[str, Any]) -> None:
+        """Fault-specific evidence, summed: 410s seen, CAS conflicts, lease forgeries, ..."""
+        bucket = self.facts.setdefault(name, Counter())
+        for key, value in facts.items():
+            if isinstance(value, bool):
+                bucket[f"{key}={value}"] += 1
+            elif isinstance(value, int | float) and key not in ("pid", "reuser_start", "victim_start"):
+                bucket[key] += value
+            elif isinstance(value, dict) and key == "gone_410":
+                bucket["gone_410_operator"] += value.get("operator", 0)
+                bucket["gone_410_agents"] += sum(v for k, v in value.items() if k != "operator")
+            elif key == "retirement" and value:
+                bucket[f"retired_by_{value}"] += 1
+
+    def to_json(self) -> dict[str, Any]:
+        lat = sorted(self.latencies)
+
+        def q(p: float) -> float | None:
+            return round(lat[min(len(lat) - 1, int(p * (len(lat) - 1)))], 3) if lat else None
+
+        return {
+            "trials": self.trials,
+            "live_retired": self.totals["live_retired"],
+            "double_retired": self.totals["double_retired"],
+            "dead_left_active": self.totals["dead_left_active"],
+            "bad_provenance": self.totals["bad_provenance"],
+            "admission_breaches": self.totals["admission_breaches"],
+            "retired_without_grant": self.totals["retired_without_grant"],
+            "wrong_reason": self.totals["wrong_reason"],
+            "not_injected": self.totals["not_injected"],
+            "harness_errors": self.totals["harness_errors"],
+            "workers": self.workers,
+            "deaths": self.deaths,
+            "bounds_seconds": {"dead_retired": BOUND, "mass_death_retired": MASS_BOUND},
+            "kill_to_retired_seconds": {
+                "n": len(lat),
+                "p50": q(0.5),
+                "p90": q(0.9),
+                "p99": q(0.99),
+                "max": lat[-1] if lat else None,
+            },
+            "retired_by_evidence": dict(self.retired_by),
+            "reasons_after_heal": dict(self.reasons["final"]),
+            "reasons_of_live_workers": dict(self.reasons["live"]),
+            "notes": dict(self.notes),
+            "per_fault": {
+                name: {
+                    **{k: (dict(v) if isinstance(v, Counter) else v) for k, v in entry.items()},
+                    "facts": dict(self.facts.get(name, {})),
+                }
+                for name, entry in sorted(self.per_fault.items())
+            },
+            "violations": self.violations,
+        }

@@ -1,0 +1,200 @@
+"""What the fault harness found, pinned as failing tests: xfail(strict=True) until the product is fixed.
+
+Each test states the invariant the way the fault run checks it and fails today for the reason in its
+marker; when the fix lands it passes, strict xfail turns that into a failure, and the marker goes.
+docs/faults.md ("Findings") has the cause and the proposed fix of each.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from coroner import api
+from faults import runner
+from faults.plane import Plane
+from faults.trial import BOUND, Trial
+from faults.workers import Worker, register, spawn
+from support import kube
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.procs,
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(os.geteuid() != 0, reason="the fault plane's workers need root (pid namespaces)"),
+]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "finding 1: Reconciler.run_permission_refresh dies on the first non-HTTP error (KubeApi."
+        "can_retire catches only ApiException), so after an API outage a permission that flipped to "
+        "False is never re-checked and dead registrations stay RetirePermissionMissing"
+    ),
+)
+def test_a_restored_grant_is_noticed_after_an_api_outage(plane: Plane) -> None:
+    trial = Trial(plane, seed=301, faults=[], index=301)
+    namespace = trial.namespace
+    plane.create_trial_namespace(namespace)
+    node = next(iter(plane.agents))
+    worker = Worker(name="w", node=node, kind="sleep", victim=True, interval=1, ttl=3)
+    try:
+        spawn(worker)
+        register(worker, client=plane.worker_client, namespace=namespace, boot_id_file=plane.agents[node].boot_file)
+        kube.wait_for(lambda: _reason(plane, namespace, "w") == "PidAlive", timeout=30, what="PidAlive")
+        # The operator loses its connection for a few permission-refresh periods (1 s each).
+        plane.operator_proxy.set_mode("drop")
+        time.sleep(3)
+        plane.operator_proxy.set_mode("pass")
+        time.sleep(2)
+        plane.revoke_grant()
+        kube.wait_for(lambda: not plane.operator_may_retire(namespace), timeout=15, what="revocation")
+        worker.kill()
+        kube.wait_for(lambda: _reason(plane, namespace, "w") == "RetirePermissionMissing", timeout=30, what="plan-only")
+        plane.restore_grant()
+        # README: "The operator notices the grant within --permission-refresh-seconds" (1 s here);
+        # six periods is generous (the same step without the outage takes about one: grant_revoked).
+        kube.wait_for(lambda: _retired(plane, namespace, "w"), timeout=6, what="retirement after the grant")
+    finally:
+        plane.restore_grant()
+        worker.close()
+        plane.delete_trial_namespace(namespace)
+        runner.restart_operator(plane)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "finding 2: no admission policy guards the agent Leases: the agent identity of node A may "
+        "renew coroner-agent-<B> (holder, renewTime, boot-id and host-id annotations), so one node's "
+        "agent can make another node's agent look alive, or publish a boot id that preserves its "
+        "registrations"
+    ),
+)
+def test_an_agent_cannot_renew_another_nodes_lease(plane: Plane) -> None:
+    source, target = list(plane.agents)[:2]
+    client = plane.agent_client(source)
+    coordination = k8s.CoordinationV1Api(client)
+    name = f"{api.AGENT_LEASE_PREFIX}{target}"
+    try:
+        lease = coordination.read_namespaced_lease(name, api.SYSTEM_NAMESPACE)
+        lease.spec.holder_identity = f"forged-by-{source}"
+        lease.metadata.annotations = {**(lease.metadata.annotations or {}), api.AGENT_LEASE_BOOT_ID: "forged"}
+        with pytest.raises(ApiException) as refused:
+            coordination.replace_namespaced_lease(name, api.SYSTEM_NAMESPACE, lease)
+        assert refused.value.status == 403
+    finally:
+        client.close()
+        # The real agent renews its Lease every second; make sure the forged boot id is gone.
+        kube.wait_for(
+            lambda: (
+                (
+                    k8s.CoordinationV1Api(plane.admin)
+                    .read_namespaced_lease(name, api.SYSTEM_NAMESPACE)
+                    .metadata.annotations
+                    or {}
+                ).get(api.AGENT_LEASE_BOOT_ID)
+                == plane.agents[target].boot_id
+            ),
+            timeout=30,
+            what="the real agent's Lease back",
+        )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "finding 3: the operator's kopf startup handler calls the API (whoami) and kopf retries a "
+        "failed startup activity after its default 60 s backoff: an operator (re)started while the "
+        "API server is unreachable retires nothing for a minute after the API is back"
+    ),
+)
+def test_an_operator_started_during_an_api_outage_retires_within_the_bound(plane: Plane) -> None:
+    namespace, worker = _dead_worker_setup(plane)
+    try:
+        for operator in plane.operators:
+            operator.stop()
+        plane.operators = []
+        plane.operator_proxy.set_mode("drop")
+        operator = plane.start_operator()
+        kube.wait_for(
+            lambda: "failed with an exception" in operator.log.read_text(errors="replace"),
+            timeout=60,
+            what="the operator's startup to meet the outage",
+        )
+        plane.operator_proxy.set_mode("pass")
+        worker.kill()  # attested Dead by its (healthy) agent at once
+        kube.wait_for(lambda: _retired(plane, namespace, "w"), timeout=BOUND, what="retirement")
+    finally:
+        plane.operator_proxy.set_mode("pass")
+        _cleanup(plane, namespace, worker)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "finding 4: coroner-agent exits (status 1) when the API server is unreachable at startup "
+        "(AgentApi.whoami and node_boot_id catch only ApiException); under a DaemonSet it comes back "
+        "only after the kubelet's crash-loop back-off"
+    ),
+)
+def test_an_agent_started_during_an_api_outage_serves_its_node_once_the_api_is_back(plane: Plane) -> None:
+    namespace, worker = _dead_worker_setup(plane)
+    agent = plane.agents[worker.node]
+    try:
+        agent.stop()
+        agent.proxy.set_mode("drop")
+        agent.start()
+        time.sleep(8)  # its imports take a few seconds on this machine; then it meets the outage
+        agent.proxy.set_mode("pass")
+        time.sleep(2)
+        assert agent.running, f"the agent exited with status {agent.proc.poll() if agent.proc else None}"
+        worker.kill()
+        kube.wait_for(lambda: _retired(plane, namespace, "w"), timeout=BOUND, what="retirement")
+    finally:
+        agent.proxy.set_mode("pass")
+        if not agent.running:
+            agent.stop()
+            agent.start()
+        _cleanup(plane, namespace, worker)
+
+
+def _dead_worker_setup(plane: Plane) -> tuple[str, Worker]:
+    """A namespace with one live registered `sleep` worker, attested Alive."""
+    trial = Trial(plane, seed=int(time.time()), faults=[], index=9)
+    namespace = trial.namespace
+    plane.create_trial_namespace(namespace)
+    node = next(iter(plane.agents))
+    worker = Worker(name="w", node=node, kind="sleep", victim=True, interval=1, ttl=3)
+    spawn(worker)
+    register(worker, client=plane.worker_client, namespace=namespace, boot_id_file=plane.agents[node].boot_file)
+    kube.wait_for(lambda: _reason(plane, namespace, "w") == "PidAlive", timeout=30, what="PidAlive")
+    return namespace, worker
+
+
+def _cleanup(plane: Plane, namespace: str, worker: Worker) -> None:
+    worker.close()
+    plane.delete_trial_namespace(namespace)
+    runner.restart_operator(plane)
+    for agent in plane.agents.values():
+        agent.ensure_healthy()
+
+
+def _registration(plane: Plane, namespace: str, name: str) -> dict[str, object]:
+    return kube.get_registration(plane.admin, namespace, name)
+
+
+def _reason(plane: Plane, namespace: str, name: str) -> str | None:
+    for condition in (_registration(plane, namespace, name).get("status") or {}).get("conditions") or []:  # type: ignore[union-attr]
+        if condition.get("type") == "Retirable":
+            return str(condition.get("reason"))
+    return None
+
+
+def _retired(plane: Plane, namespace: str, name: str) -> bool:
+    return "retirement" in (_registration(plane, namespace, name).get("status") or {})  # type: ignore[operator]
