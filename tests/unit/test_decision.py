@@ -176,7 +176,9 @@ REASON_CASES = [
     case(Reason.INCOMPLETE_IDENTITY, "no-incarnation", paths={"spec.incarnation": DELETE}),
     case(Reason.INCOMPLETE_IDENTITY, "no-client-instance-id", paths={"spec.clientInstanceId": DELETE}),
     case(Reason.INCOMPLETE_IDENTITY, "no-heartbeat-settings", paths={"spec.heartbeat": DELETE}),
-    case(Reason.INCOMPLETE_IDENTITY, "ttl-zero", paths={"spec.heartbeat.ttlSeconds": 0}),
+    # An invalid TTL (the CRD allows 1..604800) is no TTL at all: the registration is preserved.
+    case(Reason.INCOMPLETE_IDENTITY, "ttl-negative", paths={"spec.heartbeat.ttlSeconds": -30}),
+    case(Reason.INCOMPLETE_IDENTITY, "ttl-above-the-crd-maximum", paths={"spec.heartbeat.ttlSeconds": 604801}),
     case(
         Reason.INCOMPLETE_IDENTITY,
         "no-heartbeat-no-creation",
