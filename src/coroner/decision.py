@@ -483,7 +483,7 @@ def _remaining_lines(
         corroboration = "" if window is None else f" and its {window.total_seconds():g}s corroboration window"
         return trail.conclude(
             Reason.HEARTBEAT_NOT_EXPIRED,
-            f"{what} was last heard from {silence.total_seconds():g}s ago, within its "
+            f"{what} was last heard from at {_stamp(known.last_heartbeat)}, within its "
             f"{known.ttl_seconds}s heartbeat TTL{corroboration}; it becomes retirable "
             f"at {_stamp(deadline) if deadline else 'no known time'} if it stays silent.",
         )
@@ -561,7 +561,7 @@ def _remaining_lines(
 
     return trail.conclude(
         Reason.ELIGIBLE_STALE_ORPHAN,
-        f"{what} is dead by {path} and silent for {silence.total_seconds():g}s; retirable.",
+        f"{what} is dead by {path} and silent since {_stamp(known.last_heartbeat)}; retirable.",
     )
 
 

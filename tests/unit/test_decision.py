@@ -447,6 +447,19 @@ def test_every_reason_has_a_case() -> None:
 
 
 @pytest.mark.parametrize(("obj", "facts", "policy", "now", "expected"), REASON_CASES)
+def test_detail_is_still_while_only_the_clock_moves(
+    obj: object, facts: Facts, policy: Policy, now: datetime.datetime, expected: Reason
+) -> None:
+    # The detail becomes the Retirable condition's message: if it moved with the clock, every
+    # reconcile would rewrite the status and its own watch event would reconcile again.
+    registration = parse_registration(obj)
+    before = decide(registration=registration, facts=facts, policy=policy, now=now)
+    later = decide(registration=registration, facts=facts, policy=policy, now=now + datetime.timedelta(seconds=1))
+    if later.reason is before.reason:
+        assert later.detail == before.detail
+
+
+@pytest.mark.parametrize(("obj", "facts", "policy", "now", "expected"), REASON_CASES)
 def test_reason(obj: object, facts: Facts, policy: Policy, now: datetime.datetime, expected: Reason) -> None:
     decision = decide(registration=parse_registration(obj), facts=facts, policy=policy, now=now)
     assert decision.reason is expected, decision.detail

@@ -28,18 +28,16 @@ def attested_condition(registration: model.Registration) -> tuple[bool, str, str
         return (
             False,
             Reason.ATTESTATION_MISSING.value,
-            (f"no attestation yet from the agent of node {registration.node_name or '?'}"),
+            f"no attestation yet from the agent of node {registration.node_name or '?'}",
         )
     verdict = attestation.verdict if isinstance(attestation.verdict, Verdict) else Verdict.UNKNOWN
-    observed = model.format_time(attestation.observed_time) if attestation.observed_time else "?"
-    return (
-        True,
-        verdict.value,
-        (
-            f"{attestation.verdict or '?'} ({attestation.evidence or 'no evidence'}) by the agent of node "
-            f"{attestation.agent_node or '?'} at {observed}: {attestation.detail or ''}".rstrip(": ")
-        ),
+    # No observedTime here: the agent refreshes an unchanged verdict periodically, and a message
+    # that moved with it would cost a status write per refresh (the time is in status.attestation).
+    message = (
+        f"{attestation.verdict or '?'} ({attestation.evidence or 'no evidence'}) by the agent of node "
+        f"{attestation.agent_node or '?'}: {attestation.detail or ''}"
     )
+    return True, verdict.value, message.rstrip(": ")
 
 
 def desired_conditions(
