@@ -37,13 +37,14 @@ OPERATOR_LEASE: Final = api.OPERATOR_LEASE
 LAST_SWEEP_ANNOTATION: Final = api.LAST_SWEEP_ANNOTATION
 #: The ServiceAccount the manifests run the operator as.
 OPERATOR_SERVICE_ACCOUNT: Final = "coroner-operator"
-#: The four ValidatingAdmissionPolicies of manifests/base/admission-policies.yaml, each bound by a
+#: The ValidatingAdmissionPolicies of manifests/base/admission-policies.yaml, each bound by a
 #: binding of the same name; doctor names the missing ones.
 ADMISSION_POLICIES: Final = (
     "coroner-node-label-matches-spec",
     "coroner-retire-requires-capability",
     "coroner-agent-attests-own-node-only",
     "coroner-status-fields-by-identity",
+    "coroner-agent-renews-own-lease-only",
 )
 #: Who ``apply`` reports as the author of its Events.
 COMPONENT: Final = "kubectl-coroner"
@@ -483,7 +484,7 @@ def check_admission_policies(
     policies: Sequence[Mapping[str, Any]] | Unreadable,
     bindings: Sequence[Mapping[str, Any]] | Unreadable,
 ) -> Check:
-    """The four ValidatingAdmissionPolicies exist, each bound with validationActions Deny."""
+    """The ValidatingAdmissionPolicies exist, each bound with validationActions Deny."""
     name = "admission-policies"
     for listed in (policies, bindings):
         if isinstance(listed, Unreadable):

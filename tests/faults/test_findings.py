@@ -1,4 +1,4 @@
-"""What the fault harness found, pinned as failing tests: xfail(strict=True) until the product is fixed.
+"""What the fault harness found, pinned as tests. Each was a strict xfail until its fix landed.
 
 Each test states the invariant the way the fault run checks it and fails today for the reason in its
 marker; when the fix lands it passes, strict xfail turns that into a failure, and the marker goes.
@@ -29,14 +29,6 @@ pytestmark = [
 ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "finding 1: Reconciler.run_permission_refresh dies on the first non-HTTP error (KubeApi."
-        "can_retire catches only ApiException), so after an API outage a permission that flipped to "
-        "False is never re-checked and dead registrations stay RetirePermissionMissing"
-    ),
-)
 def test_a_restored_grant_is_noticed_after_an_api_outage(plane: Plane) -> None:
     trial = Trial(plane, seed=301, faults=[], index=301)
     namespace = trial.namespace
@@ -67,15 +59,6 @@ def test_a_restored_grant_is_noticed_after_an_api_outage(plane: Plane) -> None:
         runner.restart_operator(plane)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "finding 2: no admission policy guards the agent Leases: the agent identity of node A may "
-        "renew coroner-agent-<B> (holder, renewTime, boot-id and host-id annotations), so one node's "
-        "agent can make another node's agent look alive, or publish a boot id that preserves its "
-        "registrations"
-    ),
-)
 def test_an_agent_cannot_renew_another_nodes_lease(plane: Plane) -> None:
     source, target = list(plane.agents)[:2]
     client = plane.agent_client(source)
@@ -106,14 +89,6 @@ def test_an_agent_cannot_renew_another_nodes_lease(plane: Plane) -> None:
         )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "finding 3: the operator's kopf startup handler calls the API (whoami) and kopf retries a "
-        "failed startup activity after its default 60 s backoff: an operator (re)started while the "
-        "API server is unreachable retires nothing for a minute after the API is back"
-    ),
-)
 def test_an_operator_started_during_an_api_outage_retires_within_the_bound(plane: Plane) -> None:
     namespace, worker = _dead_worker_setup(plane)
     try:
@@ -123,7 +98,7 @@ def test_an_operator_started_during_an_api_outage_retires_within_the_bound(plane
         plane.operator_proxy.set_mode("drop")
         operator = plane.start_operator()
         kube.wait_for(
-            lambda: "failed with an exception" in operator.log.read_text(errors="replace"),
+            lambda: "cannot ask the API server who this operator is" in operator.log.read_text(errors="replace"),
             timeout=60,
             what="the operator's startup to meet the outage",
         )
@@ -135,14 +110,6 @@ def test_an_operator_started_during_an_api_outage_retires_within_the_bound(plane
         _cleanup(plane, namespace, worker)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "finding 4: coroner-agent exits (status 1) when the API server is unreachable at startup "
-        "(AgentApi.whoami and node_boot_id catch only ApiException); under a DaemonSet it comes back "
-        "only after the kubelet's crash-loop back-off"
-    ),
-)
 def test_an_agent_started_during_an_api_outage_serves_its_node_once_the_api_is_back(plane: Plane) -> None:
     namespace, worker = _dead_worker_setup(plane)
     agent = plane.agents[worker.node]

@@ -11,6 +11,7 @@ import contextlib
 import datetime
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -66,17 +67,27 @@ class AgentApi:
         return f"{api.NODE_LABEL}={self.node_name}"
 
     def whoami(self) -> str:
-        try:
-            review = k8s.AuthenticationV1Api(self.client).create_self_subject_review(k8s.V1SelfSubjectReview())
-        except ApiException:
-            return "unknown"
-        return str(review.status.user_info.username)
+        """The agent's username (recorded in attestations). Retried while the API server is
+        unreachable: an agent must come up with its node, not crash-loop through an outage."""
+        delay = 0.5
+        while True:
+            try:
+                review = k8s.AuthenticationV1Api(self.client).create_self_subject_review(k8s.V1SelfSubjectReview())
+            except ApiException as exc:
+                if exc.status is not None and exc.status < 500:
+                    return "unknown"  # answered, but not allowed to say: informational only
+            except Exception as exc:
+                logger.warning("API server unreachable node=%s error=%r; retrying in %.1fs", self.node_name, exc, delay)
+            else:
+                return str(review.status.user_info.username)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
     def node_boot_id(self) -> str | None:
         """Node.status.nodeInfo.bootID, for the cross-check; None when unreadable or absent."""
         try:
             node = self._core.read_node(self.node_name)
-        except ApiException:
+        except Exception:  # only a logged cross-check: unknown leaves it unchecked
             return None
         info = node.status.node_info if node.status else None
         return (info.boot_id or None) if info else None

@@ -11,6 +11,7 @@ import asyncio
 import concurrent.futures
 import datetime
 import functools
+import logging
 import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -22,6 +23,8 @@ from coroner import api
 from coroner.kube import patch_registration_status
 
 T = TypeVar("T")
+
+logger = logging.getLogger("coroner.operator")
 
 
 class KubeApi:
@@ -58,7 +61,8 @@ class KubeApi:
         )
         try:
             result = await self._run(self._authz.create_self_subject_access_review, review)
-        except ApiException:
+        except Exception as exc:  # HTTP or connection error alike: unknown is never granted
+            logger.warning("retire capability unknown namespace=%s error=%r", namespace, exc)
             return False
         return bool(result.status.allowed)
 

@@ -51,7 +51,7 @@ def build_registry(
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure(settings)
         kube = KubeApi(api_client(kubeconfig))
-        identity = await kube.whoami()
+        identity = await _whoami(kube)
         reconciler = Reconciler(
             world=World(system_namespace=settings_.system_namespace),
             kube=kube,
@@ -85,6 +85,20 @@ def build_registry(
 
     settings_ = settings
     return registry
+
+
+async def _whoami(kube: KubeApi) -> str:
+    """Who the operator is (recorded as retiredBy). Retried here, with a short backoff, rather than
+    failing the startup activity: kopf would retry that only after a minute, and an operator
+    started during an API outage would retire nothing for that long once the API is back."""
+    delay = 0.5
+    while True:
+        try:
+            return await kube.whoami()
+        except Exception as exc:
+            logger.warning("cannot ask the API server who this operator is (%r); retrying in %.1fs", exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
 
 async def _serve_http(port: int, metrics: Metrics, reconciler: Reconciler) -> None:

@@ -410,9 +410,9 @@ class Reconciler:
                     duration=int(self.settings.resync_seconds * 3),
                     annotations={api.LAST_SWEEP_ANNOTATION: json.dumps(self.last_sweep, sort_keys=True)},
                 )
-            except ApiException as exc:
+            except Exception as exc:  # an API outage must not end the sweeps (nor /healthz's evidence)
                 logger.warning(
-                    "operator lease not written namespace=%s error=%s", self.settings.system_namespace, exc.status
+                    "operator lease not written namespace=%s error=%s", self.settings.system_namespace, describe(exc)
                 )
             await asyncio.sleep(self.settings.resync_seconds)
 
