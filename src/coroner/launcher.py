@@ -63,7 +63,11 @@ def probe_incarnation(
         machine_id = None
     try:
         return procfs.incarnation_from(
-            stat=stat, status=status, pid_namespace_link=ns_link, boot_id=boot_id, machine_id=machine_id,
+            stat=stat,
+            status=status,
+            pid_namespace_link=ns_link,
+            boot_id=boot_id,
+            machine_id=machine_id,
             node_name=node_name,
         )
     except procfs.ParseError as exc:
