@@ -245,11 +245,6 @@ def test_grant_revoked_between_two_deaths(
         components.install(granted, grant=True)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="flaky in a clean-clone CI run under load: the retirement metric was not seen within 30 s "
-    "(another operator may have retired it first); under investigation, see the session note",
-)
 def test_metrics_and_optional_garbage_collection_of_retired_registrations(
     granted: Cluster, agent_a: k8s.ApiClient, admin: k8s.ApiClient, namespace: str, tmp_path: pathlib.Path
 ) -> None:
@@ -274,7 +269,10 @@ def test_metrics_and_optional_garbage_collection_of_retired_registrations(
                 text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
                 return text if 'coroner_retirements_total{evidence="PidfdExited"} 1.0' in text else None
 
-            metrics = kube.wait_for(counted, what="the retirement metric")
+            retired_by = kube.get_registration(admin, namespace, "w1")["status"]["retirement"]["retiredBy"]
+            metrics = kube.wait_for(
+                counted, what=f"the retirement metric (retiredBy {retired_by}; see {tmp_path / 'operator.log'})"
+            )
             assert "coroner_death_to_retirement_seconds_count 1.0" in metrics
             assert urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).status == 200
             kube.wait_for(lambda: not _exists(admin, namespace, "w1"), timeout=30, what="garbage collection")

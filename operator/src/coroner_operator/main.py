@@ -8,6 +8,7 @@ import datetime
 import logging
 import os
 import pathlib
+import signal
 from typing import Any
 
 import click
@@ -66,6 +67,8 @@ def build_registry(
         if metrics_port is not None:
             loops.append(_serve_http(metrics_port, metrics, reconciler))
         runtime.tasks = [asyncio.create_task(loop) for loop in loops]
+        for task in runtime.tasks:
+            task.add_done_callback(_stop_if_failed)
         logger.info(
             "operator started identity=%s nodeDeletionEvidence=%s workers=%s",
             identity,
@@ -85,6 +88,15 @@ def build_registry(
 
     settings_ = settings
     return registry
+
+
+def _stop_if_failed(task: asyncio.Task[None]) -> None:
+    """A background loop that ends is a bug or a dead port: stop the operator loudly (its
+    Deployment restarts it) rather than keep running with, say, no permission refresh."""
+    if task.cancelled() or task.exception() is None:
+        return
+    logger.error("operator loop failed, stopping: %r", task.exception())
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 async def _whoami(kube: KubeApi) -> str:
