@@ -15,7 +15,6 @@ import datetime
 import json
 import os
 import pathlib
-import platform
 import queue
 import random
 import resource
@@ -34,30 +33,16 @@ from kubernetes import watch
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
+import common  # noqa: E402  (bench/common.py: machine facts and versions, shared by every bench)
+
 from coroner import api, launcher  # noqa: E402
 from coroner.devcluster import cluster as cluster_mod  # noqa: E402
-from coroner.devcluster.binaries import K8S_VERSION  # noqa: E402
 from coroner.devcluster.identities import ensure_node, mint_token  # noqa: E402
 from coroner.kube import api_client  # noqa: E402
 
 BIN = pathlib.Path(sys.executable).parent
 NODE = "bench-node"
 NAMESPACE = "bench"
-
-
-def machine() -> dict[str, object]:
-    cpuinfo = pathlib.Path("/proc/cpuinfo").read_text().splitlines()
-    cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), "?")
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "kubernetes": K8S_VERSION,
-        "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip(),
-        "note": "shared 2-core machine; other work may have run concurrently",
-    }
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -195,7 +180,8 @@ def main() -> None:
                 "kills": args.kills,
             },
             **footprint,
-            "machine": machine(),
+            "machine": common.machine_info(),
+            "versions": common.versions(),
             "command": " ".join([".venv/bin/python", "bench/attestation.py", *sys.argv[1:]]),
             "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         }

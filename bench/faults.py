@@ -17,44 +17,24 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import pathlib
-import platform
 import random
 import resource
 import shlex
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 
-import psutil
-
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from coroner.devcluster.binaries import K8S_VERSION  # noqa: E402
+import common  # noqa: E402  (bench/common.py: machine facts and versions, shared by every bench)
+
 from faults import runner  # noqa: E402
 from faults.plane import Plane  # noqa: E402
 from faults.trial import FAULTS, MASS_COUNT  # noqa: E402
-
-
-def machine() -> dict[str, object]:
-    cpuinfo = pathlib.Path("/proc/cpuinfo").read_text().splitlines()
-    cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), "?")
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "kubernetes": K8S_VERSION,
-        "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip(),
-        "load_average_at_write": [round(x, 2) for x in os.getloadavg()],
-        "note": "shared 2-core machine; other work may have run concurrently",
-    }
 
 
 def main() -> int:
@@ -116,7 +96,8 @@ def main() -> int:
             "nodes": nodes,
             "lanes": lanes,
             "plane_directory": str(directory),
-            "machine": machine(),
+            "machine": common.machine_info(),
+            "versions": common.versions(),
             "command": command,
             "started": started_at,
             "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
