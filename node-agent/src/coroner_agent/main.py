@@ -7,6 +7,7 @@ import logging
 import os
 import resource
 import signal
+from typing import Any
 
 import click
 
@@ -53,21 +54,23 @@ def main(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
+    settings = AgentSettings(
+        node_name=node_name,
+        pod_name=pod_name or os.environ.get("HOSTNAME", ""),
+        lease_duration_seconds=lease_duration_seconds,
+        renew_seconds=renew_seconds,
+        resync_seconds=resync_seconds,
+    )
+    prober_options = {
+        "node_name": node_name,
+        "proc_root": proc_root,
+        "boot_id_file": boot_id_file,
+        "machine_id_file": machine_id_file,
+        "use_pidfd": not no_pidfd,
+        "max_pidfds": _raise_fd_limit(max_pidfds),
+    }
     asyncio.run(
-        _run(
-            node_name=node_name,
-            kubeconfig=kubeconfig,
-            proc_root=proc_root,
-            boot_id_file=boot_id_file,
-            machine_id_file=machine_id_file,
-            pod_name=pod_name,
-            system_namespace=system_namespace,
-            resync_seconds=resync_seconds,
-            lease_duration_seconds=lease_duration_seconds,
-            renew_seconds=renew_seconds,
-            use_pidfd=not no_pidfd,
-            max_pidfds=max_pidfds,
-        )
+        _run(settings=settings, kubeconfig=kubeconfig, system_namespace=system_namespace, prober_options=prober_options)
     )
 
 
@@ -90,36 +93,15 @@ def _raise_fd_limit(wanted: int) -> int:
 
 
 async def _run(
-    *,
-    node_name: str,
-    kubeconfig: str | None,
-    proc_root: str,
-    boot_id_file: str,
-    machine_id_file: str,
-    pod_name: str,
-    system_namespace: str,
-    resync_seconds: float,
-    lease_duration_seconds: int,
-    renew_seconds: float,
-    use_pidfd: bool,
-    max_pidfds: int,
+    *, settings: AgentSettings, kubeconfig: str | None, system_namespace: str, prober_options: dict[str, Any]
 ) -> None:
-    max_pidfds = _raise_fd_limit(max_pidfds)
+    node_name = settings.node_name
     client = api_client(kubeconfig)
     kube = AgentApi(client, node_name=node_name, system_namespace=system_namespace)
     identity = await asyncio.to_thread(kube.whoami)
     loop = asyncio.get_running_loop()
     agent_ref: list[Agent] = []
-    prober = ProcProber(
-        node_name=node_name,
-        proc_root=proc_root,
-        boot_id_file=boot_id_file,
-        machine_id_file=machine_id_file,
-        loop=loop,
-        on_exit=lambda key: agent_ref[0].on_pidfd(key),
-        use_pidfd=use_pidfd,
-        max_pidfds=max_pidfds,
-    )
+    prober = ProcProber(loop=loop, on_exit=lambda key: agent_ref[0].on_pidfd(key), **prober_options)
     node_boot = await asyncio.to_thread(kube.node_boot_id)
     if node_boot is not None and node_boot != prober.boot_id():
         logger.warning(
@@ -129,13 +111,6 @@ async def _run(
             node_boot,
             prober.boot_id(),
         )
-    settings = AgentSettings(
-        node_name=node_name,
-        pod_name=pod_name or os.environ.get("HOSTNAME", ""),
-        lease_duration_seconds=lease_duration_seconds,
-        renew_seconds=renew_seconds,
-        resync_seconds=resync_seconds,
-    )
     agent = Agent(kube=kube, prober=prober, settings=settings, identity=identity)
     agent_ref.append(agent)
     stop = asyncio.Event()
@@ -147,8 +122,8 @@ async def _run(
         identity,
         prober.boot_id(),
         prober.in_root_pid_namespace,
-        use_pidfd,
-        max_pidfds,
+        prober_options["use_pidfd"],
+        prober_options["max_pidfds"],
     )
     try:
         await agent.run(stop=stop)
