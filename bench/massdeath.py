@@ -38,6 +38,8 @@ from typing import Any
 import common as c
 import psutil
 
+from coroner import procfs
+
 NS = "bench"
 
 
@@ -57,11 +59,10 @@ def parse_args() -> argparse.Namespace:
 
 def start_time(pid: int) -> int | None:
     try:
-        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        stat = procfs.parse_stat(pathlib.Path(f"/proc/{pid}/stat").read_bytes())
+    except (OSError, procfs.ParseError):
         return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return int(fields[19]) if fields[0] != "Z" else None
+    return None if stat.state == "Z" else stat.start_time
 
 
 def main() -> int:

@@ -138,17 +138,9 @@ def launch(namespace: str, worker_config: pathlib.Path, tmp_path: pathlib.Path) 
 
 
 def _attestation(admin: k8s.ApiClient, namespace: str, name: str) -> dict[str, str]:
-    if not _registered(admin, namespace, name):
+    if not kube.exists(admin, namespace, name):
         return {}
     return dict((kube.get_registration(admin, namespace, name).get("status") or {}).get("attestation") or {})
-
-
-def _registered(admin: k8s.ApiClient, namespace: str, name: str) -> bool:
-    try:
-        kube.get_registration(admin, namespace, name)
-    except Exception:
-        return False
-    return True
 
 
 def test_kill_9_is_retired_by_pidfd_and_a_live_worker_is_not(
@@ -176,7 +168,7 @@ def test_agent_started_after_the_death_attests_proc_absent(
 ) -> None:
     node = nodes["a"]
     worker = launch("late", node)  # type: ignore[operator]
-    kube.wait_for(lambda: _registered(admin, namespace, "late"), what="registration")
+    kube.wait_for(lambda: kube.exists(admin, namespace, "late"), what="registration")
     worker.kill()
     node.start_agent()
     kube.wait_for(lambda: components.retired(admin, namespace, "late"), timeout=40, what="retirement")
@@ -188,7 +180,7 @@ def test_boot_id_change_is_a_boot_boundary(
 ) -> None:
     node = nodes["b"]
     worker = launch("rebooted", node)  # type: ignore[operator]
-    kube.wait_for(lambda: _registered(admin, namespace, "rebooted"), what="registration")
+    kube.wait_for(lambda: kube.exists(admin, namespace, "rebooted"), what="registration")
     worker.kill()
     # The simulated node "reboots": a new boot id, the Node object agrees, the agent restarts.
     node.boot_id = str(uuid.uuid4())
@@ -204,7 +196,7 @@ def test_two_simulated_nodes_never_attest_each_others_registrations(
 ) -> None:
     nodes["a"].start_agent()
     launch("on-b", nodes["b"])  # type: ignore[operator]
-    kube.wait_for(lambda: _registered(admin, namespace, "on-b"), what="registration")
+    kube.wait_for(lambda: kube.exists(admin, namespace, "on-b"), what="registration")
     time.sleep(4)  # two resyncs of node a's agent
     assert _attestation(admin, namespace, "on-b") == {}
     nodes["b"].start_agent()

@@ -61,7 +61,7 @@ def test_sigterm_is_forwarded_and_counts_as_a_clean_exit(
     coroner_api: Cluster, admin: k8s.ApiClient, namespace: str
 ) -> None:
     proc = run(coroner_api, namespace, "term", "sleep", "60")
-    kube.wait_for(lambda: _exists(admin, namespace, "term"), what="registration")
+    kube.wait_for(lambda: kube.exists(admin, namespace, "term"), what="registration")
     proc.send_signal(signal.SIGTERM)
     assert finish(proc, 30) == 128 + signal.SIGTERM
     assert released(admin, namespace, "term")
@@ -69,7 +69,7 @@ def test_sigterm_is_forwarded_and_counts_as_a_clean_exit(
 
 def test_kill_9_of_the_child_is_not_a_goodbye(coroner_api: Cluster, admin: k8s.ApiClient, namespace: str) -> None:
     proc = run(coroner_api, namespace, "killed", "sleep", "60")
-    kube.wait_for(lambda: _exists(admin, namespace, "killed"), what="registration")
+    kube.wait_for(lambda: kube.exists(admin, namespace, "killed"), what="registration")
     child = int(pathlib.Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0])
     registered_pid = kube.get_registration(admin, namespace, "killed")["spec"]["incarnation"]["pid"]
     assert registered_pid == child, "the registration names the child's own incarnation"
@@ -122,11 +122,3 @@ def test_python_api_registers_the_calling_process(coroner_api: Cluster, admin: k
         assert kube.get_registration(admin, namespace, "inproc")["spec"]["incarnation"]["pid"] == os.getpid()
         assert registration.name == "inproc"
     assert released(admin, namespace, "inproc")
-
-
-def _exists(admin: k8s.ApiClient, namespace: str, name: str) -> bool:
-    try:
-        kube.get_registration(admin, namespace, name)
-    except Exception:
-        return False
-    return True

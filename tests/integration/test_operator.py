@@ -275,17 +275,9 @@ def test_metrics_and_optional_garbage_collection_of_retired_registrations(
             )
             assert "coroner_death_to_retirement_seconds_count 1.0" in metrics
             assert urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).status == 200
-            kube.wait_for(lambda: not _exists(admin, namespace, "w1"), timeout=30, what="garbage collection")
+            kube.wait_for(lambda: not kube.exists(admin, namespace, "w1"), timeout=30, what="garbage collection")
     finally:
         kube.kubectl(granted, "delete", "-f", str(gc_rbac), "--ignore-not-found")
-
-
-def _exists(admin: k8s.ApiClient, namespace: str, name: str) -> bool:
-    try:
-        kube.get_registration(admin, namespace, name)
-    except Exception:
-        return False
-    return True
 
 
 def test_a_namespaced_operator_serves_only_its_namespaces(

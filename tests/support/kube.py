@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
 
 from coroner import api
 from coroner.devcluster.cluster import Cluster
@@ -112,6 +113,17 @@ def get_registration(client: k8s.ApiClient, namespace: str, name: str) -> dict[s
         api.GROUP, api.VERSION, namespace, api.PLURAL, name
     )
     return obj
+
+
+def exists(client: k8s.ApiClient, namespace: str, name: str) -> bool:
+    """Whether the registration is there (a 404 is False; any other error propagates)."""
+    try:
+        get_registration(client, namespace, name)
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
 
 
 def patch_status(client: k8s.ApiClient, namespace: str, name: str, body: Any) -> dict[str, Any]:

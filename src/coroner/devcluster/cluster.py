@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from coroner import procfs
 from coroner.devcluster import pki as pki_mod
 from coroner.devcluster.binaries import Binaries, ensure_binaries
 from coroner.devcluster.errors import DevClusterError
@@ -98,13 +99,12 @@ class Cluster:
 
 
 def _start_time(pid: int) -> int | None:
+    """The start time of `pid`, or None once it is gone (or a zombie: exited, not yet reaped)."""
     try:
-        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        stat = procfs.parse_stat(pathlib.Path(f"/proc/{pid}/stat").read_bytes())
+    except (OSError, procfs.ParseError):
         return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    # Field 22 overall; fields after the comm start at field 3, so index 22 - 3.
-    return int(fields[19]) if fields[0] != "Z" else None
+    return None if stat.state == "Z" else stat.start_time
 
 
 def _free_port() -> int:
