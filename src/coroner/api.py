@@ -13,9 +13,6 @@ VERSION: Final = "v1alpha1"
 API_VERSION: Final = f"{GROUP}/{VERSION}"
 KIND: Final = "WorkerRegistration"
 PLURAL: Final = "workerregistrations"
-SINGULAR: Final = "workerregistration"
-SHORT_NAMES: Final = ("wreg",)
-CATEGORIES: Final = ("registrations", "coroner")
 CRD_NAME: Final = f"{PLURAL}.{GROUP}"
 
 #: The label every registration carries so that an agent watches only its own node server-side.
@@ -31,7 +28,6 @@ AGENT_LEASE_PREFIX: Final = "coroner-agent-"
 #: Annotations on the agent Lease that publish the node facts the agent read.
 AGENT_LEASE_BOOT_ID: Final = f"{GROUP}/boot-id"
 AGENT_LEASE_HOST_ID: Final = f"{GROUP}/host-id"
-AGENT_LEASE_PID_NAMESPACE: Final = f"{GROUP}/pid-namespace"
 
 #: The kernel's fixed inode of the root (initial) pid namespace: PROC_PID_INIT_INO.
 ROOT_PID_NAMESPACE_INODE: Final = 4026531836

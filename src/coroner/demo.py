@@ -27,7 +27,6 @@ from coroner.devcluster import cluster as cluster_mod
 from coroner.devcluster import identities
 from coroner.kube import api_client
 
-DEFAULT_DIR = pathlib.Path(".cluster/demo")
 NAMESPACE = "demo"
 REPO = pathlib.Path(__file__).resolve().parents[2]
 BIN = pathlib.Path(sys.executable).parent

@@ -84,7 +84,6 @@ class Reconciler:
         self._sweep_failures: Counter[str] = Counter()
         self._sweep_errors: dict[str, str] = {}
         self.last_sweep: dict[str, Any] | None = None
-        self.writes = 0
 
     # --- queueing ------------------------------------------------------------------------------
 
@@ -217,7 +216,6 @@ class Reconciler:
                 await self._reread(key)
                 return
             raise
-        self.writes += 1
         self.metrics.status_writes.labels("conditions").inc()
         self._observe(patched)
 
@@ -296,7 +294,6 @@ class Reconciler:
                 self.enqueue(key)
                 return
             raise
-        self.writes += 1
         self.metrics.status_writes.labels("retirement").inc()
         self._observe(patched)
         # Step 4: Event, metric, one structured log line.
@@ -363,9 +360,6 @@ class Reconciler:
         if reason is not None:
             self._reasons[key] = reason
             self.metrics.registrations.labels(reason.value).inc()
-
-    def reasons(self) -> dict[Key, Reason]:
-        return dict(self._reasons)
 
     # --- background loops ----------------------------------------------------------------------
 

@@ -113,15 +113,6 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
 def _spawn(name: str, argv: list[str], *, log: pathlib.Path) -> Started:
     # posix_spawn, not Popen: the process must outlive `coroner dev-cluster up`, and a Popen object
     # left behind warns when collected. setsid detaches it from the caller's terminal signals.
