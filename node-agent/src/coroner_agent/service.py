@@ -57,7 +57,8 @@ class AgentSettings:
     resync_seconds: float = 30.0
     """Full re-probe of every registration of this node (the safety net under pidfd events)."""
     refresh_seconds: float = 240.0
-    """Re-attest an unchanged verdict this often, so attestations never age into AttestationStale."""
+    """Re-attest an unchanged Dead verdict this often, so it never ages into AttestationStale (a
+    retirement waiting for the grant); other verdicts are rewritten only when they change."""
     workers: int = 4
 
 
@@ -99,6 +100,8 @@ def needs_write(
         return True
     if new["verdict"] == Verdict.DEAD.value and current.heartbeat_seen != (last_heartbeat_raw or ""):
         return True  # a heartbeat landed after the Dead attestation: confirm again with what is seen now
+    if new["verdict"] != Verdict.DEAD.value:
+        return False  # only a Dead verdict is judged on its age; any other preserves at any age
     if current.observed_time is None:
         return True
     return (now - current.observed_time).total_seconds() >= refresh_seconds
