@@ -27,7 +27,7 @@ from typing import Any
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from coroner import api, conditions, model, procfs
+from coroner import api, conditions, model, procfs, retirement
 from coroner.kube import api_client, patch_registration_status
 from coroner.reasons import ConditionType
 
@@ -137,14 +137,11 @@ class Registration:
                 observed_generation=parsed.generation,
                 now=datetime.datetime.now(datetime.UTC),
             )
-            rendered = conditions.render_conditions(updated)
-            ops: list[dict[str, Any]] = [
-                {"op": "test", "path": "/metadata/resourceVersion", "value": body["metadata"]["resourceVersion"]}
-            ]
-            if isinstance(body.get("status"), dict):
-                ops.append({"op": "add", "path": "/status/conditions", "value": rendered})
-            else:
-                ops.append({"op": "add", "path": "/status", "value": {"conditions": rendered}})
+            ops = retirement.status_ops(
+                body=body,
+                resource_version=str(body["metadata"]["resourceVersion"]),
+                conditions=conditions.render_conditions(updated),
+            )
             try:
                 patch_registration_status(self.client, namespace=self.namespace, name=self.name, body=ops)
                 return

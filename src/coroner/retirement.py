@@ -1,4 +1,4 @@
-"""The compare-and-swap status writes, shared by the operator and `kubectl coroner apply`.
+"""The compare-and-swap status writes, shared by the operator, `kubectl coroner apply` and the launcher.
 
 Every status write Coroner makes is a JSON patch that first `test`s the resourceVersion it decided
 from (and, for a retirement, the attestation it relied on, verbatim): if anything moved, the
