@@ -6,18 +6,17 @@ Each identity gets a token from the TokenRequest API for the manifests' own Serv
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Iterator
 
 import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from coroner import api, model
+from coroner import api
 from coroner.devcluster.cluster import Cluster
 from coroner.devcluster.identities import mint_token
 from coroner.kube import api_client
-from support import kube
+from support import components, kube
 
 pytestmark = pytest.mark.e2e
 
@@ -47,23 +46,6 @@ def plan_only(cluster: Cluster) -> Iterator[Cluster]:
     # GitOps commit that added it would prune them.
     kube.kubectl(cluster, "delete", "clusterrolebinding", "coroner-operator-retire", "--ignore-not-found")
     yield cluster
-
-
-def _attestation(body: dict[str, object], *, node: str, verdict: str = "Dead") -> dict[str, object]:
-    spec = body["spec"]
-    assert isinstance(spec, dict)
-    inc = spec["incarnation"]
-    return {
-        "verdict": verdict,
-        "evidence": "ProcAbsent",
-        "detail": "test",
-        "incarnation": inc,
-        "bootId": inc["bootId"],
-        "hostId": inc["hostId"],
-        "observedTime": model.format_time(datetime.datetime.now(datetime.UTC), fraction=True),
-        "heartbeatSeen": "",
-        "agent": {"nodeName": node, "podName": "test", "identity": AGENT},
-    }
 
 
 def _retire_patch() -> dict[str, object]:
@@ -111,10 +93,12 @@ def test_agent_of_node_a_cannot_attest_for_node_b(plan_only: Cluster, admin: k8s
     mine = kube.create_registration(admin, namespace, kube.registration_body(name="on-a", node="node-a"))
     theirs = kube.create_registration(admin, namespace, kube.registration_body(name="on-b", node="node-b"))
     with api_client(mint_token(plan_only, service_account=f"{SYSTEM}/coroner-agent", node="node-a")) as agent:
-        kube.patch_status(agent, namespace, "on-a", {"status": {"attestation": _attestation(mine, node="node-a")}})
+        kube.patch_status(
+            agent, namespace, "on-a", {"status": {"attestation": components.attestation(mine, node="node-a")}}
+        )
         with pytest.raises(ApiException) as raised:
             kube.patch_status(
-                agent, namespace, "on-b", {"status": {"attestation": _attestation(theirs, node="node-a")}}
+                agent, namespace, "on-b", {"status": {"attestation": components.attestation(theirs, node="node-a")}}
             )
         assert raised.value.status in (403, 422)
         assert 'the agent of node "node-a" may not attest' in kube.api_error_body(raised.value)["message"]
@@ -133,7 +117,9 @@ def test_an_agent_token_without_node_binding_cannot_attest(
     mine = kube.create_registration(admin, namespace, kube.registration_body(name="on-a", node="node-a"))
     agent_config = mint_token(plan_only, service_account=f"{SYSTEM}/coroner-agent")
     with api_client(agent_config) as agent, pytest.raises(ApiException) as raised:
-        kube.patch_status(agent, namespace, "on-a", {"status": {"attestation": _attestation(mine, node="node-a")}})
+        kube.patch_status(
+            agent, namespace, "on-a", {"status": {"attestation": components.attestation(mine, node="node-a")}}
+        )
     assert raised.value.status in (403, 422)
 
 
@@ -158,7 +144,7 @@ def test_worker_cannot_attest_or_retire_but_can_heartbeat_and_release(
         kube.patch_status(worker, namespace, "w1", {"status": {"lastHeartbeatTime": "2026-01-01T00:00:00Z"}})
         with pytest.raises(ApiException) as raised:
             kube.patch_status(
-                worker, namespace, "w1", {"status": {"attestation": _attestation(created, node="node-a")}}
+                worker, namespace, "w1", {"status": {"attestation": components.attestation(created, node="node-a")}}
             )
         assert "only the coroner agent" in kube.api_error_body(raised.value)["message"]
         with pytest.raises(ApiException) as raised:
