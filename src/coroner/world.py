@@ -107,6 +107,7 @@ class World:
     by_incarnation: dict[tuple[str, ...], set[Key]] = dataclasses.field(default_factory=lambda: defaultdict(set))
     by_session: dict[tuple[str, str, str], set[Key]] = dataclasses.field(default_factory=lambda: defaultdict(set))
     by_node: dict[str, set[Key]] = dataclasses.field(default_factory=lambda: defaultdict(set))
+    by_namespace: dict[str, set[Key]] = dataclasses.field(default_factory=lambda: defaultdict(set))
 
     # --- registrations -------------------------------------------------------------------------
 
@@ -119,6 +120,7 @@ class World:
         self.parsed[key] = registration
         for index, index_key in self._index_keys(key, registration):
             index[index_key].add(key)
+        self.by_namespace[key[0]].add(key)
         return key
 
     def forget_registration(self, key: Key) -> None:
@@ -130,6 +132,11 @@ class World:
             index[index_key].discard(key)
             if not index[index_key]:
                 del index[index_key]
+        members = self.by_namespace.get(key[0])
+        if members is not None:
+            members.discard(key)
+            if not members:
+                del self.by_namespace[key[0]]
 
     def _index_keys(self, key: Key, r: model.Registration) -> Iterable[tuple[dict[Any, set[Key]], Any]]:
         namespace = key[0]
@@ -170,10 +177,11 @@ class World:
         return sorted(self.by_node.get(node, set()))
 
     def keys_in_namespace(self, namespace: str) -> list[Key]:
-        return sorted(k for k in self.bodies if k[0] == namespace)
+        # Indexed: every Lease renewal in a namespace asks this, so it must not scan the registry.
+        return sorted(self.by_namespace.get(namespace, ()))
 
     def namespaces(self) -> list[str]:
-        return sorted({k[0] for k in self.bodies})
+        return sorted(self.by_namespace)
 
     # --- leases and nodes ----------------------------------------------------------------------
 
