@@ -197,7 +197,8 @@ def test_two_operators_racing_retire_each_registration_exactly_once(
     assert len(events) == count, "each retirement posts exactly one Event, by the replica that won the CAS"
     assert len({e.involved_object.name for e in events}) == count
     logs = (tmp_path / "operator-1.log").read_text() + (tmp_path / "operator-2.log").read_text()
-    assert logs.count("retired workerregistration=") == count
+    # Only this namespace: leftovers of earlier tests in namespaces still terminating may be retired too.
+    assert logs.count(f"retired workerregistration={namespace}/") == count
 
 
 def test_operator_killed_mid_retirement_converges_without_double_retirement(
@@ -208,7 +209,7 @@ def test_operator_killed_mid_retirement_converges_without_double_retirement(
     _register_dead(admin, agent_a, namespace, count)
     with components.process(components.operator_argv(config), log=tmp_path / "operator-1.log") as first:
         kube.wait_for(
-            lambda: "retired workerregistration=" in (tmp_path / "operator-1.log").read_text(),
+            lambda: f"retired workerregistration={namespace}/" in (tmp_path / "operator-1.log").read_text(),
             timeout=60,
             interval=0.01,
             what="the first retirement",
@@ -222,7 +223,7 @@ def test_operator_killed_mid_retirement_converges_without_double_retirement(
     # A SIGKILL may land between a successful write and its log line or Event, so those may be
     # missing for the write in flight; what must never happen is a name retired twice.
     logs = (tmp_path / "operator-1.log").read_text() + (tmp_path / "operator-2.log").read_text()
-    retired_names = re.findall(r"retired workerregistration=(\S+)", logs)
+    retired_names = re.findall(rf"retired workerregistration=({re.escape(namespace)}/\S+)", logs)
     assert len(retired_names) == len(set(retired_names)) >= count - 8
 
 
@@ -267,13 +268,16 @@ def test_metrics_and_optional_garbage_collection_of_retired_registrations(
             # The operator counts right after its write returns: the status may be visible first.
             def counted() -> str | None:
                 text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-                return text if 'coroner_retirements_total{evidence="PidfdExited"} 1.0' in text else None
+                # Not "== 1": registrations left by earlier tests in namespaces still terminating
+                # are the cluster's too, and this operator may retire them as well.
+                found = re.search(r'coroner_retirements_total\{evidence="PidfdExited"\} ([0-9.]+)', text)
+                return text if found and float(found.group(1)) >= 1 else None
 
             retired_by = kube.get_registration(admin, namespace, "w1")["status"]["retirement"]["retiredBy"]
             metrics = kube.wait_for(
                 counted, what=f"the retirement metric (retiredBy {retired_by}; see {tmp_path / 'operator.log'})"
             )
-            assert "coroner_death_to_retirement_seconds_count 1.0" in metrics
+            assert re.search(r"coroner_death_to_retirement_seconds_count [1-9]", metrics)
             assert urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).status == 200
             kube.wait_for(lambda: not kube.exists(admin, namespace, "w1"), timeout=30, what="garbage collection")
     finally:
