@@ -64,6 +64,7 @@ def build_registry(
         runtime.reconciler = reconciler
         loops = [reconciler.run_scheduler(), reconciler.run_permission_refresh(), reconciler.run_sweeps()]
         loops += [reconciler.run_worker() for _ in range(settings_.workers)]
+        loops += [reconciler.run_event_poster() for _ in range(settings_.event_posters)]
         if metrics_port is not None:
             loops.append(_serve_http(metrics_port, metrics, reconciler))
         runtime.tasks = [asyncio.create_task(loop) for loop in loops]
@@ -78,6 +79,9 @@ def build_registry(
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
+        if runtime.reconciler is not None:
+            with contextlib.suppress(TimeoutError):  # the Events of retirements already written
+                await asyncio.wait_for(runtime.reconciler.drain_events(), timeout=5.0)
         for task in runtime.tasks:
             task.cancel()
         for task in runtime.tasks:

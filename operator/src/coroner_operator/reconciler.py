@@ -17,6 +17,7 @@ import heapq
 import itertools
 import json
 import logging
+import time
 from collections import Counter
 from typing import Any
 
@@ -28,6 +29,7 @@ from coroner.reasons import EventReason, Reason
 from coroner.workqueue import KeyedQueue
 from coroner.world import Key, World, lease_facts
 from coroner_operator import status as status_mod
+from coroner_operator.freshread import FreshRead
 from coroner_operator.kubeapi import KubeApi
 from coroner_operator.metrics import Metrics
 
@@ -49,6 +51,11 @@ class OperatorSettings:
     error_backoff: tuple[float, ...] = (1, 2, 4, 8, 16, 30, 60)
     """Delays before retrying a registration whose reconcile failed unexpectedly (never a hot loop)."""
     system_namespace: str = api.SYSTEM_NAMESPACE
+    event_posters: int = 2
+    """Concurrent Event writers; Events are posted off the reconcile path (a retirement's worker
+    moves on once the compare-and-swap write has landed)."""
+    event_backlog: int = 10000
+    """Events waiting to be posted before reconciles that retire wait for room (never dropped)."""
 
 
 def utcnow() -> datetime.datetime:
@@ -84,6 +91,13 @@ class Reconciler:
         self._sweep_failures: Counter[str] = Counter()
         self._sweep_errors: dict[str, str] = {}
         self.last_sweep: dict[str, Any] | None = None
+        self._events: asyncio.Queue[tuple[dict[str, Any], str, str]] = asyncio.Queue(settings.event_backlog)
+        # Right before a retirement: the namespace-wide capability and the Lease fence, each read
+        # once for every retirement in the namespace decided before the read started.
+        self.permission_reads: FreshRead[str, bool] = FreshRead(lambda ns: self.kube.can_retire(namespace=ns))
+        self.lease_reads: FreshRead[str, list[dict[str, Any]]] = FreshRead(
+            lambda ns: self.kube.list_leases(namespace=ns)
+        )
 
     # --- queueing ------------------------------------------------------------------------------
 
@@ -140,9 +154,14 @@ class Reconciler:
         """Waits until the queue is empty and nothing is running (tests and sweeps)."""
         await self._queue.join()
 
+    async def drain_events(self) -> None:
+        """Waits until every Event of a retirement so far is posted (or failed and logged)."""
+        await self._events.join()
+
     # --- the reconcile -------------------------------------------------------------------------
 
     async def reconcile(self, key: Key) -> Decision | None:
+        decided_at = time.monotonic()  # before the cache is read: fences must be fetched after this
         body = self.world.bodies.get(key)
         if body is None:
             self._set_reason(key, None)
@@ -168,7 +187,9 @@ class Reconciler:
         decision = decide(registration=registration, facts=facts, policy=self.policy, now=now)
         self._set_reason(key, decision.reason)
         if decision.retirable:
-            await self._retire(key, body, registration, decision, now=now, node_override=node_override)
+            await self._retire(
+                key, body, registration, decision, now=now, node_override=node_override, decided_at=decided_at
+            )
         else:
             await self._write_conditions(key, body, registration, decision, now=now)
         if decision.next_evaluation_at is not None:
@@ -228,10 +249,17 @@ class Reconciler:
         *,
         now: datetime.datetime,
         node_override: NodeFacts | None,
+        decided_at: float,
     ) -> None:
         namespace, name = key
-        # Step 2a: the capability, again, right before the write (revocation takes effect here).
-        if not await self.kube.can_retire(namespace=namespace, name=name):
+        # Step 2a: the capability, again, right before the write (revocation takes effect here):
+        # from a review sent after this decision. The namespace-wide review (shared by every
+        # retirement of the namespace decided before it was sent) implies this name; only a "no"
+        # asks again for this name, for grants scoped by resourceNames.
+        granted = await self.permission_reads.get(namespace, decided_at=decided_at)
+        if not granted:
+            granted = await self.kube.can_retire(namespace=namespace, name=name)
+        if not granted:
             self.world.retire_permission[namespace] = False
             self.metrics.retire_abandoned.labels(Reason.RETIRE_PERMISSION_MISSING.value).inc()
             logger.info(
@@ -239,10 +267,11 @@ class Reconciler:
             )
             self.enqueue(key)
             return
-        # Step 2b: the Lease fence. Protecting Leases are re-read live; if their holder set moved
-        # since the decision, this attempt is abandoned and the registration decided again.
+        # Step 2b: the Lease fence. Protecting Leases are re-read live (by a list sent after this
+        # decision, shared like the review); if their holder set moved since the decision, this
+        # attempt is abandoned and the registration decided again.
         live = {}
-        for lease in await self.kube.list_leases(namespace=namespace):
+        for lease in await self.lease_reads.get(namespace, decided_at=decided_at):
             facts = lease_facts(lease)
             live[facts.name] = facts
         cached = self.world.leases.get(namespace, {})
@@ -312,12 +341,7 @@ class Reconciler:
             registration.resource_version,
             self.identity,
         )
-        try:
-            await self.kube.post_event(
-                body=patched, reason=EventReason.RETIRED.value, message=f"{evidence}: {fenced.detail}"
-            )
-        except ApiException as exc:
-            logger.warning("event not posted workerregistration=%s/%s error=%s", namespace, name, exc.status)
+        await self._events.put((patched, EventReason.RETIRED.value, f"{evidence}: {fenced.detail}"))
 
     async def _reread(self, key: Key) -> None:
         fresh = await self.kube.get_registration(namespace=key[0], name=key[1])
@@ -362,6 +386,24 @@ class Reconciler:
             self.metrics.registrations.labels(reason.value).inc()
 
     # --- background loops ----------------------------------------------------------------------
+
+    async def run_event_poster(self) -> None:
+        """Posts the Events of retirements, in the order they landed."""
+        while True:
+            body, reason, message = await self._events.get()
+            try:
+                await self.kube.post_event(body=body, reason=reason, message=message)
+            except Exception as exc:  # the retirement stands; its Event is best effort, and said so
+                meta = body.get("metadata") or {}
+                logger.warning(
+                    "event not posted workerregistration=%s/%s reason=%s error=%s",
+                    meta.get("namespace"),
+                    meta.get("name"),
+                    reason,
+                    describe(exc),
+                )
+            finally:
+                self._events.task_done()
 
     async def run_permission_refresh(self) -> None:
         """Re-checks `retire` per namespace; a flip re-queues that namespace (grant or revoke)."""

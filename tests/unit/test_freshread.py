@@ -1,0 +1,143 @@
+"""FreshRead: callers share a read in flight only when it started after their decision."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coroner_operator.freshread import FreshRead
+
+pytestmark = pytest.mark.unit
+
+
+class Reads:
+    """A fetch whose answer is the clock reading at which it was sent, completed by the test."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.pending: list[asyncio.Future[float]] = []
+        self.sent: list[tuple[str, float]] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    async def fetch(self, key: str) -> float:
+        sent_at = self.now
+        self.sent.append((key, sent_at))
+        gate: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        self.pending.append(gate)
+        await gate
+        return sent_at
+
+    def complete_oldest(self) -> None:
+        gate = self.pending.pop(0)
+        gate.set_result(0.0)
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def test_callers_decided_before_the_read_share_it_later_ones_send_their_own() -> None:
+    async def scenario() -> None:
+        reads = Reads()
+        fresh: FreshRead[str, float] = FreshRead(reads.fetch, clock=reads.clock)
+        reads.now = 10.0
+        first = asyncio.ensure_future(fresh.get("ns", decided_at=9.0))
+        await settle()
+        second = asyncio.ensure_future(fresh.get("ns", decided_at=10.0))  # decided at the send: shares
+        other = asyncio.ensure_future(fresh.get("other", decided_at=10.0))  # another key: its own
+        await settle()
+        reads.now = 11.0
+        third = asyncio.ensure_future(fresh.get("ns", decided_at=10.5))  # decided after the send
+        await settle()
+        assert [k for k, _ in reads.sent] == ["ns", "other", "ns"]
+        assert fresh.requests == 3
+        while reads.pending:
+            reads.complete_oldest()
+            await settle()
+        assert (await first, await second, await other, await third) == (10.0, 10.0, 10.0, 11.0)
+
+    asyncio.run(scenario())
+
+
+def test_a_finished_read_is_never_reused() -> None:
+    async def scenario() -> None:
+        reads = Reads()
+        fresh: FreshRead[str, float] = FreshRead(reads.fetch, clock=reads.clock)
+        task = asyncio.ensure_future(fresh.get("ns", decided_at=0.0))
+        await settle()
+        reads.complete_oldest()
+        assert await task == 0.0
+        again = asyncio.ensure_future(fresh.get("ns", decided_at=0.0))
+        await settle()
+        assert fresh.requests == 2, "a result already fetched answers nobody who asks afterwards"
+        reads.complete_oldest()
+        await again
+
+    asyncio.run(scenario())
+
+
+def test_an_error_reaches_every_sharer_and_a_cancelled_caller_does_not_cancel_the_read() -> None:
+    async def scenario() -> None:
+        gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        async def failing(_key: str) -> bool:
+            await gate
+            raise ConnectionResetError("reset")
+
+        fresh: FreshRead[str, bool] = FreshRead(failing, clock=lambda: 1.0)
+        a = asyncio.ensure_future(fresh.get("ns", decided_at=0.0))
+        b = asyncio.ensure_future(fresh.get("ns", decided_at=0.0))
+        c = asyncio.ensure_future(fresh.get("ns", decided_at=0.0))
+        await settle()
+        a.cancel()
+        await settle()
+        gate.set_result(None)
+        for task in (b, c):
+            with pytest.raises(ConnectionResetError):
+                await task
+        assert a.cancelled()
+        assert fresh.requests == 1
+
+    asyncio.run(scenario())
+
+
+actions = st.lists(
+    st.one_of(
+        st.tuples(st.just("call"), st.sampled_from(["a", "b"]), st.floats(0.0, 3.0)),
+        st.tuples(st.just("advance"), st.just(""), st.floats(0.0, 2.0)),
+        st.tuples(st.just("complete"), st.just(""), st.just(0.0)),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(actions)
+def test_every_answer_was_sent_no_earlier_than_its_callers_decision(steps: list[tuple[str, str, float]]) -> None:
+    async def scenario() -> None:
+        reads = Reads()
+        fresh: FreshRead[str, float] = FreshRead(reads.fetch, clock=reads.clock)
+        calls: list[tuple[float, asyncio.Future[float]]] = []
+        for action, key, amount in steps:
+            if action == "call":
+                decided_at = reads.now - amount  # decided `amount` ago
+                calls.append((decided_at, asyncio.ensure_future(fresh.get(key, decided_at=decided_at))))
+            elif action == "advance":
+                reads.now += amount
+            elif reads.pending:
+                reads.complete_oldest()
+            await settle()
+        while reads.pending:
+            reads.complete_oldest()
+            await settle()
+        for decided_at, call in calls:
+            assert await call >= decided_at
+        assert fresh.requests == len(reads.sent) <= len(calls)
+
+    asyncio.run(scenario())
