@@ -1,4 +1,4 @@
-"""FreshRead: callers share a read in flight only when it started after their decision."""
+"""FreshRead: a caller shares a read only if it was sent after the caller decided; one in flight per key."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ class Reads:
         self.now = 0.0
         self.pending: list[asyncio.Future[float]] = []
         self.sent: list[tuple[str, float]] = []
+        self.in_flight: dict[str, int] = {}
+        self.most_in_flight = 0
 
     def clock(self) -> float:
         return self.now
@@ -27,9 +29,14 @@ class Reads:
     async def fetch(self, key: str) -> float:
         sent_at = self.now
         self.sent.append((key, sent_at))
+        self.in_flight[key] = self.in_flight.get(key, 0) + 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight[key])
         gate: asyncio.Future[float] = asyncio.get_running_loop().create_future()
         self.pending.append(gate)
-        await gate
+        try:
+            await gate
+        finally:
+            self.in_flight[key] -= 1
         return sent_at
 
     def complete_oldest(self) -> None:
@@ -42,7 +49,7 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
-def test_callers_decided_before_the_read_share_it_later_ones_send_their_own() -> None:
+def test_callers_decided_before_the_read_share_it_later_ones_wait_for_the_next() -> None:
     async def scenario() -> None:
         reads = Reads()
         fresh: FreshRead[str, float] = FreshRead(reads.fetch, clock=reads.clock)
@@ -54,13 +61,19 @@ def test_callers_decided_before_the_read_share_it_later_ones_send_their_own() ->
         await settle()
         reads.now = 11.0
         third = asyncio.ensure_future(fresh.get("ns", decided_at=10.5))  # decided after the send
+        fourth = asyncio.ensure_future(fresh.get("ns", decided_at=10.9))
         await settle()
-        assert [k for k, _ in reads.sent] == ["ns", "other", "ns"]
+        assert [k for k, _ in reads.sent] == ["ns", "other"], "one read in flight per key"
+        reads.now = 12.0
+        reads.complete_oldest()  # the first "ns" read: the next starts at once, for third and fourth
+        await settle()
+        assert reads.sent[-1] == ("ns", 12.0)
         assert fresh.requests == 3
         while reads.pending:
             reads.complete_oldest()
             await settle()
-        assert (await first, await second, await other, await third) == (10.0, 10.0, 10.0, 11.0)
+        assert (await first, await second, await other) == (10.0, 10.0, 10.0)
+        assert (await third, await fourth) == (12.0, 12.0)
 
     asyncio.run(scenario())
 
@@ -107,6 +120,38 @@ def test_an_error_reaches_every_sharer_and_a_cancelled_caller_does_not_cancel_th
     asyncio.run(scenario())
 
 
+def test_a_failed_read_fails_its_sharers_only_the_queued_callers_get_the_next_read() -> None:
+    async def scenario() -> None:
+        answers = iter([ConnectionResetError("reset"), True])
+        gates: list[asyncio.Future[None]] = []
+
+        async def fetch(_key: str) -> bool:
+            gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            gates.append(gate)
+            await gate
+            answer = next(answers)
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+        now = [1.0]
+        fresh: FreshRead[str, bool] = FreshRead(fetch, clock=lambda: now[0])
+        sharer = asyncio.ensure_future(fresh.get("ns", decided_at=0.5))
+        await settle()
+        now[0] = 2.0
+        queued = asyncio.ensure_future(fresh.get("ns", decided_at=1.5))
+        await settle()
+        gates[0].set_result(None)
+        await settle()
+        with pytest.raises(ConnectionResetError):
+            await sharer
+        gates[1].set_result(None)
+        assert await queued is True
+        assert fresh.requests == 2
+
+    asyncio.run(scenario())
+
+
 actions = st.lists(
     st.one_of(
         st.tuples(st.just("call"), st.sampled_from(["a", "b"]), st.floats(0.0, 3.0)),
@@ -139,5 +184,6 @@ def test_every_answer_was_sent_no_earlier_than_its_callers_decision(steps: list[
         for decided_at, call in calls:
             assert await call >= decided_at
         assert fresh.requests == len(reads.sent) <= len(calls)
+        assert reads.most_in_flight <= 1
 
     asyncio.run(scenario())

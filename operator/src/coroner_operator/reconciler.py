@@ -252,11 +252,16 @@ class Reconciler:
         decided_at: float,
     ) -> None:
         namespace, name = key
-        # Step 2a: the capability, again, right before the write (revocation takes effect here):
-        # from a review sent after this decision. The namespace-wide review (shared by every
-        # retirement of the namespace decided before it was sent) implies this name; only a "no"
-        # asks again for this name, for grants scoped by resourceNames.
-        granted = await self.permission_reads.get(namespace, decided_at=decided_at)
+        # Step 2, right before the write, both read by requests sent after this decision (each
+        # shared by every retirement of the namespace decided before it was sent, see FreshRead):
+        # 2a, the capability (revocation takes effect here): the namespace-wide review implies this
+        # name; only a "no" asks again for this name, for grants scoped by resourceNames;
+        # 2b, the Lease fence: if the holder set of the protecting Leases moved since the decision,
+        # this attempt is abandoned and the registration decided again.
+        granted, leases = await asyncio.gather(
+            self.permission_reads.get(namespace, decided_at=decided_at),
+            self.lease_reads.get(namespace, decided_at=decided_at),
+        )
         if not granted:
             granted = await self.kube.can_retire(namespace=namespace, name=name)
         if not granted:
@@ -267,11 +272,8 @@ class Reconciler:
             )
             self.enqueue(key)
             return
-        # Step 2b: the Lease fence. Protecting Leases are re-read live (by a list sent after this
-        # decision, shared like the review); if their holder set moved since the decision, this
-        # attempt is abandoned and the registration decided again.
         live = {}
-        for lease in await self.lease_reads.get(namespace, decided_at=decided_at):
+        for lease in leases:
             facts = lease_facts(lease)
             live[facts.name] = facts
         cached = self.world.leases.get(namespace, {})
