@@ -20,9 +20,7 @@ def _check(verdict: str, evidence: str, *, observed: datetime.datetime) -> bool:
     current = registration.attestation
     assert current is not None
     new = dict(current.raw)
-    return needs_write(
-        current, new, last_heartbeat_raw=registration.last_heartbeat_raw, now=NOW, refresh_seconds=240
-    )
+    return needs_write(current, new, last_heartbeat_raw=registration.last_heartbeat_raw, now=NOW, refresh_seconds=240)
 
 
 def test_an_unchanged_live_verdict_is_never_rewritten_however_old() -> None:

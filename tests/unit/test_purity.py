@@ -18,7 +18,15 @@ pytestmark = pytest.mark.unit
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "src" / "coroner"
 
-PURE = ["coroner.model", "coroner.decision", "coroner.fingerprint", "coroner.conditions", "coroner.reasons", "coroner.procfs", "coroner.retirement"]
+PURE = [
+    "coroner.model",
+    "coroner.decision",
+    "coroner.fingerprint",
+    "coroner.conditions",
+    "coroner.reasons",
+    "coroner.procfs",
+    "coroner.retirement",
+]
 #: What the pure cores may import: computation only, and each other.
 ALLOWED = {
     "__future__", "collections", "collections.abc", "copy", "dataclasses", "datetime", "enum", "functools",

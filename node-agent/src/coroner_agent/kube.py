@@ -1,7 +1,8 @@
 """The agent's API side: its node Lease, the watch of its node's registrations, attestation writes.
 
-Blocking kubernetes-client calls run in threads; watch events are handed to the event loop. An API
-outage delays attestations; it never produces one (unknown is never dead).
+Blocking HTTP calls (`coroner_agent.rest`, not the kubernetes package: see there why) run in
+threads; watch events are handed to the event loop. An API outage delays attestations; it never
+produces one (unknown is never dead).
 """
 
 from __future__ import annotations
@@ -9,18 +10,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import json
 import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from kubernetes import client as k8s
-from kubernetes import watch as k8s_watch
-from kubernetes.client.exceptions import ApiException
-
 from coroner import api
-from coroner.kube import patch_registration_status
+from coroner_agent.rest import JSON_PATCH, ApiError, Rest
 
 logger = logging.getLogger("coroner.agent")
 
@@ -54,91 +52,98 @@ def attestation_ops(body: dict[str, Any], attestation: dict[str, Any]) -> list[d
 class AgentApi:
     """One identity (the agent's ServiceAccount), one node."""
 
-    def __init__(self, client: k8s.ApiClient, *, node_name: str, system_namespace: str = api.SYSTEM_NAMESPACE):
-        self.client = client
+    def __init__(self, rest: Rest, *, node_name: str, system_namespace: str = api.SYSTEM_NAMESPACE):
+        self.rest = rest
         self.node_name = node_name
         self.system_namespace = system_namespace
-        self._custom = k8s.CustomObjectsApi(client)
-        self._coordination = k8s.CoordinationV1Api(client)
-        self._core = k8s.CoreV1Api(client)
 
     @property
     def selector(self) -> str:
         return f"{api.NODE_LABEL}={self.node_name}"
 
+    def _registrations(self, namespace: str | None = None, name: str | None = None) -> str:
+        scope = f"/namespaces/{namespace}" if namespace else ""
+        return f"/apis/{api.GROUP}/{api.VERSION}{scope}/{api.PLURAL}" + (f"/{name}" if name else "")
+
+    def _lease(self, name: str | None = None) -> str:
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{self.system_namespace}/leases"
+        return f"{path}/{name}" if name else path
+
     def whoami(self) -> str:
         """The agent's username (recorded in attestations). Retried while the API server is
         unreachable: an agent must come up with its node, not crash-loop through an outage."""
         delay = 0.5
+        review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
         while True:
             try:
-                review = k8s.AuthenticationV1Api(self.client).create_self_subject_review(k8s.V1SelfSubjectReview())
-            except ApiException as exc:
-                if exc.status is not None and exc.status < 500:
+                answer = self.rest.request("POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews", body=review)
+            except ApiError as exc:
+                if exc.status < 500:
                     return "unknown"  # answered, but not allowed to say: informational only
             except Exception as exc:
                 logger.warning("API server unreachable node=%s error=%r; retrying in %.1fs", self.node_name, exc, delay)
             else:
-                return str(review.status.user_info.username)
+                return str(((answer.get("status") or {}).get("userInfo") or {}).get("username") or "unknown")
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
 
     def node_boot_id(self) -> str | None:
         """Node.status.nodeInfo.bootID, for the cross-check; None when unreadable or absent."""
         try:
-            node = self._core.read_node(self.node_name)
+            node = self.rest.request("GET", f"/api/v1/nodes/{self.node_name}")
         except Exception:  # only a logged cross-check: unknown leaves it unchecked
             return None
-        info = node.status.node_info if node.status else None
-        return (info.boot_id or None) if info else None
+        boot_id = ((node.get("status") or {}).get("nodeInfo") or {}).get("bootID")
+        return str(boot_id) if boot_id else None
 
     def list_registrations(self) -> tuple[list[dict[str, Any]], str]:
-        result = self._custom.list_cluster_custom_object(
-            api.GROUP, api.VERSION, api.PLURAL, label_selector=self.selector
-        )
-        return list(result.get("items", [])), str(result["metadata"]["resourceVersion"])
+        result = self.rest.request("GET", self._registrations(), query={"labelSelector": self.selector})
+        return list(result.get("items") or []), str(result["metadata"]["resourceVersion"])
 
     def get_registration(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            body: dict[str, Any] = self._custom.get_namespaced_custom_object(
-                api.GROUP, api.VERSION, namespace, api.PLURAL, name
-            )
-        except ApiException as exc:
+            return self.rest.request("GET", self._registrations(namespace, name))
+        except ApiError as exc:
             if exc.status == 404:
                 return None
             raise
-        return body
 
     def write_attestation(self, body: dict[str, Any], attestation: dict[str, Any]) -> dict[str, Any]:
         meta = body["metadata"]
-        return patch_registration_status(
-            self.client, namespace=meta["namespace"], name=meta["name"], body=attestation_ops(body, attestation)
+        return self.rest.request(
+            "PATCH",
+            self._registrations(meta["namespace"], meta["name"]) + "/status",
+            body=attestation_ops(body, attestation),
+            content_type=JSON_PATCH,
         )
 
     def renew_lease(self, *, holder: str, duration: int, annotations: dict[str, str]) -> None:
         """Creates or renews coroner-agent-<node>: agent liveness is observable, never assumed."""
         name = f"{api.AGENT_LEASE_PREFIX}{self.node_name}"
-        now = datetime.datetime.now(datetime.UTC)
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         try:
-            lease = self._coordination.read_namespaced_lease(name, self.system_namespace)
-        except ApiException as exc:
+            lease = self.rest.request("GET", self._lease(name))
+        except ApiError as exc:
             if exc.status != 404:
                 raise
-            self._coordination.create_namespaced_lease(
-                self.system_namespace,
-                k8s.V1Lease(
-                    metadata=k8s.V1ObjectMeta(name=name, annotations=annotations),
-                    spec=k8s.V1LeaseSpec(
-                        holder_identity=holder, lease_duration_seconds=duration, acquire_time=now, renew_time=now
-                    ),
-                ),
-            )
+            lease = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": name, "annotations": annotations},
+                "spec": {
+                    "holderIdentity": holder,
+                    "leaseDurationSeconds": duration,
+                    "acquireTime": now,
+                    "renewTime": now,
+                },
+            }
+            self.rest.request("POST", self._lease(), body=lease)
             return
-        lease.metadata.annotations = {**(lease.metadata.annotations or {}), **annotations}
-        lease.spec.holder_identity = holder
-        lease.spec.lease_duration_seconds = duration
-        lease.spec.renew_time = now
-        self._coordination.replace_namespaced_lease(name, self.system_namespace, lease)
+        metadata = lease.setdefault("metadata", {})
+        metadata["annotations"] = {**(metadata.get("annotations") or {}), **annotations}
+        spec = lease.setdefault("spec", {})
+        spec.update(holderIdentity=holder, leaseDurationSeconds=duration, renewTime=now)
+        self.rest.request("PUT", self._lease(name), body=lease)  # resourceVersion kept: a CAS write
 
     def watch_registrations(
         self,
@@ -160,28 +165,22 @@ class AgentApi:
                 loop.call_soon_threadsafe(on_relist, items)
                 backoff = 0.5
                 while not stop.is_set():
-                    stream = k8s_watch.Watch()
-                    for event in stream.stream(
-                        self._custom.list_cluster_custom_object,
-                        api.GROUP,
-                        api.VERSION,
-                        api.PLURAL,
-                        label_selector=self.selector,
-                        resource_version=resource_version,
-                        timeout_seconds=timeout_seconds,
-                        allow_watch_bookmarks=True,
-                    ):
+                    query = {
+                        "labelSelector": self.selector,
+                        "resourceVersion": resource_version,
+                        "allowWatchBookmarks": True,
+                    }
+                    for event in self.rest.watch(self._registrations(), query=query, timeout_seconds=timeout_seconds):
                         if stop.is_set():
-                            stream.stop()
                             break
-                        obj = event["object"]
+                        obj = event.get("object") or {}
+                        if event.get("type") == "ERROR":
+                            raise ApiError(int(obj.get("code") or 500), str(obj.get("reason") or ""), json.dumps(obj))
                         resource_version = str(obj.get("metadata", {}).get("resourceVersion", resource_version))
-                        if event["type"] == "BOOKMARK":
+                        if event.get("type") == "BOOKMARK":
                             continue
-                        if event["type"] == "ERROR":
-                            raise ApiException(status=obj.get("code", 500), reason=obj.get("reason"))
                         loop.call_soon_threadsafe(on_event, event["type"], obj)
-            except ApiException as exc:
+            except ApiError as exc:
                 if exc.status != 410:
                     logger.warning(
                         "watch failed node=%s status=%s; relisting in %.1fs", self.node_name, exc.status, backoff

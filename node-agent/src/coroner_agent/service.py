@@ -15,13 +15,12 @@ import logging
 import threading
 from typing import Any, Protocol
 
-from kubernetes.client.exceptions import ApiException
-
 from coroner import api, model
 from coroner.reasons import Evidence, Verdict
 from coroner.workqueue import KeyedQueue
 from coroner.world import slim
 from coroner_agent.kube import AgentApi
+from coroner_agent.rest import ApiError
 
 logger = logging.getLogger("coroner.agent")
 
@@ -209,7 +208,7 @@ class Agent:
             return
         try:
             written = await asyncio.to_thread(self.kube.write_attestation, body, attestation)
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status in (409, 422):
                 # What the probe relied on moved (a heartbeat landed): read again, probe again.
                 fresh = await asyncio.to_thread(self.kube.get_registration, key[0], key[1])
@@ -273,7 +272,7 @@ class Agent:
                 )
                 backoff = 1.0
                 await asyncio.sleep(self.settings.renew_seconds)
-            except ApiException as exc:
+            except ApiError as exc:
                 logger.warning("lease renewal failed node=%s status=%s", self.settings.node_name, exc.status)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, self.settings.renew_seconds)

@@ -31,15 +31,23 @@ class Runtime:
 def configure(settings: kopf.OperatorSettings) -> None:
     """kopf's own bookkeeping stays out of status and under the coroner.dev annotation prefix."""
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=api.GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=api.GROUP, key="last-handled-configuration"
-    )
+    settings.persistence.diffbase_storage = NoEssenceDiffBaseStorage(prefix=api.GROUP, key="last-handled-configuration")
     # kopf's per-handler Events would drown the ones Coroner posts; keep only its warnings.
     settings.posting.level = logging.WARNING
     # Bounded watches: a silent connection is re-established rather than trusted forever.
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.watching.inactivity_timeout = 400
+
+
+class NoEssenceDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
+    """kopf builds an object's "essence" (a deep copy of the whole body) on every watch event, to
+    diff it for change-detecting handlers. Coroner has none (only event handlers and indexes), so
+    the essence is never used: skipping the copy saved ~13% of the operator's CPU under 2,000
+    deaths at once (bench/massdeath.py --profile)."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
 
 
 def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:

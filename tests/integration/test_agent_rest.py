@@ -1,0 +1,125 @@
+"""The agent's own HTTP client against the real API server: every way it gets credentials, its
+errors, its watch, and the bound-token rotation a pod sees."""
+
+from __future__ import annotations
+
+import base64
+import json
+import pathlib
+import threading
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+
+from coroner import api
+from coroner.devcluster.cluster import Cluster
+from coroner_agent import rest as rest_mod
+from coroner_agent.kube import AgentApi
+from coroner_agent.rest import ApiError, Rest
+from support import components, kube
+
+pytestmark = pytest.mark.integration
+
+WHOAMI = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
+REVIEW = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+
+
+def username(client: Rest) -> str:
+    return str(client.request("POST", WHOAMI, body=REVIEW)["status"]["userInfo"]["username"])
+
+
+def kubeconfig_of(path: pathlib.Path) -> dict[str, Any]:
+    return dict(yaml.safe_load(path.read_text()))
+
+
+def test_a_token_kubeconfig_and_a_client_certificate_kubeconfig_with_inline_data(
+    cluster: Cluster, tmp_path: pathlib.Path
+) -> None:
+    agent = components.agent_kubeconfig(cluster, "rest-node")
+    assert username(Rest.from_kubeconfig(agent)) == f"system:serviceaccount:{api.SYSTEM_NAMESPACE}:coroner-agent"
+
+    admin = kubeconfig_of(cluster.kubeconfig)
+    user, entry = admin["users"][0]["user"], admin["clusters"][0]["cluster"]
+    user["client-certificate-data"] = base64.b64encode(pathlib.Path(user.pop("client-certificate")).read_bytes()).decode()
+    user["client-key-data"] = base64.b64encode(pathlib.Path(user.pop("client-key")).read_bytes()).decode()
+    ca = pathlib.Path(entry.pop("certificate-authority")).read_bytes()
+    entry["certificate-authority-data"] = base64.b64encode(ca).decode()
+    inline = tmp_path / "inline.kubeconfig"
+    inline.write_text(json.dumps(admin))
+    assert username(Rest.from_kubeconfig(inline)) == "admin"
+    assert not list(tmp_path.glob("coroner-agent-*")), "no key material is left on disk"
+
+
+def test_in_cluster_credentials_and_a_rotated_token_file(
+    cluster: Cluster, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    agent, operator = (
+        kubeconfig_of(components.agent_kubeconfig(cluster, "rest-node")),
+        kubeconfig_of(components.operator_kubeconfig(cluster)),
+    )
+    server = agent["clusters"][0]["cluster"]["server"]
+    host, port = server.removeprefix("https://").rsplit(":", 1)
+    (tmp_path / "ca.crt").write_bytes(pathlib.Path(agent["clusters"][0]["cluster"]["certificate-authority"]).read_bytes())
+    (tmp_path / "token").write_text(agent["users"][0]["user"]["token"] + "\n")
+    monkeypatch.setattr(rest_mod, "SERVICE_ACCOUNT_DIR", tmp_path)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", host)
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", port)
+    client = Rest.default(None)
+    assert username(client).endswith(":coroner-agent")
+
+    # The kubelet rotates the bound token: the next read of the file (after the re-read period) uses it.
+    (tmp_path / "token").write_text(operator["users"][0]["user"]["token"])
+    assert username(client).endswith(":coroner-agent"), "re-read at most once a minute"
+    monkeypatch.setattr(rest_mod, "TOKEN_REREAD_SECONDS", 0.0)
+    assert username(client).endswith(":coroner-operator")
+
+
+def test_errors_carry_the_status_and_the_servers_message(cluster: Cluster) -> None:
+    client = Rest.from_kubeconfig(components.agent_kubeconfig(cluster, "rest-node"))
+    with pytest.raises(ApiError) as forbidden:
+        client.request("GET", "/api/v1/namespaces/kube-system/secrets")
+    assert forbidden.value.status == 403
+    assert "cannot list resource" in forbidden.value.message
+    with pytest.raises(ApiError) as missing:
+        client.request("GET", f"/apis/coordination.k8s.io/v1/namespaces/{api.SYSTEM_NAMESPACE}/leases/nope-404")
+    assert missing.value.status == 404
+
+
+def test_the_agent_api_lists_watches_and_attests_its_own_nodes_registrations(
+    coroner_api: Cluster, admin: k8s.ApiClient, namespace: str
+) -> None:
+    components.install(coroner_api, grant=False)
+    node = "rest-node"
+    agent = AgentApi(Rest.from_kubeconfig(components.agent_kubeconfig(coroner_api, node)), node_name=node)
+    kube.create_registration(admin, namespace, kube.registration_body(name="mine", node=node))
+    kube.create_registration(admin, namespace, kube.registration_body(name="theirs", node="other-node"))
+    items, resource_version = agent.list_registrations()
+    assert {i["metadata"]["name"] for i in items if i["metadata"]["namespace"] == namespace} == {"mine"}
+
+    events: list[tuple[str, dict[str, Any]]] = []
+    stream = agent.rest.watch(
+        agent._registrations(), query={"labelSelector": agent.selector, "resourceVersion": resource_version},
+        timeout_seconds=5,
+    )  # fmt: skip
+    reader = threading.Thread(target=lambda: events.extend((e["type"], e["object"]) for e in stream))
+    reader.start()
+    body = agent.get_registration(namespace, "mine")
+    assert body is not None
+    written = agent.write_attestation(body, components.attestation(body, verdict="Alive", node=node))
+    assert written["status"]["attestation"]["verdict"] == "Alive"
+    with pytest.raises(ApiError) as stale:  # the same compare-and-swap again: what it relied on moved
+        agent.write_attestation(body, components.attestation(body, verdict="Dead", node=node))
+    assert stale.value.status in (409, 422)
+    reader.join(timeout=15)
+    assert ("MODIFIED", "mine") in {(t, o["metadata"]["name"]) for t, o in events}
+    assert all(o["metadata"]["name"] != "theirs" for _, o in events)
+
+    agent.renew_lease(holder="rest-test", duration=15, annotations={api.AGENT_LEASE_BOOT_ID: "b"})
+    agent.renew_lease(holder="rest-test", duration=15, annotations={api.AGENT_LEASE_HOST_ID: "h"})
+    lease = k8s.CoordinationV1Api(admin).read_namespaced_lease(f"{api.AGENT_LEASE_PREFIX}{node}", api.SYSTEM_NAMESPACE)
+    assert lease.spec.holder_identity == "rest-test"
+    assert lease.metadata.annotations[api.AGENT_LEASE_BOOT_ID] == "b"
+    assert lease.metadata.annotations[api.AGENT_LEASE_HOST_ID] == "h"
+    assert agent.get_registration(namespace, "absent") is None
