@@ -3,13 +3,17 @@
 Each trial is what tests/faults/test_faults.py runs (see docs/faults.md): workers on 2-3 simulated
 nodes, 0-3 faults drawn from the fault model, deaths, then the invariant checked in both directions.
 One control plane, one operator and one agent per node serve every trial; a fault restarts only what
-it needs. Results (totals and per fault) are written to bench/results/faults.json every 10 trials
-and at the end.
+it needs. Results (totals and per fault) are written to bench/results/faults.json after every trial.
 
     .venv/bin/python bench/faults.py --trials 10000 --seed S [--minutes 30]
 
 Stops at --trials or when --minutes of wall time have passed (the running trial finishes first).
 Replay one trial: --replay SEED --faults a,b (the trial seeds are in the results' violations).
+
+--resume continues the run recorded in --out (its "resume" section: the seed, the trials done, the
+totals): trial i always gets the i-th seed of the run's seed sequence, so a run stopped and resumed,
+any number of times, is the same sequence of trials as one that never stopped; trials that were in
+flight at the stop are run again, none is counted twice.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+from typing import Any
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
@@ -52,6 +57,7 @@ def main() -> int:
     parser.add_argument("--dir", default=None, help="Directory for the control plane and logs (default: a temp dir).")
     parser.add_argument("--keep-cluster", action="store_true", help="Leave the control plane running (with --dir).")
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "faults.json"))
+    parser.add_argument("--resume", action="store_true", help="Continue the run recorded in --out (same seed).")
     args = parser.parse_args()
 
     allowed = [f for f in args.faults.split(",") if f]
@@ -73,16 +79,37 @@ def main() -> int:
     directory = pathlib.Path(args.dir) if args.dir else pathlib.Path(tempfile.mkdtemp(prefix="coroner-faults-"))
     command = ".venv/bin/python bench/faults.py " + shlex.join(sys.argv[1:])
     out = pathlib.Path(args.out)
+    previous: dict[str, Any] = {}
+    if args.resume:
+        try:
+            previous = json.loads(out.read_text())["resume"]
+        except (OSError, ValueError, KeyError) as exc:
+            parser.error(f"--resume: {out} has no resumable run ({exc!r}); start one without --resume")
+        if previous["seed"] != args.seed:
+            parser.error(f"--resume: {out} is the run of --seed {previous['seed']}, not {args.seed}")
+        if previous.get("faults", "") != args.faults:
+            parser.error(f"--resume: {out} drew from --faults {previous.get('faults', '')!r}, not {args.faults!r}")
     master = random.Random(args.seed)
-    aggregate = runner.Aggregate()
+    seeds: list[int] = []  # seeds[i]: trial i's seed, the i-th draw of the run's sequence
+
+    def seed_of(index: int) -> int:
+        while len(seeds) <= index:
+            seeds.append(master.getrandbits(32))
+        return seeds[index]
+
+    aggregate = runner.Aggregate.from_state(previous["aggregate"]) if previous else runner.Aggregate()
+    completed: set[int] = set(previous.get("completed", []))
+    in_flight: set[int] = set()
+    prior_wall = float(previous.get("wall_seconds", 0.0))
+    started_at = previous.get("started") or datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     plane = Plane(directory, node_count=nodes, keep_cluster=args.keep_cluster)
     started = time.monotonic()
-    started_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    state = {"stopped_because": "trials", "issued": 0, "done": 0}
+    state: dict[str, Any] = {"stopped_because": "trials", "cursor": 0, "done": len(completed), "runs": 1}
+    state["runs"] += int(previous.get("runs", 0))
     lock = threading.Lock()
 
     def write() -> None:
-        elapsed = time.monotonic() - started
+        elapsed = prior_wall + time.monotonic() - started
         rate = aggregate.trials / elapsed * 60 if elapsed > 0 else 0.0
         body = {
             **aggregate.to_json(),
@@ -101,6 +128,15 @@ def main() -> int:
             "command": command,
             "started": started_at,
             "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "resume": {
+                "seed": args.seed,
+                "faults": args.faults,
+                "runs": state["runs"],
+                "completed": sorted(completed),
+                "wall_seconds": round(elapsed, 1),
+                "started": started_at,
+                "aggregate": aggregate.state(),
+            },
         }
         if args.replay is None:
             out.parent.mkdir(parents=True, exist_ok=True)
@@ -112,17 +148,20 @@ def main() -> int:
 
     def next_trial() -> tuple[int, int, list[str]] | None:
         with lock:
-            if state["issued"] >= args.trials or state["stopped_because"] != "trials":
+            if len(completed) + len(in_flight) >= args.trials or state["stopped_because"] != "trials":
                 return None
             if args.minutes is not None and time.monotonic() - started > args.minutes * 60:
                 state["stopped_because"] = "minutes"
                 return None
-            index = state["issued"]
-            state["issued"] += 1
             if args.replay is not None:
-                state["issued"] = args.trials  # one trial only
-                return index, args.replay, allowed
-            seed = master.getrandbits(32)
+                state["stopped_because"] = "replayed"  # one trial only
+                return 0, args.replay, allowed
+            while state["cursor"] in completed:
+                state["cursor"] += 1
+            index = state["cursor"]
+            state["cursor"] += 1
+            in_flight.add(index)
+            seed = seed_of(index)
             return index, seed, runner.choose_faults(random.Random(seed ^ 0x5EED), nodes=3)
 
     def stop_issuing() -> None:
@@ -132,12 +171,13 @@ def main() -> int:
     def on_result(index: int, result: runner.TrialResult) -> None:
         with lock:
             aggregate.add(result)
+            completed.add(index)
+            in_flight.discard(index)
             state["done"] += 1
             print(f"[{state['done']}] {result.summary()}", flush=True)
             for violation in result.violations:
                 print(f"    {violation.get('counter')}: {violation.get('detail')}", flush=True)
-            if state["done"] % 10 == 0:
-                write()
+            write()  # after every trial: a hard stop loses only the trials in flight (rerun on --resume)
 
     try:
         plane.start()
@@ -153,7 +193,8 @@ def main() -> int:
         plane.close()
     totals = aggregate.to_json()
     print(
-        f"{aggregate.trials} trials in {time.monotonic() - started:.0f} s: live_retired={totals['live_retired']} "
+        f"{aggregate.trials} trials ({state['done'] - len(previous.get('completed', []))} in this run of "
+        f"{time.monotonic() - started:.0f} s): live_retired={totals['live_retired']} "
         f"double_retired={totals['double_retired']} dead_left_active={totals['dead_left_active']} "
         f"wrong_reason={totals['wrong_reason']} harness_errors={totals['harness_errors']}"
     )

@@ -214,12 +214,14 @@ class Aggregate:
         self.deaths = 0
         self.workers = 0
         self.seconds = 0.0
+        self.phases: Counter[str] = Counter()
 
     def add(self, result: TrialResult) -> None:
         self.trials += 1
         self.deaths += result.deaths
         self.workers += result.workers
         self.seconds += result.seconds
+        self.phases.update(result.phases)
         for key, value in result.counts.items():
             self.totals[key] += value
         self.latencies.extend(result.latencies)
@@ -252,6 +254,47 @@ class Aggregate:
             for reason, count in result.reasons.get(name, Counter()).items():
                 entry["reasons"][reason] += count
             self._facts(name, result.facts.get(label) or {})
+
+    def state(self) -> dict[str, Any]:
+        """Everything needed to continue adding to these totals in another process (a resumed run).
+        Latencies are kept as a histogram of 10 ms steps: bounded in size however long the run."""
+        return {
+            "trials": self.trials,
+            "totals": dict(self.totals),
+            "per_fault": {
+                name: {k: (dict(v) if isinstance(v, Counter) else v) for k, v in entry.items()}
+                for name, entry in self.per_fault.items()
+            },
+            "violations": self.violations,
+            "latency_histogram_10ms": dict(Counter(f"{x:.2f}" for x in self.latencies)),
+            "retired_by": dict(self.retired_by),
+            "notes": dict(self.notes),
+            "facts": {name: dict(bucket) for name, bucket in self.facts.items()},
+            "reasons": {key: dict(counter) for key, counter in self.reasons.items()},
+            "deaths": self.deaths,
+            "workers": self.workers,
+            "seconds": self.seconds,
+            "phases": dict(self.phases),
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> Aggregate:
+        self = cls()
+        self.trials = int(state["trials"])
+        self.totals = Counter(state["totals"])
+        self.per_fault = {
+            name: {k: (Counter(v) if k in ("reasons", "variants") else v) for k, v in entry.items()}
+            for name, entry in state["per_fault"].items()
+        }
+        self.violations = list(state["violations"])
+        self.latencies = [float(x) for x, n in state["latency_histogram_10ms"].items() for _ in range(int(n))]
+        self.retired_by = Counter(state["retired_by"])
+        self.notes = Counter(state["notes"])
+        self.facts = {name: Counter(bucket) for name, bucket in state["facts"].items()}
+        self.reasons = {key: Counter(counter) for key, counter in state["reasons"].items()}
+        self.deaths, self.workers, self.seconds = int(state["deaths"]), int(state["workers"]), float(state["seconds"])
+        self.phases = Counter(state.get("phases", {}))
+        return self
 
     def _facts(self, name: str, facts: dict[str, Any]) -> None:
         """Fault-specific evidence, summed: 410s seen, CAS conflicts, lease forgeries, ..."""
@@ -286,6 +329,8 @@ class Aggregate:
             "harness_errors": self.totals["harness_errors"],
             "workers": self.workers,
             "deaths": self.deaths,
+            "trial_seconds_mean": round(self.seconds / self.trials, 2) if self.trials else None,
+            "phase_seconds_mean": {k: round(v / self.trials, 2) for k, v in self.phases.items()} if self.trials else {},
             "bounds_seconds": {"dead_retired": BOUND, "mass_death_retired": MASS_BOUND},
             "kill_to_retired_seconds": {
                 "n": len(lat),

@@ -989,6 +989,8 @@ class TrialResult:
     workers: int = 0
     deaths: int = 0
     latencies: list[float] = dataclasses.field(default_factory=list)
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Seconds spent in each phase (where a trial's time goes, for the long run's throughput)."""
 
     @property
     def ok(self) -> bool:
@@ -1213,16 +1215,26 @@ class Trial:
         self.interval = self.rng.choice([1, 2])
         heartbeater: Heartbeater | None = None
         observer = threading.Thread(target=self._observer, name=f"observe-{self.namespace}", daemon=True)
+        mark = [started]
+
+        def phase(name: str) -> None:
+            now = time.monotonic()
+            self.result.phases[name] = self.result.phases.get(name, 0.0) + now - mark[0]
+            mark[0] = now
+
         try:
             self.plane.create_trial_namespace(self.namespace)
             self._plan()
             self.result.labels = [f.label or f.name for f in self.faults] or ["none"]
             self.note(f"plan: nodes={self.nodes} faults={self.result.labels} workers={len(self.workers)}")
+            phase("namespace+plan")
             self._setup()
+            phase("setup")
             heartbeater = Heartbeater(client=self.plane.worker_client, namespace=self.namespace, workers=self.workers)
             heartbeater.start()
             observer.start()
             self._wait_alive()
+            phase("wait_alive")
             self.armed_at = time.time()
             for f in self.faults:
                 self.note(f"arm {f.label}")
@@ -1236,12 +1248,16 @@ class Trial:
             for f in self.faults:
                 self.note(f"after {f.label}")
                 f.after()
+            phase("arm+strike+after")
             self._observe_phase()
+            phase("observe")
             for f in reversed(self.faults):
                 self.note(f"heal {f.label}")
                 f.heal()
             self._heal_plane()
+            phase("heal")
             self._settle()
+            phase("settle")
             for f in self.faults:
                 f.verify()
                 if f.failures:
@@ -1249,6 +1265,7 @@ class Trial:
                         self.violation("not_injected", None, f"{f.label}: {failure}")
                 self.result.facts[f.label] = f.facts
             self._verify_history()
+            phase("verify")
         finally:
             self._stop.set()
             if heartbeater is not None:
@@ -1262,6 +1279,7 @@ class Trial:
                 ns.close()
             if observer.is_alive():
                 observer.join(timeout=30)
+            phase("cleanup")
             self.result.seconds = time.monotonic() - started
             self.result.workers = len(self.workers)
             self.result.deaths = sum(1 for w in self.workers if w.dead)
