@@ -1,6 +1,6 @@
 """The agent's API side: its node Lease, the watch of its node's registrations, attestation writes.
 
-Blocking HTTP calls (`coroner_agent.rest`, not the kubernetes package: see there why) run in
+Blocking HTTP calls (`coroner.rest`, not the kubernetes package: see there why) run in
 threads; watch events are handed to the event loop. An API outage delays attestations; it never
 produces one (unknown is never dead).
 """
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from coroner import api
-from coroner_agent.rest import JSON_PATCH, ApiError, Rest
+from coroner.rest import JSON_PATCH, ApiError, Rest
 
 logger = logging.getLogger("coroner.agent")
 

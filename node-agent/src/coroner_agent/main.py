@@ -12,9 +12,9 @@ from typing import Any
 import click
 
 from coroner import api
+from coroner.rest import Rest
 from coroner_agent.kube import AgentApi
 from coroner_agent.prober import ProcProber
-from coroner_agent.rest import Rest
 from coroner_agent.service import Agent, AgentSettings
 
 logger = logging.getLogger("coroner.agent")
@@ -96,7 +96,9 @@ async def _run(
     *, settings: AgentSettings, kubeconfig: str | None, system_namespace: str, prober_options: dict[str, Any]
 ) -> None:
     node_name = settings.node_name
-    kube = AgentApi(Rest.default(kubeconfig), node_name=node_name, system_namespace=system_namespace)
+    kube = AgentApi(
+        Rest.default(kubeconfig, user_agent="coroner-agent"), node_name=node_name, system_namespace=system_namespace
+    )
     identity = await asyncio.to_thread(kube.whoami)
     loop = asyncio.get_running_loop()
     agent_ref: list[Agent] = []

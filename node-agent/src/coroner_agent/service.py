@@ -17,10 +17,10 @@ from typing import Any, Protocol
 
 from coroner import api, model
 from coroner.reasons import Evidence, Verdict
+from coroner.rest import ApiError
 from coroner.workqueue import KeyedQueue
 from coroner.world import slim
 from coroner_agent.kube import AgentApi
-from coroner_agent.rest import ApiError
 
 logger = logging.getLogger("coroner.agent")
 

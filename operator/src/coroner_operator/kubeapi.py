@@ -1,8 +1,8 @@
 """The operator's only door to the API server besides kopf's watches.
 
-Blocking kubernetes-client calls run in a bounded thread pool so that the event loop (and with it
-every watch) never stalls on one slow request. Each method is one API request; the reconciler
-composes them.
+Blocking HTTP calls (`coroner.rest`, JSON over urllib3: see there why not the kubernetes package)
+run in a bounded thread pool so that the event loop (and with it every watch) never stalls on one
+slow request. Each method is one API request; the reconciler composes them.
 """
 
 from __future__ import annotations
@@ -16,97 +16,94 @@ import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from kubernetes import client as k8s
-from kubernetes.client.exceptions import ApiException
-
 from coroner import api
-from coroner.kube import patch_registration_status
+from coroner.rest import JSON_PATCH, ApiError, Rest
 
 T = TypeVar("T")
 
 logger = logging.getLogger("coroner.operator")
 
+COORDINATION = "/apis/coordination.k8s.io/v1"
+
+
+def _micro_time(moment: datetime.datetime) -> str:
+    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
 
 class KubeApi:
-    """Async facade over one ApiClient (one identity)."""
+    """Async facade over one Rest client (one identity)."""
 
-    def __init__(self, client: k8s.ApiClient, *, workers: int = 16) -> None:
-        self.client = client
+    def __init__(self, rest: Rest, *, workers: int = 16) -> None:
+        self.rest = rest
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kubeapi")
-        self._custom = k8s.CustomObjectsApi(client)
-        self._core = k8s.CoreV1Api(client)
-        self._coordination = k8s.CoordinationV1Api(client)
-        self._authz = k8s.AuthorizationV1Api(client)
-        self._authn = k8s.AuthenticationV1Api(client)
 
     async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
 
+    async def _request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        return await self._run(self.rest.request, method, path, **kwargs)
+
+    @staticmethod
+    def _registration(namespace: str, name: str) -> str:
+        return f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{namespace}/{api.PLURAL}/{name}"
+
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     async def whoami(self) -> str:
-        review = await self._run(self._authn.create_self_subject_review, k8s.V1SelfSubjectReview())
-        return str(review.status.user_info.username)
+        review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+        answer = await self._request("POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews", body=review)
+        return str(answer["status"]["userInfo"]["username"])
 
     async def can_retire(self, *, namespace: str, name: str | None = None) -> bool:
         """SelfSubjectAccessReview for the `retire` verb; errors are "not allowed" (unknown ≠ granted)."""
-        review = k8s.V1SelfSubjectAccessReview(
-            spec=k8s.V1SelfSubjectAccessReviewSpec(
-                resource_attributes=k8s.V1ResourceAttributes(
-                    group=api.GROUP, resource=api.PLURAL, verb=api.RETIRE_VERB, namespace=namespace, name=name
-                )
-            )
-        )
+        attributes = {"group": api.GROUP, "resource": api.PLURAL, "verb": api.RETIRE_VERB, "namespace": namespace}
+        if name:
+            attributes["name"] = name
+        review = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectAccessReview",
+            "spec": {"resourceAttributes": attributes},
+        }
         try:
-            result = await self._run(self._authz.create_self_subject_access_review, review)
+            result = await self._request("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", body=review)
         except Exception as exc:  # HTTP or connection error alike: unknown is never granted
             logger.warning("retire capability unknown namespace=%s error=%r", namespace, exc)
             return False
-        return bool(result.status.allowed)
+        return (result.get("status") or {}).get("allowed") is True
 
     async def get_registration(self, *, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            body: dict[str, Any] = await self._run(
-                self._custom.get_namespaced_custom_object, api.GROUP, api.VERSION, namespace, api.PLURAL, name
-            )
-        except ApiException as exc:
+            return await self._request("GET", self._registration(namespace, name))
+        except ApiError as exc:
             if exc.status == 404:
                 return None
             raise
-        return body
 
     async def patch_status(self, *, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
-        return await self._run(patch_registration_status, self.client, namespace=namespace, name=name, body=ops)
+        """A JSON patch of /status (never a merge patch: its `test`s are the compare-and-swap)."""
+        return await self._request(
+            "PATCH", self._registration(namespace, name) + "/status", body=ops, content_type=JSON_PATCH
+        )
 
     async def delete_registration(self, *, namespace: str, name: str, resource_version: str) -> None:
-        options = k8s.V1DeleteOptions(preconditions=k8s.V1Preconditions(resource_version=resource_version))
-        await self._run(
-            self._custom.delete_namespaced_custom_object,
-            api.GROUP,
-            api.VERSION,
-            namespace,
-            api.PLURAL,
-            name,
-            body=options,
-        )
+        options = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"resourceVersion": resource_version}}
+        await self._request("DELETE", self._registration(namespace, name), body=options)
 
     async def list_leases(self, *, namespace: str) -> list[dict[str, Any]]:
         """A live read of the Leases in one namespace (the fence right before a retirement)."""
-        result = await self._run(self._coordination.list_namespaced_lease, namespace)
-        return [self.client.sanitize_for_serialization(item) for item in result.items]
+        result = await self._request("GET", f"{COORDINATION}/namespaces/{namespace}/leases")
+        return list(result.get("items") or [])
 
     async def get_node(self, *, name: str) -> dict[str, Any] | None:
         """A live GET of a Node: None only for a real 404 (errors propagate; unknown is not gone)."""
         try:
-            node = await self._run(self._core.read_node, name)
-        except ApiException as exc:
+            return await self._request("GET", f"/api/v1/nodes/{name}")
+        except ApiError as exc:
             if exc.status == 404:
                 return None
             raise
-        body: dict[str, Any] = self.client.sanitize_for_serialization(node)
-        return body
 
     async def post_event(
         self,
@@ -119,50 +116,55 @@ class KubeApi:
     ) -> None:
         meta = body.get("metadata") or {}
         now = datetime.datetime.now(datetime.UTC)
-        event = k8s.CoreV1Event(
-            metadata=k8s.V1ObjectMeta(
-                name=f"{meta.get('name')}.{uuid.uuid4().hex[:12]}", namespace=meta.get("namespace")
-            ),
-            involved_object=k8s.V1ObjectReference(
-                api_version=api.API_VERSION,
-                kind=api.KIND,
-                name=meta.get("name"),
-                namespace=meta.get("namespace"),
-                uid=meta.get("uid"),
-                resource_version=meta.get("resourceVersion"),
-            ),
-            reason=reason,
-            message=message[:1024],
-            type=event_type,
-            source=k8s.V1EventSource(component=component),
-            reporting_component=component,
-            reporting_instance=component,
-            first_timestamp=now,
-            last_timestamp=now,
-            count=1,
-        )
-        await self._run(self._core.create_namespaced_event, meta.get("namespace"), event)
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{meta.get('name')}.{uuid.uuid4().hex[:12]}", "namespace": meta.get("namespace")},
+            "involvedObject": {
+                "apiVersion": api.API_VERSION,
+                "kind": api.KIND,
+                "name": meta.get("name"),
+                "namespace": meta.get("namespace"),
+                "uid": meta.get("uid"),
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": event_type,
+            "source": {"component": component},
+            "reportingComponent": component,
+            "reportingInstance": component,
+            "firstTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "lastTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "count": 1,
+        }
+        await self._request("POST", f"/api/v1/namespaces/{meta.get('namespace')}/events", body=event)
 
     async def upsert_lease(
         self, *, namespace: str, name: str, holder: str, duration: int, annotations: dict[str, str]
     ) -> None:
         """Creates or renews a Lease (the operator's own heartbeat, read by `kubectl coroner doctor`)."""
-        now = datetime.datetime.now(datetime.UTC)
+        now = _micro_time(datetime.datetime.now(datetime.UTC))
+        path = f"{COORDINATION}/namespaces/{namespace}/leases"
         try:
-            lease = await self._run(self._coordination.read_namespaced_lease, name, namespace)
-        except ApiException as exc:
+            lease = await self._request("GET", f"{path}/{name}")
+        except ApiError as exc:
             if exc.status != 404:
                 raise
-            body = k8s.V1Lease(
-                metadata=k8s.V1ObjectMeta(name=name, namespace=namespace, annotations=annotations),
-                spec=k8s.V1LeaseSpec(
-                    holder_identity=holder, lease_duration_seconds=duration, renew_time=now, acquire_time=now
-                ),
-            )
-            await self._run(self._coordination.create_namespaced_lease, namespace, body)
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
+                "spec": {
+                    "holderIdentity": holder,
+                    "leaseDurationSeconds": duration,
+                    "renewTime": now,
+                    "acquireTime": now,
+                },
+            }
+            await self._request("POST", path, body=body)
             return
-        lease.metadata.annotations = {**(lease.metadata.annotations or {}), **annotations}
-        lease.spec.holder_identity = holder
-        lease.spec.lease_duration_seconds = duration
-        lease.spec.renew_time = now
-        await self._run(self._coordination.replace_namespaced_lease, name, namespace, lease)
+        metadata = lease.setdefault("metadata", {})
+        metadata["annotations"] = {**(metadata.get("annotations") or {}), **annotations}
+        lease.setdefault("spec", {}).update(holderIdentity=holder, leaseDurationSeconds=duration, renewTime=now)
+        await self._request("PUT", f"{path}/{name}", body=lease)  # resourceVersion kept: a CAS write

@@ -18,7 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from coroner import api
 from coroner.decision import Policy
-from coroner.kube import api_client
+from coroner.rest import Rest
 from coroner.world import World
 from coroner_operator.handlers import Runtime, configure, register
 from coroner_operator.kubeapi import KubeApi
@@ -46,12 +46,13 @@ def build_registry(
         if kubeconfig:
             os.environ["KUBECONFIG"] = kubeconfig
             return kopf.login_with_kubeconfig(**kwargs)
-        return kopf.login_via_client(**kwargs)
+        # In a pod: the ServiceAccount (kopf re-reads its rotated token); else the default kubeconfig.
+        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure(settings)
-        kube = KubeApi(api_client(kubeconfig))
+        kube = KubeApi(Rest.default(kubeconfig, user_agent="coroner-operator", pool_size=16))
         identity = await _whoami(kube)
         reconciler = Reconciler(
             world=World(system_namespace=settings_.system_namespace),

@@ -21,11 +21,10 @@ import time
 from collections import Counter
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
-
 from coroner import api, model
 from coroner.decision import Decision, NodeFacts, Policy, decide
 from coroner.reasons import EventReason, Reason
+from coroner.rest import ApiError
 from coroner.workqueue import KeyedQueue
 from coroner.world import Key, World, lease_facts
 from coroner_operator import status as status_mod
@@ -232,7 +231,7 @@ class Reconciler:
         ops = status_mod.conditions_ops(body, desired, resource_version=str(registration.resource_version))
         try:
             patched = await self.kube.patch_status(namespace=key[0], name=key[1], ops=ops)
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status in (404, 409, 422):
                 await self._reread(key)
                 return
@@ -306,7 +305,7 @@ class Reconciler:
         ops = status_mod.retirement_ops(body, registration, fenced, retired_by=self.identity, now=utcnow())
         try:
             patched = await self.kube.patch_status(namespace=namespace, name=name, ops=ops)
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status in (404, 409, 422):
                 self.metrics.cas_conflicts.inc()
                 logger.info(
@@ -374,7 +373,7 @@ class Reconciler:
             await self.kube.delete_registration(
                 namespace=key[0], name=key[1], resource_version=str(registration.resource_version)
             )
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status not in (404, 409):
                 raise
         logger.info("deleted retired workerregistration=%s/%s retiredTime=%s", key[0], key[1], retirement.retired_time)
@@ -500,12 +499,8 @@ class Reconciler:
 
 def describe(exc: BaseException) -> str:
     """One line naming an error; for API errors, the server's own message (it names the fix)."""
-    if isinstance(exc, ApiException):
-        try:
-            message = json.loads(exc.body or "{}").get("message")
-        except (ValueError, AttributeError):
-            message = None
-        return f"{exc.status} {exc.reason}: {message or exc.body}"
+    if isinstance(exc, ApiError):
+        return f"{exc.status} {exc.reason}: {exc.message}"
     return f"{type(exc).__name__}: {exc}"
 
 

@@ -1,11 +1,13 @@
-"""The agent's HTTP client for the Kubernetes API: the few requests it makes, over urllib3.
+"""Coroner's HTTP client for the Kubernetes API: the few requests its components make, over urllib3.
 
-The agent runs on every node, so its memory is paid once per node. The `kubernetes` package
-imports every generated model of the whole API on start (about 32 MB of the agent's RSS, measured
-with `resource.getrusage` after import); the agent needs six requests and one watch, so it speaks
-JSON over urllib3 itself. Credentials come from a kubeconfig (server, CA, bearer token or token
-file, client certificate) or, in a pod, from the ServiceAccount files, whose bound token the kubelet
-rotates: the token file is re-read every minute, as client-go does.
+The agent runs on every node, so its memory is paid once per node, and the operator's CPU per
+request bounds how fast it retires a mass death. The `kubernetes` package imports every generated
+model of the whole API on start (about 32 MB of RSS, measured with `resource.getrusage` after
+import) and validates every call's arguments with pydantic; the agent and the operator need a
+dozen requests and one watch between them, so they speak JSON over urllib3 themselves (kopf keeps
+its own aiohttp client for the operator's watches). Credentials come from a kubeconfig (server, CA,
+bearer token or token file, client certificate) or, in a pod, from the ServiceAccount files, whose
+bound token the kubelet rotates: the token file is re-read every minute, as client-go does.
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ class Rest:
         token: str | None = None,
         token_file: str | os.PathLike[str] | None = None,
         timeout: float = 30.0,
+        user_agent: str = "coroner",
+        pool_size: int = 8,
     ) -> None:
         self.server = server.rstrip("/")
         self._token = token
@@ -67,12 +71,13 @@ class Rest:
         self._token_read_at = -TOKEN_REREAD_SECONDS
         self._lock = threading.Lock()
         self._timeout = timeout
-        self._pool = urllib3.PoolManager(num_pools=2, maxsize=8, ssl_context=ssl_context)
+        self.user_agent = user_agent
+        self._pool = urllib3.PoolManager(num_pools=2, maxsize=pool_size, ssl_context=ssl_context)
 
     # --- construction ----------------------------------------------------------------------------
 
     @classmethod
-    def from_kubeconfig(cls, path: str | os.PathLike[str]) -> Rest:
+    def from_kubeconfig(cls, path: str | os.PathLike[str], **options: Any) -> Rest:
         """The current context of a kubeconfig: token, tokenFile or client certificate; CA by file or data."""
         config = yaml.safe_load(pathlib.Path(path).read_text()) or {}
         base = pathlib.Path(path).resolve().parent
@@ -92,7 +97,7 @@ class Rest:
 
         ctx = ssl.create_default_context()
         if cluster.get("insecure-skip-tls-verify"):
-            raise ValueError(f"kubeconfig {path}: insecure-skip-tls-verify is not supported by coroner-agent")
+            raise ValueError(f"kubeconfig {path}: insecure-skip-tls-verify is not supported by Coroner")
         if cluster.get("certificate-authority-data"):
             ctx.load_verify_locations(cadata=base64.b64decode(cluster["certificate-authority-data"]).decode())
         elif cluster.get("certificate-authority"):
@@ -100,24 +105,24 @@ class Rest:
         if user.get("client-certificate-data") or user.get("client-certificate"):
             _load_client_certificate(ctx, user, file)
         token_file = file(user["tokenFile"]) if user.get("tokenFile") else None
-        return cls(str(cluster["server"]), ssl_context=ctx, token=user.get("token"), token_file=token_file)
+        return cls(str(cluster["server"]), ssl_context=ctx, token=user.get("token"), token_file=token_file, **options)
 
     @classmethod
-    def in_cluster(cls) -> Rest:
+    def in_cluster(cls, **options: Any) -> Rest:
         host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ.get("KUBERNETES_SERVICE_PORT", "443")
         ctx = ssl.create_default_context(cafile=str(SERVICE_ACCOUNT_DIR / "ca.crt"))
         host = f"[{host}]" if ":" in host else host
-        return cls(f"https://{host}:{port}", ssl_context=ctx, token_file=SERVICE_ACCOUNT_DIR / "token")
+        return cls(f"https://{host}:{port}", ssl_context=ctx, token_file=SERVICE_ACCOUNT_DIR / "token", **options)
 
     @classmethod
-    def default(cls, kubeconfig: str | os.PathLike[str] | None) -> Rest:
+    def default(cls, kubeconfig: str | os.PathLike[str] | None, **options: Any) -> Rest:
         """Like `coroner.kube.api_client`: the given kubeconfig, else in-cluster, else ~/.kube/config."""
         if kubeconfig:
-            return cls.from_kubeconfig(kubeconfig)
+            return cls.from_kubeconfig(kubeconfig, **options)
         if os.environ.get("KUBERNETES_SERVICE_HOST"):
-            return cls.in_cluster()
+            return cls.in_cluster(**options)
         path = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or "~/.kube/config"
-        return cls.from_kubeconfig(pathlib.Path(path).expanduser())
+        return cls.from_kubeconfig(pathlib.Path(path).expanduser(), **options)
 
     # --- requests --------------------------------------------------------------------------------
 
@@ -174,7 +179,7 @@ class Rest:
         return f"{self.server}{path}?{urllib.parse.urlencode(pairs)}"
 
     def _headers(self, content_type: str | None) -> dict[str, str]:
-        headers = {"Accept": JSON, "User-Agent": "coroner-agent"}
+        headers = {"Accept": JSON, "User-Agent": self.user_agent}
         if content_type:
             headers["Content-Type"] = content_type
         token = self._current_token()
@@ -197,7 +202,7 @@ def _load_client_certificate(ctx: ssl.SSLContext, user: dict[str, Any], file: An
     if user.get("client-certificate") and user.get("client-key"):
         ctx.load_cert_chain(file(user["client-certificate"]), file(user["client-key"]))
         return
-    with tempfile.TemporaryDirectory(prefix="coroner-agent-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="coroner-") as tmp:
         cert, key = pathlib.Path(tmp, "tls.crt"), pathlib.Path(tmp, "tls.key")
         cert.write_bytes(base64.b64decode(user["client-certificate-data"]))
         key.touch(mode=0o600)
