@@ -1,4 +1,6 @@
-"""Kubernetes client construction shared by every I/O shell (operator, agent, launcher, CLI).
+"""Kubernetes client construction for the launcher, the CLI, the demo and the tests.
+
+The operator and the agent use the lighter `coroner.rest` instead (see there why).
 
 Pure modules never import this. Clients are built from an explicit kubeconfig when given, from the
 in-cluster ServiceAccount when running in a pod, else from the default kubeconfig.
