@@ -94,7 +94,7 @@ class Registration:
 
     def heartbeat(self) -> None:
         now = model.format_time(datetime.datetime.now(datetime.UTC), fraction=True)
-        patch_registration_status(
+        self.body = patch_registration_status(
             self.client, namespace=self.namespace, name=self.name, body={"status": {"lastHeartbeatTime": now}}
         )
         self.heartbeats += 1
@@ -115,16 +115,25 @@ class Registration:
         self._thread = threading.Thread(target=loop, name=f"heartbeat-{self.name}", daemon=True)
         self._thread.start()
 
-    def stop_heartbeats(self) -> None:
+    def stop_heartbeats(self, *, wait: bool = True) -> None:
         self._stop.set()
-        if self._thread is not None:
+        if wait and self._thread is not None:
             self._thread.join(timeout=5)
 
     def release(self, *, message: str) -> None:
-        """Marks Released=True (the worker said goodbye) under compare-and-swap; retries on conflict."""
+        """Marks Released=True (the worker said goodbye) under compare-and-swap; retries on conflict.
+
+        The first attempt writes against the body of the last heartbeat (or the creation), so a clean
+        exit costs one request: the same exit is racing through the agent's Dead attestation and the
+        operator's retirement, and a worker that said goodbye should read Released, not Retired. A
+        conflict (something changed since) re-reads and tries again."""
         custom = k8s.CustomObjectsApi(self.client)
+        body: dict[str, Any] | None = self.body
         for _ in range(10):
-            body = custom.get_namespaced_custom_object(api.GROUP, api.VERSION, self.namespace, api.PLURAL, self.name)
+            if body is None:
+                body = custom.get_namespaced_custom_object(
+                    api.GROUP, api.VERSION, self.namespace, api.PLURAL, self.name
+                )
             parsed = model.parse_registration(body)
             if parsed.terminal:
                 return
@@ -148,6 +157,7 @@ class Registration:
             except ApiException as exc:
                 if exc.status not in (409, 422):
                     raise
+            body = None
         raise RegistrationError(f"could not mark {self.namespace}/{self.name} Released: it kept changing")
 
 
@@ -318,9 +328,10 @@ def run(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    registration.stop_heartbeats()
+    registration.stop_heartbeats(wait=False)  # no new heartbeat; the goodbye does not wait for one in flight
     clean = returncode == 0 or (returncode == -signal.SIGTERM and signal.SIGTERM in forwarded)
     if clean:
         registration.release(message=f"the worker exited cleanly (status {returncode})")
+    registration.stop_heartbeats()
     client.close()
     return returncode if returncode >= 0 else 128 - returncode
