@@ -382,12 +382,16 @@ class Plane:
                 raise
 
     def operator_may_retire(self, namespace: str) -> bool:
+        return self._may(OPERATOR_SA, api.SYSTEM_NAMESPACE, api.RETIRE_VERB, namespace)
+
+    def _may(self, user: str, user_namespace: str, verb: str, namespace: str) -> bool:
+        """The API server's own authorizer, asked by SubjectAccessReview (what its requests will meet)."""
         review = k8s.V1SubjectAccessReview(
             spec=k8s.V1SubjectAccessReviewSpec(
-                user=OPERATOR_SA,
-                groups=["system:serviceaccounts", f"system:serviceaccounts:{api.SYSTEM_NAMESPACE}"],
+                user=user,
+                groups=["system:serviceaccounts", f"system:serviceaccounts:{user_namespace}"],
                 resource_attributes=k8s.V1ResourceAttributes(
-                    group=api.GROUP, resource=api.PLURAL, verb=api.RETIRE_VERB, namespace=namespace
+                    group=api.GROUP, resource=api.PLURAL, verb=verb, namespace=namespace
                 ),
             )
         )
@@ -491,6 +495,14 @@ class Plane:
             "subjects": [{"kind": "ServiceAccount", "name": WORKER_SA, "namespace": WORKER_NAMESPACE}],
         }
         self.retry(lambda: k8s.RbacAuthorizationV1Api(self.admin).create_namespaced_role_binding(name, binding))
+        # The authorizer's RBAC cache learns of the binding a moment later: until it has, the worker's
+        # first create is a 403 (seen as a flake of the findings tests, which register without retry).
+        deadline = time.monotonic() + 30
+        worker = f"system:serviceaccount:{WORKER_NAMESPACE}:{WORKER_SA}"
+        while not self.retry(lambda: self._may(worker, WORKER_NAMESPACE, "create", name)):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the worker binding in {name} is not effective after 30 s")
+            time.sleep(0.05)
 
     def delete_trial_namespace(self, name: str) -> None:
         custom = kube.custom(self.admin)
