@@ -32,7 +32,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config import ConfigException
 from rich.console import Console
 
-from coroner import api, model
+from coroner import api, model, retirement
 from coroner import plan as planning
 from coroner.decision import Policy, decide
 from coroner.fingerprint import Plan, PlanEntry
@@ -275,29 +275,15 @@ class Session:
 
     def post_event(self, *, body: dict[str, Any], reason: str, message: str, reporter: str) -> None:
         meta = body.get("metadata") or {}
-        now = model.format_time(_utcnow())
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": f"{meta.get('name')}.{uuid.uuid4().hex[:12]}", "namespace": meta.get("namespace")},
-            "involvedObject": {
-                "apiVersion": api.API_VERSION,
-                "kind": api.KIND,
-                "name": meta.get("name"),
-                "namespace": meta.get("namespace"),
-                "uid": meta.get("uid"),
-                "resourceVersion": meta.get("resourceVersion"),
-            },
-            "reason": reason,
-            "message": message[:1024],
-            "type": "Normal",
-            "source": {"component": planning.COMPONENT},
-            "reportingComponent": planning.COMPONENT,
-            "reportingInstance": reporter[:128],
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
+        event = retirement.event_body(
+            involved=body,
+            reason=reason,
+            message=message,
+            component=planning.COMPONENT,
+            instance=reporter,
+            now=_utcnow(),
+            suffix=uuid.uuid4().hex[:12],
+        )
         self.request(
             k8s.CoreV1Api(self.client).create_namespaced_event,
             meta.get("namespace"),
@@ -597,10 +583,10 @@ def apply_command(
 
 
 def _already_retired_detail(entry: PlanEntry) -> str:
-    retirement = entry.registration.retirement
-    assert retirement is not None
-    when = model.format_time(retirement.retired_time) if retirement.retired_time else "an unrecorded time"
-    return f"already retired by {retirement.retired_by or '?'} at {when} ({retirement.reason}); nothing written."
+    record = entry.registration.retirement
+    assert record is not None
+    when = model.format_time(record.retired_time) if record.retired_time else "an unrecorded time"
+    return f"already retired by {record.retired_by or '?'} at {when} ({record.reason}); nothing written."
 
 
 def _keys(names: Sequence[str], *, scope: str | None) -> list[Key]:

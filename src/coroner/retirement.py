@@ -12,7 +12,7 @@ import datetime
 from collections.abc import Mapping
 from typing import Any
 
-from coroner import model
+from coroner import api, model
 from coroner.decision import Decision
 
 
@@ -55,3 +55,41 @@ def status_ops(
     if retirement is not None:
         ops.append({"op": "add", "path": "/status/retirement", "value": retirement})
     return ops
+
+
+def event_body(
+    *,
+    involved: Mapping[str, Any],
+    reason: str,
+    message: str,
+    component: str,
+    instance: str,
+    now: datetime.datetime,
+    suffix: str,
+    event_type: str = "Normal",
+) -> dict[str, Any]:
+    """A core/v1 Event about a WorkerRegistration (the object as written), named `<name>.<suffix>`."""
+    meta = involved.get("metadata") or {}
+    stamp = model.format_time(now)
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{meta.get('name')}.{suffix}", "namespace": meta.get("namespace")},
+        "involvedObject": {
+            "apiVersion": api.API_VERSION,
+            "kind": api.KIND,
+            "name": meta.get("name"),
+            "namespace": meta.get("namespace"),
+            "uid": meta.get("uid"),
+            "resourceVersion": meta.get("resourceVersion"),
+        },
+        "reason": reason,
+        "message": message[:1024],
+        "type": event_type,
+        "source": {"component": component},
+        "reportingComponent": component,
+        "reportingInstance": instance[:128],
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from coroner import api
+from coroner import api, retirement
 from coroner.rest import JSON_PATCH, ApiError, Rest
 
 T = TypeVar("T")
@@ -114,31 +114,18 @@ class KubeApi:
         event_type: str = "Normal",
         component: str = "coroner-operator",
     ) -> None:
-        meta = body.get("metadata") or {}
-        now = datetime.datetime.now(datetime.UTC)
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": f"{meta.get('name')}.{uuid.uuid4().hex[:12]}", "namespace": meta.get("namespace")},
-            "involvedObject": {
-                "apiVersion": api.API_VERSION,
-                "kind": api.KIND,
-                "name": meta.get("name"),
-                "namespace": meta.get("namespace"),
-                "uid": meta.get("uid"),
-                "resourceVersion": meta.get("resourceVersion"),
-            },
-            "reason": reason,
-            "message": message[:1024],
-            "type": event_type,
-            "source": {"component": component},
-            "reportingComponent": component,
-            "reportingInstance": component,
-            "firstTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "lastTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "count": 1,
-        }
-        await self._request("POST", f"/api/v1/namespaces/{meta.get('namespace')}/events", body=event)
+        event = retirement.event_body(
+            involved=body,
+            reason=reason,
+            message=message,
+            component=component,
+            instance=component,
+            now=datetime.datetime.now(datetime.UTC),
+            suffix=uuid.uuid4().hex[:12],
+            event_type=event_type,
+        )
+        namespace = (body.get("metadata") or {}).get("namespace")
+        await self._request("POST", f"/api/v1/namespaces/{namespace}/events", body=event)
 
     async def upsert_lease(
         self, *, namespace: str, name: str, holder: str, duration: int, annotations: dict[str, str]
