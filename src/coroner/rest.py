@@ -159,6 +159,7 @@ class Rest:
             retries=False,
             preload_content=False,
         )
+        ended = False
         try:
             if response.status >= 400:
                 raise ApiError(response.status, response.reason or "", response.read().decode(errors="replace"))
@@ -169,7 +170,10 @@ class Rest:
                 for line in lines:
                     if line.strip():
                         yield json.loads(line)
+            ended = True
         finally:
+            if not ended and response.status < 400:
+                response.close()  # left early: the server is still streaming; never reuse that connection
             response.release_conn()
 
     def _url(self, path: str, query: dict[str, Any] | None) -> str:

@@ -7,6 +7,7 @@ import base64
 import json
 import pathlib
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -126,3 +127,23 @@ def test_the_agent_api_lists_watches_and_attests_its_own_nodes_registrations(
     assert lease.metadata.annotations[api.AGENT_LEASE_BOOT_ID] == "b"
     assert lease.metadata.annotations[api.AGENT_LEASE_HOST_ID] == "h"
     assert agent.get_registration(namespace, "absent") is None
+
+
+def test_a_watch_left_early_does_not_leave_its_open_stream_to_the_next_request(
+    coroner_api: Cluster, admin: k8s.ApiClient, namespace: str
+) -> None:
+    client = Rest.from_kubeconfig(coroner_api.kubeconfig, pool_size=1)  # one connection: the next request reuses it
+    path = f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{namespace}/{api.PLURAL}"
+    version = client.request("GET", path)["metadata"]["resourceVersion"]
+    creator = threading.Timer(
+        0.5, lambda: kube.create_registration(admin, namespace, kube.registration_body(name="w0", node="rest-node"))
+    )
+    creator.start()
+    for event in client.watch(path, query={"resourceVersion": version}, timeout_seconds=20):
+        assert event["type"] == "ADDED"
+        break  # the stream is idle now, and stays open on the server for 20 s
+    creator.join()
+    started = time.monotonic()
+    listed = client.request("GET", path, timeout=5)
+    assert [i["metadata"]["name"] for i in listed["items"]] == ["w0"]
+    assert time.monotonic() - started < 5

@@ -389,7 +389,7 @@ class Reconciler:
     # --- background loops ----------------------------------------------------------------------
 
     async def run_event_poster(self) -> None:
-        """Posts the Events of retirements, in the order they landed."""
+        """Posts the Events of retirements (a few posters: about, not exactly, in the order they landed)."""
         while True:
             body, reason, message = await self._events.get()
             try:
