@@ -599,7 +599,13 @@ class Bench:
 
     def start_operator(self, *extra: str, metrics_port: int) -> Component:
         token = mint_token(self.cluster, service_account=f"{SYSTEM}/coroner-operator")
-        argv = [str(BIN / "coroner-operator"), f"--kubeconfig={token}", f"--metrics-port={metrics_port}", *extra]
+        argv = [
+            str(BIN / "coroner-operator"),
+            f"--kubeconfig={token}",
+            f"--metrics-port={metrics_port}",
+            "--metrics-bind-address=127.0.0.1",
+            *extra,
+        ]
         component = Component("operator", argv, log_path=self.dir / "logs" / "operator.log")
         self.components.append(component)
         deadline = time.monotonic() + 60

@@ -258,7 +258,9 @@ def test_metrics_and_optional_garbage_collection_of_retired_registrations(
     gc_rbac = kube.MANIFESTS / "components" / "retired-gc" / "rbac.yaml"
     kube.kubectl(granted, "apply", "-f", str(gc_rbac))
     config = components.operator_kubeconfig(granted)
-    argv = components.operator_argv(config, f"--metrics-port={port}", "--retired-ttl-seconds=3")
+    argv = components.operator_argv(
+        config, f"--metrics-port={port}", "--metrics-bind-address=127.0.0.1", "--retired-ttl-seconds=3"
+    )
     try:
         with components.process(argv, log=tmp_path / "operator.log"):
             _register(admin, namespace, "w1", heartbeat_age=120)

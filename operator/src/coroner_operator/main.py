@@ -36,6 +36,7 @@ def build_registry(
     metrics: Metrics,
     runtime: Runtime,
     metrics_port: int | None,
+    metrics_address: str = "0.0.0.0",
 ) -> kopf.OperatorRegistry:
     """A kopf registry with Coroner's handlers, startup and cleanup; one per operator instance."""
     registry = kopf.OperatorRegistry()
@@ -67,7 +68,7 @@ def build_registry(
         loops += [reconciler.run_worker() for _ in range(settings_.workers)]
         loops += [reconciler.run_event_poster() for _ in range(settings_.event_posters)]
         if metrics_port is not None:
-            loops.append(_serve_http(metrics_port, metrics, reconciler))
+            loops.append(_serve_http(metrics_address, metrics_port, metrics, reconciler))
         runtime.tasks = [asyncio.create_task(loop) for loop in loops]
         for task in runtime.tasks:
             task.add_done_callback(_stop_if_failed)
@@ -118,7 +119,7 @@ async def _whoami(kube: KubeApi) -> str:
             delay = min(delay * 2, 5.0)
 
 
-async def _serve_http(port: int, metrics: Metrics, reconciler: Reconciler) -> None:
+async def _serve_http(address: str, port: int, metrics: Metrics, reconciler: Reconciler) -> None:
     """/metrics (Prometheus) and /healthz: alive while the sweep loop keeps completing sweeps."""
     started = utcnow()
 
@@ -138,7 +139,7 @@ async def _serve_http(port: int, metrics: Metrics, reconciler: Reconciler) -> No
     app.add_routes([web.get("/metrics", metrics_view), web.get("/healthz", healthz)])
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "0.0.0.0", port)
+    site = web.TCPSite(runner, address, port)
     await site.start()
     try:
         await asyncio.Event().wait()
@@ -151,6 +152,12 @@ async def _serve_http(port: int, metrics: Metrics, reconciler: Reconciler) -> No
 @click.option("--namespace", "namespaces", multiple=True, help="Serve only these namespaces (repeatable; globs).")
 @click.option("--all-namespaces", "-A", is_flag=True, help="Serve every namespace (the default without --namespace).")
 @click.option("--metrics-port", type=int, default=None, help="Serve /metrics and /healthz on this port.")
+@click.option(
+    "--metrics-bind-address",
+    default="0.0.0.0",
+    show_default=True,
+    help="Address /metrics and /healthz listen on (all addresses in a pod; 127.0.0.1 keeps them on this host).",
+)
 @click.option("--workers", type=int, default=8, show_default=True, help="Concurrent reconciles.")
 @click.option("--resync-seconds", type=float, default=60.0, show_default=True)
 @click.option(
@@ -175,6 +182,7 @@ def main(
     namespaces: tuple[str, ...],
     all_namespaces: bool,
     metrics_port: int | None,
+    metrics_bind_address: str,
     workers: int,
     resync_seconds: float,
     permission_refresh_seconds: float,
@@ -212,6 +220,7 @@ def main(
         metrics=Metrics(),
         runtime=runtime,
         metrics_port=metrics_port,
+        metrics_address=metrics_bind_address,
     )
     clusterwide = all_namespaces or not namespaces
     # Agent Leases live in the system namespace: a namespaced operator must watch it too, or every
