@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import datetime
 import json
 import os
 import pathlib
@@ -212,3 +213,34 @@ def _load_client_certificate(ctx: ssl.SSLContext, user: dict[str, Any], file: An
         key.touch(mode=0o600)
         key.write_bytes(base64.b64decode(user["client-key-data"]))
         ctx.load_cert_chain(str(cert), str(key))
+
+
+def leases_path(namespace: str, name: str | None = None) -> str:
+    path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+    return f"{path}/{name}" if name else path
+
+
+def upsert_lease(
+    client: Rest, *, namespace: str, name: str, holder: str, duration: int, annotations: dict[str, str]
+) -> None:
+    """Creates or renews a Lease (the agent's liveness, the operator's own heartbeat): renewTime now,
+    the given holder and duration, annotations merged. The renewal is a PUT carrying the
+    resourceVersion read: a compare-and-swap, so a concurrent writer makes it fail, not vanish."""
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    try:
+        lease = client.request("GET", leases_path(namespace, name))
+    except ApiError as exc:
+        if exc.status != 404:
+            raise
+        created = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
+            "spec": {"holderIdentity": holder, "leaseDurationSeconds": duration, "acquireTime": now, "renewTime": now},
+        }
+        client.request("POST", leases_path(namespace), body=created)
+        return
+    metadata = lease.setdefault("metadata", {})
+    metadata["annotations"] = {**(metadata.get("annotations") or {}), **annotations}
+    lease.setdefault("spec", {}).update(holderIdentity=holder, leaseDurationSeconds=duration, renewTime=now)
+    client.request("PUT", leases_path(namespace, name), body=lease)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import json
 import logging
 import threading
@@ -18,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from coroner import api
-from coroner.rest import JSON_PATCH, ApiError, Rest
+from coroner.rest import JSON_PATCH, ApiError, Rest, upsert_lease
 
 logger = logging.getLogger("coroner.agent")
 
@@ -64,10 +63,6 @@ class AgentApi:
     def _registrations(self, namespace: str | None = None, name: str | None = None) -> str:
         scope = f"/namespaces/{namespace}" if namespace else ""
         return f"/apis/{api.GROUP}/{api.VERSION}{scope}/{api.PLURAL}" + (f"/{name}" if name else "")
-
-    def _lease(self, name: str | None = None) -> str:
-        path = f"/apis/coordination.k8s.io/v1/namespaces/{self.system_namespace}/leases"
-        return f"{path}/{name}" if name else path
 
     def whoami(self) -> str:
         """The agent's username (recorded in attestations). Retried while the API server is
@@ -120,30 +115,10 @@ class AgentApi:
     def renew_lease(self, *, holder: str, duration: int, annotations: dict[str, str]) -> None:
         """Creates or renews coroner-agent-<node>: agent liveness is observable, never assumed."""
         name = f"{api.AGENT_LEASE_PREFIX}{self.node_name}"
-        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        try:
-            lease = self.rest.request("GET", self._lease(name))
-        except ApiError as exc:
-            if exc.status != 404:
-                raise
-            lease = {
-                "apiVersion": "coordination.k8s.io/v1",
-                "kind": "Lease",
-                "metadata": {"name": name, "annotations": annotations},
-                "spec": {
-                    "holderIdentity": holder,
-                    "leaseDurationSeconds": duration,
-                    "acquireTime": now,
-                    "renewTime": now,
-                },
-            }
-            self.rest.request("POST", self._lease(), body=lease)
-            return
-        metadata = lease.setdefault("metadata", {})
-        metadata["annotations"] = {**(metadata.get("annotations") or {}), **annotations}
-        spec = lease.setdefault("spec", {})
-        spec.update(holderIdentity=holder, leaseDurationSeconds=duration, renewTime=now)
-        self.rest.request("PUT", self._lease(name), body=lease)  # resourceVersion kept: a CAS write
+        upsert_lease(
+            self.rest, namespace=self.system_namespace, name=name, holder=holder, duration=duration,
+            annotations=annotations,
+        )  # fmt: skip
 
     def watch_registrations(
         self,

@@ -17,17 +17,11 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from coroner import api, retirement
-from coroner.rest import JSON_PATCH, ApiError, Rest
+from coroner.rest import JSON_PATCH, ApiError, Rest, leases_path, upsert_lease
 
 T = TypeVar("T")
 
 logger = logging.getLogger("coroner.operator")
-
-COORDINATION = "/apis/coordination.k8s.io/v1"
-
-
-def _micro_time(moment: datetime.datetime) -> str:
-    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class KubeApi:
@@ -93,7 +87,7 @@ class KubeApi:
 
     async def list_leases(self, *, namespace: str) -> list[dict[str, Any]]:
         """A live read of the Leases in one namespace (the fence right before a retirement)."""
-        result = await self._request("GET", f"{COORDINATION}/namespaces/{namespace}/leases")
+        result = await self._request("GET", leases_path(namespace))
         return list(result.get("items") or [])
 
     async def get_node(self, *, name: str) -> dict[str, Any] | None:
@@ -131,27 +125,7 @@ class KubeApi:
         self, *, namespace: str, name: str, holder: str, duration: int, annotations: dict[str, str]
     ) -> None:
         """Creates or renews a Lease (the operator's own heartbeat, read by `kubectl coroner doctor`)."""
-        now = _micro_time(datetime.datetime.now(datetime.UTC))
-        path = f"{COORDINATION}/namespaces/{namespace}/leases"
-        try:
-            lease = await self._request("GET", f"{path}/{name}")
-        except ApiError as exc:
-            if exc.status != 404:
-                raise
-            body = {
-                "apiVersion": "coordination.k8s.io/v1",
-                "kind": "Lease",
-                "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
-                "spec": {
-                    "holderIdentity": holder,
-                    "leaseDurationSeconds": duration,
-                    "renewTime": now,
-                    "acquireTime": now,
-                },
-            }
-            await self._request("POST", path, body=body)
-            return
-        metadata = lease.setdefault("metadata", {})
-        metadata["annotations"] = {**(metadata.get("annotations") or {}), **annotations}
-        lease.setdefault("spec", {}).update(holderIdentity=holder, leaseDurationSeconds=duration, renewTime=now)
-        await self._request("PUT", f"{path}/{name}", body=lease)  # resourceVersion kept: a CAS write
+        await self._run(
+            upsert_lease, self.rest, namespace=namespace, name=name, holder=holder, duration=duration,
+            annotations=annotations,
+        )  # fmt: skip
