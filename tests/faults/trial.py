@@ -634,8 +634,9 @@ class ForeignAttestation(Fault):
         self.trial.rogue_pods.add(self.pod)
         refused, accepted = self.trial.refusals(self._attempts(plane))
         self.facts.update(refused=refused, accepted=accepted, lease_holders=[])
-        # Let the misconfigured agent run: it relists node B's registrations and tries to attest them,
-        # and renews node B's agent Lease (which no admission policy guards).
+        # Let the misconfigured agent run until it has tried both: attesting node B's registrations
+        # and renewing node B's agent Lease (refused by coroner-agent-renews-own-lease-only since
+        # finding 2 was fixed; before, it took the Lease over, and this waited for that).
         lease_name = f"{api.AGENT_LEASE_PREFIX}{self.node}"
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -647,10 +648,8 @@ class ForeignAttestation(Fault):
                 )
                 if holder not in self.facts["lease_holders"]:
                     self.facts["lease_holders"].append(holder)
-            if (
-                "attest failed" in self.rogue_log.read_text(errors="replace")
-                and self.pod in self.facts["lease_holders"]
-            ):
+            log = self.rogue_log.read_text(errors="replace")
+            if "attest failed" in log and ("lease renewal failed" in log or self.pod in self.facts["lease_holders"]):
                 break
             time.sleep(0.2)
 
@@ -705,12 +704,16 @@ class ForeignAttestation(Fault):
         self.facts["rogue_attest_refusals"] = text.count("attest failed")
         self.facts["rogue_forbidden"] = text.count("Forbidden") + text.count("403")
         self.facts["rogue_renewed_lease"] = self.pod in self.facts["lease_holders"]
+        if self.facts["rogue_renewed_lease"]:
+            self.trial.violation("admission_breaches", None, f"{self.pod} renewed {self.node}'s agent Lease")
 
     def verify(self) -> None:
         if self.facts.get("accepted"):
             self.failures.append(f"accepted: {self.facts['accepted']}")
         if not self.facts.get("rogue_attest_refusals"):
             self.failures.append("the misconfigured agent never tried to attest (nothing was refused)")
+        if "lease renewal failed" not in self.rogue_log.read_text(errors="replace"):
+            self.failures.append("the misconfigured agent never tried to renew the other node's Lease")
 
 
 @fault("worker_attestation")
