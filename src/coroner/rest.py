@@ -96,6 +96,13 @@ class Rest:
         def file(value: str) -> str:
             return str(base / value)
 
+        for plugin in ("exec", "auth-provider"):
+            if user.get(plugin):
+                raise ValueError(
+                    f"kubeconfig {path}: user {context.get('user')!r} authenticates with {plugin!r}, which Coroner's "
+                    "components do not run; give them a ServiceAccount token (token or tokenFile) or a client "
+                    "certificate"
+                )
         ctx = ssl.create_default_context()
         if cluster.get("insecure-skip-tls-verify"):
             raise ValueError(f"kubeconfig {path}: insecure-skip-tls-verify is not supported by Coroner")

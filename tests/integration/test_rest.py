@@ -80,6 +80,19 @@ def test_in_cluster_credentials_and_a_rotated_token_file(
     assert username(client).endswith(":coroner-operator")
 
 
+def test_a_kubeconfig_it_cannot_use_is_refused_with_the_fix(cluster: Cluster, tmp_path: pathlib.Path) -> None:
+    config = kubeconfig_of(cluster.kubeconfig)
+    config["users"][0]["user"] = {"exec": {"command": "aws", "apiVersion": "client.authentication.k8s.io/v1"}}
+    path = tmp_path / "exec.kubeconfig"
+    path.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"authenticates with 'exec'.*ServiceAccount token"):
+        Rest.from_kubeconfig(path)
+    config["current-context"] = "elsewhere"
+    path.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="no context named 'elsewhere'"):
+        Rest.from_kubeconfig(path)
+
+
 def test_errors_carry_the_status_and_the_servers_message(cluster: Cluster) -> None:
     client = Rest.from_kubeconfig(components.agent_kubeconfig(cluster, "rest-node"))
     with pytest.raises(ApiError) as forbidden:
