@@ -422,7 +422,7 @@ def decide(*, registration: Registration, facts: Facts, policy: Policy, now: dat
             f"{what}: no agent Lease for {known.node_name} was seen; it is decided once the node's "
             f"agent publishes a live Lease.",
         )
-    agent_until = _lease_expiry(agent.renew_time, agent.lease_duration_seconds)
+    agent_until = lease_expiry(agent.renew_time, agent.lease_duration_seconds)
     if agent_until is None or now >= agent_until:
         state = "does not say when it expires" if agent_until is None else f"expired at {_stamp(agent_until)}"
         return trail.conclude(
@@ -526,7 +526,7 @@ def _remaining_lines(
     for lease in facts.protecting_leases:
         if lease.namespace != known.namespace or lease.holder_identity not in holders:
             continue
-        until = _lease_expiry(lease.renew_time, lease.lease_duration_seconds)
+        until = lease_expiry(lease.renew_time, lease.lease_duration_seconds)
         if until is None or now < until:
             protecting.append((lease, until))
     if protecting:
@@ -581,7 +581,7 @@ def _node_disappearance(
         trail.evidence["node"] = _node_json(node)
     if agent is not None:
         trail.evidence["agent"] = _agent_json(agent, now=now)
-    agent_until = None if agent is None else _lease_expiry(agent.renew_time, agent.lease_duration_seconds)
+    agent_until = None if agent is None else lease_expiry(agent.renew_time, agent.lease_duration_seconds)
     # A live agent on the incarnation's boot proves the machine still runs it: whatever the Node
     # object says (a stray taint, a deleted-and-recreated Node), that agent can and must attest.
     agent_on_same_boot = (
@@ -725,7 +725,7 @@ def _is_self(registration: Registration, peer: Registration) -> bool:
     return peer.namespace == registration.namespace and peer.name == registration.name
 
 
-def _lease_expiry(renew_time: datetime.datetime | None, duration_seconds: float | None) -> datetime.datetime | None:
+def lease_expiry(renew_time: datetime.datetime | None, duration_seconds: float | None) -> datetime.datetime | None:
     """renewTime + leaseDurationSeconds, or None where either is unknown."""
     if renew_time is None or duration_seconds is None:
         return None
@@ -792,7 +792,7 @@ def _attestation_json(attestation: Attestation, *, now: datetime.datetime) -> di
 
 
 def _agent_json(agent: AgentFacts, *, now: datetime.datetime) -> dict[str, JSONValue]:
-    until = _lease_expiry(agent.renew_time, agent.lease_duration_seconds)
+    until = lease_expiry(agent.renew_time, agent.lease_duration_seconds)
     duration = agent.lease_duration_seconds
     return {
         "bootId": agent.boot_id,

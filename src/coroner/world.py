@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from coroner import api, model
-from coroner.decision import AgentFacts, Facts, LeaseFacts, NodeFacts
+from coroner.decision import AgentFacts, Facts, LeaseFacts, NodeFacts, lease_expiry
 
 Key = tuple[str, str]  # (namespace, name)
 
@@ -196,6 +196,30 @@ class World:
             return "system", None
         self.leases[facts.namespace][facts.name] = facts
         return "lease", facts.namespace
+
+    def is_routine_agent_renewal(self, body: Mapping[str, Any], *, now: datetime.datetime) -> bool:
+        """An agent Lease update that only moves the expiry of an agent that is live at `now`.
+
+        No decision changes by it: one that stopped at the agent line saw the agent live and still
+        does, with the same boot and host; one that depends on the expiry was scheduled to be decided
+        again at the old expiry, when it will read the new one. Anything else about the agent —
+        first sight, a boot or host id, a duration, a renewal after the Lease had expired — is not
+        routine, and re-decides every registration on the node."""
+        facts = lease_facts(body)
+        if facts.namespace != self.system_namespace or not facts.name.startswith(api.AGENT_LEASE_PREFIX):
+            return False
+        old = self.agents.get(facts.name[len(api.AGENT_LEASE_PREFIX) :])
+        if old is None:
+            return False
+        new = agent_facts_from_lease(body)
+        old_until = lease_expiry(old.renew_time, old.lease_duration_seconds)
+        new_until = lease_expiry(new.renew_time, new.lease_duration_seconds)
+        return (
+            old_until is not None
+            and new_until is not None
+            and now < old_until <= new_until
+            and dataclasses.replace(old, renew_time=new.renew_time) == new
+        )
 
     def forget_lease(self, body: Mapping[str, Any]) -> tuple[str, str | None]:
         facts = lease_facts(body)

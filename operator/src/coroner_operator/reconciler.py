@@ -476,6 +476,11 @@ class Reconciler:
             self.enqueue(peer)
 
     def on_lease(self, body: dict[str, Any], *, deleted: bool) -> None:
+        if not deleted and self.world.is_routine_agent_renewal(body, now=utcnow()):
+            # Every agent renews every few seconds: re-deciding its whole node each time would be
+            # O(registrations) of work per renewal for decisions that cannot change.
+            self.world.put_lease(body)
+            return
         kind, subject = self.world.forget_lease(body) if deleted else self.world.put_lease(body)
         if kind == "agent" and subject is not None:
             for key in self.world.keys_on_node(subject):

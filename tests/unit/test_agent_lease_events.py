@@ -1,0 +1,101 @@
+"""Which agent Lease events re-decide the node's registrations: every change that can change a
+decision, and not the routine renewal of a live agent (which only moves the expiry, and each
+decision that depends on the expiry already has a timer at it)."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import pytest
+
+from coroner import api
+from coroner.decision import Policy
+from coroner.model import format_time
+from coroner.world import World
+from coroner_operator.metrics import Metrics
+from coroner_operator.reconciler import OperatorSettings, Reconciler
+from unit.builders import BOOT, HOST, NODE, make_registration
+
+pytestmark = pytest.mark.unit
+
+UTC = datetime.UTC
+
+
+def agent_lease(
+    *, renewed: datetime.datetime, boot_id: str = BOOT, host_id: str = HOST, duration: int = 40, holder: str = "pod-1"
+) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "namespace": api.SYSTEM_NAMESPACE,
+            "name": f"{api.AGENT_LEASE_PREFIX}{NODE}",
+            "annotations": {api.AGENT_LEASE_BOOT_ID: boot_id, api.AGENT_LEASE_HOST_ID: host_id},
+        },
+        "spec": {
+            "holderIdentity": holder,
+            "renewTime": format_time(renewed, fraction=True),
+            "leaseDurationSeconds": duration,
+        },
+    }
+
+
+def reconciler_with_three_registrations() -> Reconciler:
+    world = World(system_namespace=api.SYSTEM_NAMESPACE)
+    reconciler = Reconciler(
+        world=world,
+        kube=None,
+        policy=Policy(),
+        metrics=Metrics(),
+        settings=OperatorSettings(),  # type: ignore[arg-type]
+    )
+    for i in range(3):
+        world.put_registration(make_registration(name=f"w{i}", uid=f"u{i}"))
+    return reconciler
+
+
+def test_a_routine_renewal_of_a_live_agent_re_decides_nothing() -> None:
+    r = reconciler_with_three_registrations()
+    now = datetime.datetime.now(UTC)
+    r.on_lease(agent_lease(renewed=now - datetime.timedelta(seconds=10)), deleted=False)
+    assert r._queue.pending == 3, "first sight of the agent: decide its node again"
+    r._queue = type(r._queue)()
+    r.on_lease(agent_lease(renewed=now), deleted=False)
+    assert r._queue.pending == 0
+    assert r.world.agents[NODE].renew_time == now, "the cache still moves on"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"boot_id": "another-boot"},
+        {"host_id": "another-host"},
+        {"duration": 15},
+    ],
+    ids=["boot id", "host id", "duration"],
+)
+def test_a_renewal_that_changes_what_the_agent_publishes_re_decides_the_node(change: dict[str, Any]) -> None:
+    r = reconciler_with_three_registrations()
+    now = datetime.datetime.now(UTC)
+    r.on_lease(agent_lease(renewed=now - datetime.timedelta(seconds=10)), deleted=False)
+    r._queue = type(r._queue)()
+    r.on_lease(agent_lease(renewed=now, **change), deleted=False)
+    assert r._queue.pending == 3
+
+
+def test_a_renewal_after_the_lease_had_expired_re_decides_the_node() -> None:
+    r = reconciler_with_three_registrations()
+    now = datetime.datetime.now(UTC)
+    r.on_lease(agent_lease(renewed=now - datetime.timedelta(seconds=60)), deleted=False)  # expired 20 s ago
+    r._queue = type(r._queue)()
+    r.on_lease(agent_lease(renewed=now), deleted=False)
+    assert r._queue.pending == 3, "decided AgentUnavailable while it was expired: decide again now"
+
+
+def test_a_deleted_agent_lease_re_decides_the_node() -> None:
+    r = reconciler_with_three_registrations()
+    now = datetime.datetime.now(UTC)
+    lease = agent_lease(renewed=now)
+    r.on_lease(lease, deleted=False)
+    r._queue = type(r._queue)()
+    r.on_lease(lease, deleted=True)
+    assert r._queue.pending == 3
