@@ -146,11 +146,7 @@ class Registration:
                 observed_generation=parsed.generation,
                 now=datetime.datetime.now(datetime.UTC),
             )
-            ops = retirement.status_ops(
-                body=body,
-                resource_version=str(body["metadata"]["resourceVersion"]),
-                conditions=conditions.render_conditions(updated),
-            )
+            ops = retirement.release_ops(body=body, conditions=conditions.render_conditions(updated))
             try:
                 patch_registration_status(self.client, namespace=self.namespace, name=self.name, body=ops)
                 return

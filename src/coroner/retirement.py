@@ -4,6 +4,8 @@ Every status write Coroner makes is a JSON patch that first `test`s the resource
 from (and, for a retirement, the attestation it relied on, verbatim): if anything moved, the
 server answers 422 and the writer re-reads and decides again. Never a blind write, never a merge
 patch (which would replace the whole conditions list and could erase what another writer added).
+One write tests the field it replaces instead of the resourceVersion: the launcher's goodbye
+(`release_ops`, which says why).
 """
 
 from __future__ import annotations
@@ -55,6 +57,27 @@ def status_ops(
     if retirement is not None:
         ops.append({"op": "add", "path": "/status/retirement", "value": retirement})
     return ops
+
+
+def release_ops(*, body: Mapping[str, Any], conditions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The worker's goodbye (Released): sets status.conditions only if they are exactly as read.
+
+    The one status write guarded by the field it replaces rather than by the resourceVersion, on
+    purpose: the agent's Dead attestation of the very exit the worker is reporting lands in the same
+    milliseconds and changes only status.attestation, so a resourceVersion test would lose the
+    goodbye to that attestation (and then, one round trip later, to the retirement it allows). A
+    retirement always changes the conditions (it sets Retired), so it still makes this write fail;
+    so does any other condition written since the read. Without conditions yet: the resourceVersion.
+    """
+    status = body.get("status")
+    if isinstance(status, Mapping) and isinstance(status.get("conditions"), list) and status["conditions"]:
+        return [
+            {"op": "test", "path": "/status/conditions", "value": status["conditions"]},
+            {"op": "replace", "path": "/status/conditions", "value": conditions},
+        ]
+    return status_ops(
+        body=body, resource_version=str((body.get("metadata") or {}).get("resourceVersion")), conditions=conditions
+    )
 
 
 def event_body(
