@@ -123,12 +123,15 @@ class Registration:
     def release(self, *, message: str) -> None:
         """Marks Released=True (the worker said goodbye) under compare-and-swap; retries on conflict.
 
-        The first attempt writes against the body of the last heartbeat (or the creation), so a clean
-        exit costs one request: the same exit is racing through the agent's Dead attestation and the
-        operator's retirement, and a worker that said goodbye should read Released, not Retired. A
-        conflict (something changed since) re-reads and tries again."""
+        The first attempt writes against the body of the last heartbeat when it has conditions, so a
+        clean exit costs one request: the same exit is racing through the agent's Dead attestation
+        and the operator's retirement, and a worker that said goodbye should read Released, not
+        Retired. A conflict (a condition changed since) re-reads and tries again; a retirement that
+        won the race ends it (the registration is terminal)."""
         custom = k8s.CustomObjectsApi(self.client)
-        body: dict[str, Any] | None = self.body
+        # The goodbye tests the conditions it replaces (retirement.release_ops): a body without any
+        # (the creation's, when no heartbeat came back since) is read once more first.
+        body: dict[str, Any] | None = self.body if (self.body.get("status") or {}).get("conditions") else None
         for _ in range(10):
             if body is None:
                 body = custom.get_namespaced_custom_object(
