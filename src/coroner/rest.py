@@ -32,6 +32,11 @@ import yaml
 #: Where a pod finds its ServiceAccount credentials (a test points it elsewhere).
 SERVICE_ACCOUNT_DIR = pathlib.Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REREAD_SECONDS = 60.0
+#: A kept-alive connection the server (or a proxy) has closed fails the next request sent on it:
+#: retry that, as the kubernetes client's urllib3 does. Read errors are retried only for idempotent
+#: methods (urllib3's default set: GET, PUT, DELETE, ...), never a POST or a PATCH, whose first
+#: attempt may have landed; HTTP error statuses are returned, not retried.
+RETRIES = urllib3.Retry(total=3, connect=3, read=2, status=0, redirect=0, backoff_factor=0.1)
 JSON = "application/json"
 JSON_PATCH = "application/json-patch+json"
 
@@ -150,7 +155,7 @@ class Rest:
             body=None if body is None else json.dumps(body).encode(),
             headers=self._headers(content_type if body is not None else None),
             timeout=urllib3.Timeout(connect=10.0, read=timeout or self._timeout),
-            retries=False,
+            retries=RETRIES,
         )
         if response.status >= 400:
             raise ApiError(response.status, response.reason or "", response.data.decode(errors="replace"))
@@ -164,7 +169,7 @@ class Rest:
             self._url(path, {**query, "watch": "true", "timeoutSeconds": timeout_seconds}),
             headers=self._headers(None),
             timeout=urllib3.Timeout(connect=10.0, read=timeout_seconds + 30.0),
-            retries=False,
+            retries=RETRIES,
             preload_content=False,
         )
         ended = False
