@@ -29,6 +29,8 @@ from typing import Any
 import urllib3
 import yaml
 
+from coroner import api, model
+
 #: Where a pod finds its ServiceAccount credentials (a test points it elsewhere).
 SERVICE_ACCOUNT_DIR = pathlib.Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REREAD_SECONDS = 60.0
@@ -227,6 +229,12 @@ def _load_client_certificate(ctx: ssl.SSLContext, user: dict[str, Any], file: An
         ctx.load_cert_chain(str(cert), str(key))
 
 
+def registrations_path(namespace: str | None = None, name: str | None = None) -> str:
+    """WorkerRegistrations: all namespaces, one namespace, or one object (append "/status" for its status)."""
+    scope = f"/namespaces/{namespace}" if namespace else ""
+    return f"/apis/{api.GROUP}/{api.VERSION}{scope}/{api.PLURAL}" + (f"/{name}" if name else "")
+
+
 def leases_path(namespace: str, name: str | None = None) -> str:
     path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
     return f"{path}/{name}" if name else path
@@ -238,7 +246,7 @@ def upsert_lease(
     """Creates or renews a Lease (the agent's liveness, the operator's own heartbeat): renewTime now,
     the given holder and duration, annotations merged. The renewal is a PUT carrying the
     resourceVersion read: a compare-and-swap, so a concurrent writer makes it fail, not vanish."""
-    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    now = model.format_time(datetime.datetime.now(datetime.UTC), fraction=True)
     try:
         lease = client.request("GET", leases_path(namespace, name))
     except ApiError as exc:

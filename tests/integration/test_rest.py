@@ -17,7 +17,7 @@ from kubernetes import client as k8s
 from coroner import api
 from coroner import rest as rest_mod
 from coroner.devcluster.cluster import Cluster
-from coroner.rest import ApiError, Rest
+from coroner.rest import ApiError, Rest, registrations_path
 from coroner_agent.kube import AgentApi
 from support import components, kube
 
@@ -117,7 +117,7 @@ def test_the_agent_api_lists_watches_and_attests_its_own_nodes_registrations(
 
     events: list[tuple[str, dict[str, Any]]] = []
     stream = agent.rest.watch(
-        agent._registrations(), query={"labelSelector": agent.selector, "resourceVersion": resource_version},
+        registrations_path(), query={"labelSelector": agent.selector, "resourceVersion": resource_version},
         timeout_seconds=5,
     )  # fmt: skip
     reader = threading.Thread(target=lambda: events.extend((e["type"], e["object"]) for e in stream))
@@ -146,7 +146,7 @@ def test_a_watch_left_early_does_not_leave_its_open_stream_to_the_next_request(
     coroner_api: Cluster, admin: k8s.ApiClient, namespace: str
 ) -> None:
     client = Rest.from_kubeconfig(coroner_api.kubeconfig, pool_size=1)  # one connection: the next request reuses it
-    path = f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{namespace}/{api.PLURAL}"
+    path = registrations_path(namespace)
     version = client.request("GET", path)["metadata"]["resourceVersion"]
     creator = threading.Timer(
         0.5, lambda: kube.create_registration(admin, namespace, kube.registration_body(name="w0", node="rest-node"))

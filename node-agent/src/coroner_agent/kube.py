@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from coroner import api
-from coroner.rest import JSON_PATCH, ApiError, Rest, upsert_lease
+from coroner.rest import JSON_PATCH, ApiError, Rest, registrations_path, upsert_lease
 
 logger = logging.getLogger("coroner.agent")
 
@@ -60,10 +60,6 @@ class AgentApi:
     def selector(self) -> str:
         return f"{api.NODE_LABEL}={self.node_name}"
 
-    def _registrations(self, namespace: str | None = None, name: str | None = None) -> str:
-        scope = f"/namespaces/{namespace}" if namespace else ""
-        return f"/apis/{api.GROUP}/{api.VERSION}{scope}/{api.PLURAL}" + (f"/{name}" if name else "")
-
     def whoami(self) -> str:
         """The agent's username (recorded in attestations). Retried while the API server is
         unreachable: an agent must come up with its node, not crash-loop through an outage."""
@@ -92,12 +88,12 @@ class AgentApi:
         return str(boot_id) if boot_id else None
 
     def list_registrations(self) -> tuple[list[dict[str, Any]], str]:
-        result = self.rest.request("GET", self._registrations(), query={"labelSelector": self.selector})
+        result = self.rest.request("GET", registrations_path(), query={"labelSelector": self.selector})
         return list(result.get("items") or []), str(result["metadata"]["resourceVersion"])
 
     def get_registration(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            return self.rest.request("GET", self._registrations(namespace, name))
+            return self.rest.request("GET", registrations_path(namespace, name))
         except ApiError as exc:
             if exc.status == 404:
                 return None
@@ -107,7 +103,7 @@ class AgentApi:
         meta = body["metadata"]
         return self.rest.request(
             "PATCH",
-            self._registrations(meta["namespace"], meta["name"]) + "/status",
+            registrations_path(meta["namespace"], meta["name"]) + "/status",
             body=attestation_ops(body, attestation),
             content_type=JSON_PATCH,
         )
@@ -145,7 +141,7 @@ class AgentApi:
                         "resourceVersion": resource_version,
                         "allowWatchBookmarks": True,
                     }
-                    for event in self.rest.watch(self._registrations(), query=query, timeout_seconds=timeout_seconds):
+                    for event in self.rest.watch(registrations_path(), query=query, timeout_seconds=timeout_seconds):
                         if stop.is_set():
                             break
                         obj = event.get("object") or {}

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from coroner import api, retirement
-from coroner.rest import JSON_PATCH, ApiError, Rest, leases_path, upsert_lease
+from coroner.rest import JSON_PATCH, ApiError, Rest, leases_path, registrations_path, upsert_lease
 
 T = TypeVar("T")
 
@@ -37,10 +37,6 @@ class KubeApi:
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         return await self._run(self.rest.request, method, path, **kwargs)
-
-    @staticmethod
-    def _registration(namespace: str, name: str) -> str:
-        return f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{namespace}/{api.PLURAL}/{name}"
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -69,7 +65,7 @@ class KubeApi:
 
     async def get_registration(self, *, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            return await self._request("GET", self._registration(namespace, name))
+            return await self._request("GET", registrations_path(namespace, name))
         except ApiError as exc:
             if exc.status == 404:
                 return None
@@ -78,12 +74,12 @@ class KubeApi:
     async def patch_status(self, *, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
         """A JSON patch of /status (never a merge patch: its `test`s are the compare-and-swap)."""
         return await self._request(
-            "PATCH", self._registration(namespace, name) + "/status", body=ops, content_type=JSON_PATCH
+            "PATCH", registrations_path(namespace, name) + "/status", body=ops, content_type=JSON_PATCH
         )
 
     async def delete_registration(self, *, namespace: str, name: str, resource_version: str) -> None:
         options = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"resourceVersion": resource_version}}
-        await self._request("DELETE", self._registration(namespace, name), body=options)
+        await self._request("DELETE", registrations_path(namespace, name), body=options)
 
     async def list_leases(self, *, namespace: str) -> list[dict[str, Any]]:
         """A live read of the Leases in one namespace (the fence right before a retirement)."""
