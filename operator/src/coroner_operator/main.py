@@ -16,7 +16,7 @@ import kopf
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from coroner import api
+from coroner import api, policy_json
 from coroner.decision import Policy
 from coroner.rest import Rest
 from coroner.world import World
@@ -73,10 +73,10 @@ def build_registry(
         for task in runtime.tasks:
             task.add_done_callback(_stop_if_failed)
         logger.info(
-            "operator started identity=%s nodeDeletionEvidence=%s workers=%s",
+            "operator started identity=%s workers=%s policy=%s",
             identity,
-            policy.node_deletion_evidence,
             settings_.workers,
+            policy_json.dump_policy(policy),
         )
 
     @kopf.on.cleanup(registry=registry)
@@ -171,9 +171,16 @@ async def _serve_http(address: str, port: int, metrics: Metrics, reconciler: Rec
     "--node-deletion-evidence/--no-node-deletion-evidence",
     default=False,
     show_default=True,
-    help="Accept a Node confirmed gone (live GET 404 or another UID, after a quarantine) as death evidence.",
+    help="Accept a Node confirmed gone (live GET 404 or another UID, after a quarantine) as death evidence. "
+    "Published with the rest of the policy on the operator's Lease, where kubectl coroner reads it.",
 )
-@click.option("--node-quarantine-seconds", type=float, default=40.0, show_default=True)
+@click.option(
+    "--node-quarantine-seconds",
+    type=float,
+    default=40.0,
+    show_default=True,
+    help="How long a Node must have been NotFound before --node-deletion-evidence counts it.",
+)
 @click.option("--retired-ttl-seconds", type=float, default=None, help="Delete retired registrations after this long.")
 @click.option("--system-namespace", default=api.SYSTEM_NAMESPACE, show_default=True)
 @click.option("--verbose", "-v", is_flag=True)

@@ -21,7 +21,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from coroner import api, model
+from coroner import api, model, policy_json
 from coroner.decision import Decision, NodeFacts, Policy, decide
 from coroner.reasons import EventReason, Reason
 from coroner.rest import ApiError
@@ -419,7 +419,12 @@ class Reconciler:
                         self.enqueue(key)
 
     async def run_sweeps(self) -> None:
-        """Periodic full re-decision; records the outcome per namespace on the operator's Lease."""
+        """Periodic full re-decision; records the outcome per namespace on the operator's Lease.
+
+        The Lease also carries the decision policy this operator runs with (api.POLICY_ANNOTATION),
+        published once before the first sweep (which may take a while on a large registry) and with
+        every sweep after it, so `kubectl coroner plan|apply|doctor` decide as the operator does."""
+        await self._write_operator_lease({})
         while True:
             started = utcnow()
             self._sweep_failures.clear()
@@ -439,19 +444,23 @@ class Reconciler:
                 "byReason": dict(by_reason),
                 "retirePermission": {ns: v for ns, v in self.world.retire_permission.items()},
             }
-            try:
-                await self.kube.upsert_lease(
-                    namespace=self.settings.system_namespace,
-                    name=api.OPERATOR_LEASE,
-                    holder=self.identity,
-                    duration=int(self.settings.resync_seconds * 3),
-                    annotations={api.LAST_SWEEP_ANNOTATION: json.dumps(self.last_sweep, sort_keys=True)},
-                )
-            except Exception as exc:  # an API outage must not end the sweeps (nor /healthz's evidence)
-                logger.warning(
-                    "operator lease not written namespace=%s error=%s", self.settings.system_namespace, describe(exc)
-                )
+            await self._write_operator_lease({api.LAST_SWEEP_ANNOTATION: json.dumps(self.last_sweep, sort_keys=True)})
             await asyncio.sleep(self.settings.resync_seconds)
+
+    async def _write_operator_lease(self, annotations: dict[str, str]) -> None:
+        """Renews the operator's Lease with `annotations` and the policy (other annotations are kept)."""
+        try:
+            await self.kube.upsert_lease(
+                namespace=self.settings.system_namespace,
+                name=api.OPERATOR_LEASE,
+                holder=self.identity,
+                duration=int(self.settings.resync_seconds * 3),
+                annotations={**annotations, api.POLICY_ANNOTATION: policy_json.dump_policy(self.policy)},
+            )
+        except Exception as exc:  # an API outage must not end the sweeps (nor /healthz's evidence)
+            logger.warning(
+                "operator lease not written namespace=%s error=%s", self.settings.system_namespace, describe(exc)
+            )
 
     # --- watch inputs --------------------------------------------------------------------------
 
