@@ -29,6 +29,9 @@ AGENT_LEASE_PREFIX: Final = "coroner-agent-"
 AGENT_LEASE_BOOT_ID: Final = f"{GROUP}/boot-id"
 AGENT_LEASE_HOST_ID: Final = f"{GROUP}/host-id"
 
+#: The Node taint (KEP-2268) by which a human declares a node shut down for good.
+OUT_OF_SERVICE_TAINT: Final = "node.kubernetes.io/out-of-service"
+
 #: The kernel's fixed inode of the root (initial) pid namespace: PROC_PID_INIT_INO.
 ROOT_PID_NAMESPACE_INODE: Final = 4026531836
 #: The kernel's upper bound for pid_max (PID_MAX_LIMIT on 64-bit).

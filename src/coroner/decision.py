@@ -144,7 +144,13 @@ class Decision:
     relied_on: Attestation | None = None
     """The attestation the decision read; a retirement's write tests it is unchanged."""
     next_evaluation_at: datetime.datetime | None = None
-    """The earliest instant the decision could change by the clock alone, or None."""
+    """The earliest instant the decision could change by the clock alone, or None — except for the
+    expiry of the agent Lease, which is `agent_expires_at`."""
+    agent_expires_at: datetime.datetime | None = None
+    """When the node's agent Lease expires, where the decision relied on that agent being live (or on
+    it blocking node-level evidence); the decision may change then. Kept apart from
+    `next_evaluation_at` because every agent renews every few seconds: the runtime watches it once
+    per node, not once per registration."""
 
     @property
     def retirable(self) -> bool:
@@ -195,6 +201,7 @@ class _Trail:
         self.deadlines: list[datetime.datetime] = []
         self.relied_on: Attestation | None = None
         self.death_evidence: Evidence | None = None
+        self.agent_expiry: datetime.datetime | None = None
 
     def changes_at(self, moment: datetime.datetime | None) -> None:
         """A fact already read flips at `moment` by the clock alone."""
@@ -209,6 +216,7 @@ class _Trail:
             death_evidence=self.death_evidence,
             relied_on=self.relied_on,
             next_evaluation_at=min(self.deadlines, default=None),
+            agent_expires_at=self.agent_expiry,
         )
 
 
@@ -270,12 +278,30 @@ def decide(*, registration: Registration, facts: Facts, policy: Policy, now: dat
     agent = facts.agents.get(known.node_name)
     node = facts.nodes.get(known.node_name)
     attestation = r.attestation
+    by_node_agent = attestation is not None and attestation.agent_node == known.node_name
+    if agent is not None:
+        trail.evidence["agent"] = _agent_json(agent, now=now)
+    if node is not None:
+        trail.evidence["node"] = _node_json(node)
+    if attestation is not None:
+        trail.relied_on = attestation
+        trail.evidence["attestation"] = _attestation_json(attestation, now=now)
 
-    # 5. An attestation from the agent of spec.nodeName — or, only when nothing was attested,
-    #    node-disappearance evidence the policy accepts.
-    if attestation is None or attestation.agent_node != known.node_name:
-        if attestation is not None:
-            trail.evidence["attestationAgentNode"] = attestation.agent_node
+    # 5. Node-level evidence the policy accepts, wherever no agent on the incarnation's boot can
+    #    speak any more: whatever that node's agent attested before (an Alive from an agent whose
+    #    Lease expired is evidence of nothing). A foreign or unparsable attestation is a
+    #    contradiction, and is never overridden.
+    if by_node_agent or _nothing_attested(r):
+        node_evidence = _node_evidence(trail, known=known, registration=r, node=node, agent=agent, policy=policy)
+        if node_evidence is not None:
+            trail.death_evidence = node_evidence
+            trail.relied_on = None
+            # Node evidence replaces the attestation lines and the agent line (the agent went with
+            # the node), but never takes a fast path: only an expired heartbeat TTL corroborates it.
+            return _remaining_lines(trail, known=known, registration=r, facts=facts, policy=policy, window=None)
+
+    # 6. An attestation from the agent of spec.nodeName.
+    if attestation is None or not by_node_agent:
         if not _nothing_attested(r):
             # Something was attested, by another node's agent or in a shape that does not parse:
             # a contradiction, never a stand-in for "nothing was attested".
@@ -285,19 +311,28 @@ def decide(*, registration: Registration, facts: Facts, policy: Policy, now: dat
                 f"{what} carries an attestation that is not from the agent of {known.node_name} (agent "
                 f"{agent_node!r}); it is decided once that agent attests this incarnation.",
             )
-        node_evidence = _node_disappearance(trail, known=known, registration=r, node=node, agent=agent, policy=policy)
-        if isinstance(node_evidence, Decision):
-            return node_evidence
-        trail.death_evidence = node_evidence
-        # Node evidence replaces the attestation lines and the agent line (the agent went with the
-        # node), but never takes a fast path: only an expired heartbeat TTL corroborates it.
-        return _remaining_lines(trail, known=known, registration=r, facts=facts, policy=policy, window=None)
+        silent = _agent_silence(agent, node_name=known.node_name, now=now)
+        if silent is None and agent is not None:
+            trail.agent_expiry = lease_expiry(agent.renew_time, agent.lease_duration_seconds)
+        if (
+            silent is None
+            and agent is not None
+            and agent.boot_id not in (None, known.boot_id)
+            and _vanished(known=known, registration=r, node=node)
+        ):
+            silent = f"its agent Lease {_agent_lease(known.node_name)} is live on another boot ({agent.boot_id})"
+        if silent is not None:
+            releases = _what_releases(known=known, registration=r, node=node, policy=policy)
+            return trail.conclude(Reason.AGENT_UNAVAILABLE, f"{what} has no attestation, and {silent}; {releases}")
+        return trail.conclude(
+            Reason.ATTESTATION_MISSING,
+            f"{what} has no attestation from the agent of {known.node_name}; it is decided once that "
+            f"agent attests this incarnation.",
+        )
 
-    trail.relied_on = attestation
-    trail.evidence["attestation"] = _attestation_json(attestation, now=now)
     by_agent = f"the agent of {known.node_name}"
 
-    # 6. About exactly this incarnation, on exactly this host.
+    # 7. About exactly this incarnation, on exactly this host.
     differing = [
         field
         for field, attested, registered in zip(
@@ -311,8 +346,6 @@ def decide(*, registration: Registration, facts: Facts, policy: Policy, now: dat
             f"{what}: {by_agent} attested a different incarnation ({', '.join(differing)} differ); it is "
             f"decided once the agent attests this exact incarnation.",
         )
-    if agent is not None:
-        trail.evidence["agent"] = _agent_json(agent, now=now)
     host_claims = {
         "attestation.hostId": attestation.host_id,
         "attestation.incarnation.hostId": attestation.incarnation.host_id,
@@ -329,11 +362,45 @@ def decide(*, registration: Registration, facts: Facts, policy: Policy, now: dat
             f"is decided once the agent on that host attests it.",
         )
 
-    # 7. The verdict is Dead, for a reason that proves it. Checked before freshness: a live or
+    # 8. The agent that attested still speaks for what it saw: its Lease is live, it publishes its
+    #    boot, the Node agrees, and that boot is the one it attested on. Checked before the verdict
+    #    whatever it is: a verdict is only as current as the agent behind it, so a worker whose
+    #    agent died with its node reads AgentUnavailable, never PidAlive.
+    verdict, cited = attestation.verdict, attestation.evidence
+    said = f"its last attestation ({verdict or '?'} by {cited or '?'}) no longer speaks for the process"
+    silent = _agent_silence(agent, node_name=known.node_name, now=now)
+    if agent is None or silent is not None:
+        return trail.conclude(
+            Reason.AGENT_UNAVAILABLE,
+            f"{what}: {silent}, so {said}; {_what_releases(known=known, registration=r, node=node, policy=policy)}",
+        )
+    agent_until = lease_expiry(agent.renew_time, agent.lease_duration_seconds)
+    trail.agent_expiry = agent_until
+    if agent.boot_id is None:
+        return trail.conclude(
+            Reason.BOOT_IDENTITY_UNKNOWN,
+            f"{what}: the agent Lease of {known.node_name} does not publish a boot id; it is decided "
+            f"once the agent publishes one.",
+        )
+    if node is not None and node.boot_id is not None and node.boot_id != agent.boot_id:
+        trail.evidence["nodeBootId"] = node.boot_id
+        return trail.conclude(
+            Reason.BOOT_IDENTITY_UNKNOWN,
+            f"{what}: the Node reports boot {node.boot_id} but its agent reports {agent.boot_id}; it is "
+            f"decided once they agree.",
+        )
+    if attestation.boot_id is not None and agent.boot_id != attestation.boot_id:
+        # The agent rebooted since it attested: what it saw belongs to a boot that is over.
+        return trail.conclude(
+            Reason.ATTESTATION_STALE,
+            f"{what}: the attestation was made on boot {attestation.boot_id} but the agent now runs on "
+            f"boot {agent.boot_id}; it is decided once the agent attests again.",
+        )
+
+    # 9. The verdict is Dead, for a reason that proves it. Checked before freshness: a live or
     # unknown verdict preserves whatever its age, and saying PidAlive rather than
     # HeartbeatAfterAttestation for every heartbeat of a live worker keeps the reason (and the
     # status) still while nothing changes.
-    verdict, cited = attestation.verdict, attestation.evidence
     if verdict == Verdict.ALIVE:
         return trail.conclude(
             Reason.PID_ALIVE,
@@ -360,7 +427,7 @@ def decide(*, registration: Registration, facts: Facts, policy: Policy, now: dat
             f"retirable after a Dead attestation by pidfd, /proc absence or boot boundary.",
         )
 
-    # 8. Fresh, and no heartbeat arrived after it (what a Dead verdict relies on).
+    # 10. Fresh, and no heartbeat arrived after it (what a Dead verdict relies on).
     if attestation.observed_time is None:
         return trail.conclude(
             Reason.ATTESTATION_STALE,
@@ -381,13 +448,6 @@ def decide(*, registration: Registration, facts: Facts, policy: Policy, now: dat
             Reason.ATTESTATION_STALE,
             f"{what}: the attestation does not say which boot its agent was on; it is decided once the "
             f"agent attests again.",
-        )
-    if agent is not None and agent.boot_id is not None and agent.boot_id != attestation.boot_id:
-        # The agent rebooted since it attested: what it saw belongs to a boot that is over.
-        return trail.conclude(
-            Reason.ATTESTATION_STALE,
-            f"{what}: the attestation was made on boot {attestation.boot_id} but the agent now runs on "
-            f"boot {agent.boot_id}; it is decided once the agent attests again.",
         )
     heartbeat_now = r.last_heartbeat_raw or ""
     if attestation.heartbeat_seen is None:
@@ -414,35 +474,6 @@ def decide(*, registration: Registration, facts: Facts, policy: Policy, now: dat
             f"contradicts the incarnation's boot {known.boot_id}; it is decided once the agent attests again.",
         )
     trail.death_evidence = death
-
-    # 9. The node's agent is live and knows its boot.
-    if agent is None:
-        return trail.conclude(
-            Reason.AGENT_UNAVAILABLE,
-            f"{what}: no agent Lease for {known.node_name} was seen; it is decided once the node's "
-            f"agent publishes a live Lease.",
-        )
-    agent_until = lease_expiry(agent.renew_time, agent.lease_duration_seconds)
-    if agent_until is None or now >= agent_until:
-        state = "does not say when it expires" if agent_until is None else f"expired at {_stamp(agent_until)}"
-        return trail.conclude(
-            Reason.AGENT_UNAVAILABLE,
-            f"{what}: the agent Lease of {known.node_name} {state}; it is decided once the agent renews it.",
-        )
-    trail.changes_at(agent_until)
-    if agent.boot_id is None:
-        return trail.conclude(
-            Reason.BOOT_IDENTITY_UNKNOWN,
-            f"{what}: the agent Lease of {known.node_name} does not publish a boot id; it is decided "
-            f"once the agent publishes one.",
-        )
-    if node is not None and node.boot_id is not None and node.boot_id != agent.boot_id:
-        trail.evidence["nodeBootId"] = node.boot_id
-        return trail.conclude(
-            Reason.BOOT_IDENTITY_UNKNOWN,
-            f"{what}: the Node reports boot {node.boot_id} but its agent reports {agent.boot_id}; it is "
-            f"decided once they agree.",
-        )
 
     window = policy.corroboration_window(evidence=death, interval_seconds=known.interval_seconds)
     return _remaining_lines(trail, known=known, registration=r, facts=facts, policy=policy, window=window)
@@ -565,7 +596,7 @@ def _remaining_lines(
     )
 
 
-def _node_disappearance(
+def _node_evidence(
     trail: _Trail,
     *,
     known: _Known,
@@ -573,62 +604,102 @@ def _node_disappearance(
     node: NodeFacts | None,
     agent: AgentFacts | None,
     policy: Policy,
-) -> Evidence | Decision:
-    """Node-level death evidence standing in for a missing attestation, or the preserve decision."""
+) -> Evidence | None:
+    """Node-level death evidence the policy accepts, or None.
+
+    Never while an agent that may still run on the incarnation's boot is live: that agent can and
+    must attest, whatever the Node object says (a stray taint, a deleted-and-recreated Node). An
+    agent Lease whose expiry or boot cannot be read may be that agent: unknown is never gone.
+    """
     now = trail.now
-    what = f"{trail.obj} (pid {known.pid} on {known.node_name})"
-    if node is not None:
-        trail.evidence["node"] = _node_json(node)
-    if agent is not None:
-        trail.evidence["agent"] = _agent_json(agent, now=now)
-    agent_until = None if agent is None else lease_expiry(agent.renew_time, agent.lease_duration_seconds)
-    # A live agent on the incarnation's boot proves the machine still runs it: whatever the Node
-    # object says (a stray taint, a deleted-and-recreated Node), that agent can and must attest.
-    agent_on_same_boot = (
-        agent is not None and agent.boot_id == known.boot_id and agent_until is not None and now < agent_until
-    )
-    if agent_on_same_boot:
-        trail.changes_at(agent_until)
-    uid_differs = (
-        node is not None
-        and node.exists is True
+    if node is None:
+        return None
+    if agent is not None and agent.boot_id in (None, known.boot_id):
+        until = lease_expiry(agent.renew_time, agent.lease_duration_seconds)
+        if until is None or now < until:
+            trail.agent_expiry = until
+            return None
+    if node.out_of_service and policy.node_out_of_service_evidence:
+        return Evidence.NODE_OUT_OF_SERVICE
+    if not policy.node_deletion_evidence:
+        return None
+    if node.exists is False and node.missing_since is not None:
+        quarantine_end = _after(
+            _aware(node.missing_since), datetime.timedelta(seconds=policy.node_deletion_quarantine_seconds)
+        )
+        if quarantine_end is not None and now >= quarantine_end:
+            return Evidence.NODE_DELETED
+        trail.changes_at(quarantine_end)
+        return None
+    if _replaced(known=known, registration=registration, node=node):
+        return Evidence.NODE_DELETED
+    return None
+
+
+def _replaced(*, known: _Known, registration: Registration, node: NodeFacts) -> bool:
+    """A Node of this name exists under another UID, and not as the same machine on the same boot.
+
+    `kubectl delete node` makes a running kubelet register its Node again under a new UID: a new
+    UID reporting the incarnation's boot is the same machine, not a replacement. (For a Node that
+    is down, nodeInfo.bootID is stale, so it proves nothing and is not consulted otherwise.)
+    """
+    return (
+        node.exists is True
         and node.uid is not None
         and registration.node_uid is not None
         and node.uid != registration.node_uid
+        and node.boot_id != known.boot_id
     )
-    # `kubectl delete node` makes a running kubelet register its Node again under a new UID: a new
-    # UID reporting the incarnation's boot is the same machine, not a replacement. (For a Node that
-    # is down, nodeInfo.bootID is stale, so it proves nothing and is not consulted otherwise.)
-    recreated_on_same_boot = uid_differs and node is not None and node.boot_id == known.boot_id
-    if node is not None and not agent_on_same_boot:
-        if node.out_of_service and policy.node_out_of_service_evidence:
-            return Evidence.NODE_OUT_OF_SERVICE
-        if policy.node_deletion_evidence:
-            if node.exists is False and node.missing_since is not None:
-                quarantine_end = _after(
-                    _aware(node.missing_since),
-                    datetime.timedelta(seconds=policy.node_deletion_quarantine_seconds),
-                )
-                if quarantine_end is not None and now >= quarantine_end:
-                    return Evidence.NODE_DELETED
-                trail.changes_at(quarantine_end)
-            elif uid_differs and not recreated_on_same_boot:
-                return Evidence.NODE_DELETED
 
-    vanished = node is not None and (
-        node.exists is False or node.out_of_service or (uid_differs and not recreated_on_same_boot)
+
+def _vanished(*, known: _Known, registration: Registration, node: NodeFacts | None) -> bool:
+    """The Node is gone, replaced, or declared out of service by a human."""
+    return node is not None and (
+        node.exists is False or node.out_of_service or _replaced(known=known, registration=registration, node=node)
     )
-    if vanished and not agent_on_same_boot:
-        return trail.conclude(
-            Reason.AGENT_UNAVAILABLE,
-            f"{what}: node {known.node_name} is gone and its agent attested nothing; it stays until an "
-            f"attestation arrives, or the node-deletion quarantine passes where policy accepts "
-            f"NodeDeleted, or the node is tainted out-of-service.",
+
+
+def _agent_lease(node_name: str) -> str:
+    return f"{api.AGENT_LEASE_PREFIX}{node_name}"
+
+
+def _agent_silence(agent: AgentFacts | None, *, node_name: str, now: datetime.datetime) -> str | None:
+    """Why the node's agent cannot speak now (its Lease is missing, expired or unreadable), or None."""
+    if agent is None:
+        return f"no agent Lease {_agent_lease(node_name)} was seen"
+    until = lease_expiry(agent.renew_time, agent.lease_duration_seconds)
+    if until is None:
+        return f"the agent Lease {_agent_lease(node_name)} does not say when it expires"
+    if now >= until:
+        return f"the agent Lease {_agent_lease(node_name)} expired at {_stamp(until)}"
+    return None
+
+
+def _what_releases(*, known: _Known, registration: Registration, node: NodeFacts | None, policy: Policy) -> str:
+    """The end of an AgentUnavailable detail: what would let this registration be decided."""
+    name = known.node_name
+    human = f"or `kubectl coroner apply --node-deletion-evidence` by a holder of the {api.RETIRE_VERB} verb"
+    if node is not None and node.out_of_service and not policy.node_out_of_service_evidence:
+        return (
+            f"node {name} is tainted out-of-service, but this policy does not accept NodeOutOfService; "
+            f"the agent attesting again, {human}, decides it."
         )
-    return trail.conclude(
-        Reason.ATTESTATION_MISSING,
-        f"{what} has no attestation from the agent of {known.node_name}; it is decided once that "
-        f"agent attests this incarnation.",
+    if node is not None and _vanished(known=known, registration=registration, node=node):
+        gone = "is gone" if node.exists is False else "was replaced by a Node with another UID"
+        if not policy.node_deletion_evidence:
+            return (
+                f"node {name} {gone}: the node-loss component (--node-deletion-evidence), the "
+                f"{api.OUT_OF_SERVICE_TAINT} taint, {human}, releases it."
+            )
+        if node.missing_since is not None:
+            end = _after(
+                _aware(node.missing_since), datetime.timedelta(seconds=policy.node_deletion_quarantine_seconds)
+            )
+            return f"node {name} {gone}; NodeDeleted applies when its quarantine ends at {_stamp(end or node.missing_since)}."
+        return f"node {name} {gone}; NodeDeleted applies once a live GET confirms it after the quarantine."
+    return (
+        f"it is decided once the agent renews its Lease and attests again (if node {name} is gone for "
+        f"good: the node-loss component, the {api.OUT_OF_SERVICE_TAINT} taint, {human})."
     )
 
 

@@ -19,8 +19,6 @@ from coroner.decision import AgentFacts, Facts, LeaseFacts, NodeFacts, lease_exp
 
 Key = tuple[str, str]  # (namespace, name)
 
-OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
-
 
 def slim(body: dict[str, Any]) -> dict[str, Any]:
     """The body without metadata.managedFields: never read here, and the bulk of a cached object
@@ -85,7 +83,7 @@ def node_facts(body: Mapping[str, Any]) -> NodeFacts:
         exists=True,
         uid=meta.get("uid") or None,
         boot_id=((status.get("nodeInfo") or {}).get("bootID")) or None,
-        out_of_service=any(isinstance(t, Mapping) and t.get("key") == OUT_OF_SERVICE_TAINT for t in taints),
+        out_of_service=any(isinstance(t, Mapping) and t.get("key") == api.OUT_OF_SERVICE_TAINT for t in taints),
         missing_since=None,
     )
 
@@ -201,8 +199,8 @@ class World:
         """An agent Lease update that only moves the expiry of an agent that is live at `now`.
 
         No decision changes by it: one that stopped at the agent line saw the agent live and still
-        does, with the same boot and host; one that depends on the expiry was scheduled to be decided
-        again at the old expiry, when it will read the new one. Anything else about the agent —
+        does, with the same boot and host; every one that depends on the expiry is re-decided by the
+        node's one expiry timer (the reconciler's `watch_agent_expiry`), which the renewal moves. Anything else about the agent —
         first sight, a boot or host id, a duration, a renewal after the Lease had expired — is not
         routine, and re-decides every registration on the node."""
         facts = lease_facts(body)

@@ -1,6 +1,6 @@
 """Which agent Lease events re-decide the node's registrations: every change that can change a
-decision, and not the routine renewal of a live agent (which only moves the expiry, and each
-decision that depends on the expiry already has a timer at it)."""
+decision, and not the routine renewal of a live agent (which only moves the expiry: the node's
+one expiry timer re-decides its registrations if the Lease runs out)."""
 
 from __future__ import annotations
 
@@ -99,3 +99,40 @@ def test_a_deleted_agent_lease_re_decides_the_node() -> None:
     r._queue = type(r._queue)()
     r.on_lease(lease, deleted=True)
     assert r._queue.pending == 3
+
+
+def test_the_node_is_re_decided_when_its_agent_lease_runs_out() -> None:
+    # A stale Alive is not alive (issue 13): an agent that dies renews nothing, so no Lease event
+    # arrives; the node's expiry timer is what turns PidAlive into AgentUnavailable.
+    r = reconciler_with_three_registrations()
+    now = datetime.datetime.now(UTC)
+    r.on_lease(agent_lease(renewed=now - datetime.timedelta(seconds=10)), deleted=False)
+    r._queue = type(r._queue)()
+    expiry = now + datetime.timedelta(seconds=30)
+    r._fire_timers(expiry - datetime.timedelta(microseconds=1))
+    assert r._queue.pending == 0
+    r._fire_timers(expiry)
+    assert r._queue.pending == 3
+
+
+def test_a_renewal_moves_the_expiry_timer() -> None:
+    r = reconciler_with_three_registrations()
+    now = datetime.datetime.now(UTC)
+    r.on_lease(agent_lease(renewed=now - datetime.timedelta(seconds=10)), deleted=False)
+    r.on_lease(agent_lease(renewed=now), deleted=False)  # routine
+    r._queue = type(r._queue)()
+    r._fire_timers(now + datetime.timedelta(seconds=30))  # the old expiry: renewed since
+    assert r._queue.pending == 0
+    r._fire_timers(now + datetime.timedelta(seconds=40))
+    assert r._queue.pending == 3
+
+
+def test_a_deleted_agent_lease_has_no_timer() -> None:
+    r = reconciler_with_three_registrations()
+    now = datetime.datetime.now(UTC)
+    lease = agent_lease(renewed=now)
+    r.on_lease(lease, deleted=False)
+    r.on_lease(lease, deleted=True)
+    r._queue = type(r._queue)()
+    r._fire_timers(now + datetime.timedelta(seconds=40))
+    assert r._queue.pending == 0

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coroner.decision import AgentFacts, Decision, Facts, NodeFacts, Policy, decide
+from coroner.decision import AgentFacts, Decision, Facts, NodeFacts, Policy, decide, lease_expiry
 from coroner.model import Registration, parse_registration
 from coroner.reasons import Evidence, Reason
 from unit.builders import (
@@ -52,6 +52,11 @@ NODE_DELETION = Policy(node_deletion_evidence=True)
 GONE = make_node(exists=False, uid=None, boot_id=None, missing_since=NOW - 60 * S)
 GONE_FACTS = make_facts(agent=None, node=GONE)
 SHUT_DOWN_FACTS = make_facts(agent=None, node=make_node(out_of_service=True))
+ALIVE: dict[str, Any] = {"verdict": "Alive", "evidence": "PidfdPinned"}
+#: The agent's Lease ran out 60 s ago: it died (with its node, perhaps) and speaks for nothing now.
+EXPIRED_AGENT = make_agent(renewed_at=NOW - 100 * S)
+#: Abrupt node loss: workers and agent killed at once, the Node deleted past the quarantine.
+LOST_FACTS = make_facts(agent=EXPIRED_AGENT, node=GONE)
 
 
 def case(
@@ -116,6 +121,48 @@ REASON_CASES = [
         "eligible-node-out-of-service",
         registration={"attested": False},
         facts=SHUT_DOWN_FACTS,
+    ),
+    # Node loss after the agent attested Alive (issue 13): what the agent said before it died
+    # does not block node-level evidence once no agent on the incarnation's boot can speak.
+    case(
+        Reason.ELIGIBLE_STALE_ORPHAN,
+        "eligible-node-deleted-after-an-alive-attestation",
+        registration=ALIVE,
+        facts=LOST_FACTS,
+        policy=NODE_DELETION,
+    ),
+    case(
+        Reason.ELIGIBLE_STALE_ORPHAN,
+        "eligible-node-deleted-after-alive-no-agent-lease",
+        registration=ALIVE,
+        facts=GONE_FACTS,
+        policy=NODE_DELETION,
+    ),
+    case(
+        Reason.ELIGIBLE_STALE_ORPHAN,
+        "eligible-out-of-service-after-an-alive-attestation",
+        registration=ALIVE,
+        facts=make_facts(agent=EXPIRED_AGENT, node=make_node(out_of_service=True)),
+    ),
+    case(
+        Reason.ELIGIBLE_STALE_ORPHAN,
+        "eligible-node-deleted-after-a-reused-attestation",
+        registration={"verdict": "Reused", "evidence": "StartTimeDiffers"},
+        facts=LOST_FACTS,
+        policy=NODE_DELETION,
+    ),
+    case(
+        Reason.ELIGIBLE_STALE_ORPHAN,
+        "eligible-node-deleted-after-a-dead-attestation-agent-gone",
+        facts=LOST_FACTS,
+        policy=NODE_DELETION,
+    ),
+    case(
+        Reason.ELIGIBLE_STALE_ORPHAN,
+        "eligible-node-replaced-after-alive-agent-on-the-new-boot",
+        registration=ALIVE,
+        facts=make_facts(agent=make_agent(boot_id=OTHER_BOOT), node=make_node(uid="new-uid", boot_id=OTHER_BOOT)),
+        policy=NODE_DELETION,
     ),
     case(Reason.ELIGIBLE_STALE_ORPHAN, "eligible-peer-same-instance-dead", facts=make_facts(peers=[dead_peer])),
     case(
@@ -234,7 +281,7 @@ REASON_CASES = [
         facts=make_facts(node=make_node(out_of_service=True)),
     ),
     case(
-        Reason.ATTESTATION_MISSING,
+        Reason.AGENT_UNAVAILABLE,
         "node-recreated-on-the-same-boot",
         registration={"attested": False},
         facts=make_facts(agent=None, node=make_node(uid="new-uid")),
@@ -242,6 +289,13 @@ REASON_CASES = [
     ),
     case(
         Reason.ATTESTATION_MISSING,
+        "node-recreated-on-the-same-boot-agent-live",
+        registration={"attested": False},
+        facts=make_facts(node=make_node(uid="new-uid")),
+        policy=NODE_DELETION,
+    ),
+    case(
+        Reason.AGENT_UNAVAILABLE,
         "node-not-seen-is-not-deleted",
         registration={"attested": False},
         facts=make_facts(agent=None, node=make_node(exists=None, missing_since=NOW - 3600 * S)),
@@ -320,6 +374,12 @@ REASON_CASES = [
         facts=make_facts(agent=make_agent(boot_id=OTHER_BOOT), node=make_node(boot_id=OTHER_BOOT)),
     ),
     case(
+        Reason.ATTESTATION_STALE,
+        "alive-agent-rebooted-since-attesting",
+        registration=ALIVE,
+        facts=make_facts(agent=make_agent(boot_id=OTHER_BOOT), node=make_node(boot_id=OTHER_BOOT)),
+    ),
+    case(
         Reason.HEARTBEAT_AFTER_ATTESTATION,
         "heartbeat-one-tick-after-attestation",
         paths={"status.lastHeartbeatTime": stamp(NOW - SILENCE + TICK)},
@@ -336,6 +396,27 @@ REASON_CASES = [
     ),
     # --- 8. verdict ----------------------------------------------------------------------------
     case(Reason.PID_ALIVE, "alive", registration={"verdict": "Alive", "evidence": "PidfdPinned"}),
+    case(
+        Reason.PID_ALIVE,
+        "alive-node-deleted-but-agent-live-on-the-same-boot",
+        registration=ALIVE,
+        facts=make_facts(node=GONE),
+        policy=NODE_DELETION,
+    ),
+    case(
+        Reason.PID_ALIVE,
+        "alive-out-of-service-but-agent-live-on-the-same-boot",
+        registration=ALIVE,
+        facts=make_facts(node=make_node(out_of_service=True)),
+    ),
+    # A live agent that does not publish its boot may be on the incarnation's: it blocks node evidence.
+    case(
+        Reason.BOOT_IDENTITY_UNKNOWN,
+        "alive-node-deleted-agent-boot-unpublished",
+        registration=ALIVE,
+        facts=make_facts(agent=make_agent(boot_id=None), node=GONE),
+        policy=NODE_DELETION,
+    ),
     case(Reason.PID_REUSE_DETECTED, "reused", registration={"verdict": "Reused", "evidence": "StartTimeDiffers"}),
     case(Reason.LIVENESS_UNKNOWN, "unknown", registration={"verdict": "Unknown", "evidence": "ProcUnreadable"}),
     case(Reason.LIVENESS_UNKNOWN, "verdict-lowercase", registration={"verdict": "dead"}),
@@ -355,6 +436,38 @@ REASON_CASES = [
     case(Reason.LIVENESS_UNKNOWN, "boot-boundary-claimed-on-the-same-boot", registration={"evidence": "BootBoundary"}),
     # --- 9. agent unavailable / boot identity unknown ------------------------------------------
     case(Reason.AGENT_UNAVAILABLE, "no-agent-lease", facts=make_facts(agent=None)),
+    # A stale Alive is not alive (issue 13): the reason names the agent, never "attests alive".
+    case(
+        Reason.AGENT_UNAVAILABLE, "alive-agent-lease-expired", registration=ALIVE, facts=make_facts(agent=EXPIRED_AGENT)
+    ),
+    case(Reason.AGENT_UNAVAILABLE, "alive-no-agent-lease", registration=ALIVE, facts=make_facts(agent=None)),
+    case(Reason.AGENT_UNAVAILABLE, "alive-node-lost-by-default", registration=ALIVE, facts=LOST_FACTS),
+    case(
+        Reason.AGENT_UNAVAILABLE,
+        "alive-node-lost-in-quarantine",
+        registration=ALIVE,
+        facts=make_facts(agent=EXPIRED_AGENT, node=dataclasses.replace(GONE, missing_since=NOW - 10 * S)),
+        policy=NODE_DELETION,
+    ),
+    case(
+        Reason.AGENT_UNAVAILABLE,
+        "alive-node-lost-agent-expiry-unknown",
+        registration=ALIVE,
+        facts=make_facts(agent=make_agent(renewed_at=None), node=GONE),
+        policy=NODE_DELETION,
+    ),
+    case(
+        Reason.AGENT_UNAVAILABLE,
+        "reused-agent-lease-expired",
+        registration={"verdict": "Reused", "evidence": "StartTimeDiffers"},
+        facts=make_facts(agent=EXPIRED_AGENT),
+    ),
+    case(
+        Reason.AGENT_UNAVAILABLE,
+        "unknown-agent-lease-expired",
+        registration={"verdict": "Unknown", "evidence": "ProcUnreadable"},
+        facts=make_facts(agent=EXPIRED_AGENT),
+    ),
     case(Reason.AGENT_UNAVAILABLE, "agent-lease-expired", facts=make_facts(agent=make_agent(renewed_at=NOW - 41 * S))),
     case(
         Reason.AGENT_UNAVAILABLE, "agent-lease-without-renew-time", facts=make_facts(agent=make_agent(renewed_at=None))
@@ -621,6 +734,22 @@ class TestDecisionContents:
         assert evidence["heartbeat"]["silenceSeconds"] == SILENCE.total_seconds()
         assert evidence["retirePermission"] is True
 
+    def test_a_stale_alive_names_the_expired_lease(self) -> None:
+        decision = decide_raw(make_registration(**ALIVE), facts=LOST_FACTS)
+        assert decision.reason is Reason.AGENT_UNAVAILABLE
+        assert "attests the process is alive" not in decision.detail
+        assert "coroner-agent-node-a expired at 2026-11-30T17:59:00" in decision.detail
+        assert "no longer speaks for the process" in decision.detail
+        # Node gone, no opt-in: the detail names what would release it.
+        assert "node-loss component" in decision.detail and "out-of-service" in decision.detail
+        assert decision.relied_on is not None and decision.death_evidence is None
+
+    def test_node_evidence_after_an_attestation_does_not_rely_on_it(self) -> None:
+        decision = decide_raw(make_registration(**ALIVE), facts=LOST_FACTS, policy=NODE_DELETION)
+        assert decision.retirable and decision.death_evidence is Evidence.NODE_DELETED
+        assert decision.relied_on is None
+        assert decision.evidence["attestation"]["verdict"] == "Alive"  # type: ignore[index]
+
     def test_naive_now_is_utc(self) -> None:
         decision = decide_raw(make_registration(), now=NOW.replace(tzinfo=None))
         assert decision.retirable
@@ -645,8 +774,21 @@ class TestNextEvaluation:
         assert decision.next_evaluation_at == NOW + S + TICK
 
     def test_agent_lease_expiry(self) -> None:
+        # Watched once per node by the runtime, not per registration: never in next_evaluation_at.
         decision = decide_raw(make_registration())
-        assert decision.next_evaluation_at == NOW + 35 * S
+        assert decision.agent_expires_at == NOW + 35 * S
+        assert decision.next_evaluation_at == NOW + 590 * S + TICK  # the attestation going stale
+
+    def test_a_live_verdict_changes_when_its_agent_lease_expires(self) -> None:
+        decision = decide_raw(make_registration(verdict="Alive", evidence="PidfdPinned"))
+        assert decision.reason is Reason.PID_ALIVE
+        assert decision.agent_expires_at == NOW + 35 * S
+        assert decide_raw(make_registration(verdict="Alive"), now=NOW + 35 * S).reason is Reason.AGENT_UNAVAILABLE
+
+    def test_a_live_agent_blocking_node_evidence_is_watched(self) -> None:
+        decision = decide_raw(make_registration(attested=False), facts=make_facts(node=GONE), policy=NODE_DELETION)
+        assert decision.reason is Reason.ATTESTATION_MISSING
+        assert decision.agent_expires_at == NOW + 35 * S
 
     def test_quarantine_end(self) -> None:
         facts = make_facts(agent=None, node=dataclasses.replace(GONE, missing_since=NOW - 10 * S))
@@ -661,7 +803,7 @@ class TestNextEvaluation:
         assert decision.next_evaluation_at == NOW + 20 * S
 
     def test_nothing_changes_by_the_clock(self) -> None:
-        # A live verdict preserves at any age: no clock can change PidAlive, only a new attestation.
+        # A live verdict preserves at any age: only its agent's Lease expiry or a new attestation changes it.
         assert decide_raw(make_registration(verdict="Alive")).next_evaluation_at is None
         assert decide_raw(make_registration(client_instance_id="worker")).next_evaluation_at is None
         assert decide_raw(make_registration(conditions=[condition("Released", "True")])).next_evaluation_at is None
@@ -708,11 +850,11 @@ FAULTS = [
     Fault(Reason.ATTESTATION_MISSING, {"status.attestation.agent.nodeName": "node-b"}),
     Fault(Reason.ATTESTATION_MISMATCH, {"status.attestation.incarnation.pid": 4243}),
     Fault(Reason.HOST_BINDING_UNPROVEN, {"status.attestation.hostId": "other-host"}),
+    Fault(Reason.AGENT_UNAVAILABLE, facts=_drop_agent),
+    Fault(Reason.BOOT_IDENTITY_UNKNOWN, facts=_node_other_boot),
     Fault(Reason.PID_ALIVE, {"status.attestation.verdict": "Alive"}),
     Fault(Reason.ATTESTATION_STALE, {"status.attestation.observedTime": stamp(NOW - 3600 * S)}),
     Fault(Reason.HEARTBEAT_AFTER_ATTESTATION, {"status.attestation.heartbeatSeen": "another"}),
-    Fault(Reason.AGENT_UNAVAILABLE, facts=_drop_agent),
-    Fault(Reason.BOOT_IDENTITY_UNKNOWN, facts=_node_other_boot),
     Fault(
         Reason.HEARTBEAT_NOT_EXPIRED,
         {
@@ -866,7 +1008,9 @@ class State:
 @st.composite
 def states(draw: st.DrawFn) -> State:
     """Near a retirable baseline: each part stays as the baseline has it half of the time."""
-    baseline = draw(st.sampled_from(["pidfd", "proc-absent", "boot-boundary", "node-deleted", "out-of-service"]))
+    baseline = draw(
+        st.sampled_from(["pidfd", "proc-absent", "boot-boundary", "node-deleted", "out-of-service", "lost-after-alive"])
+    )
     keep = st.booleans()
     baselines: dict[str, dict[str, Any]] = {
         "pidfd": {},
@@ -874,6 +1018,7 @@ def states(draw: st.DrawFn) -> State:
         "boot-boundary": {"evidence": "BootBoundary", "agent_boot_id": OTHER_BOOT},
         "node-deleted": {"attested": False},
         "out-of-service": {"attested": False},
+        "lost-after-alive": ALIVE,
     }
     keywords = dict(baselines[baseline])
     if not draw(keep):
@@ -888,6 +1033,7 @@ def states(draw: st.DrawFn) -> State:
         "boot-boundary": (make_agent(boot_id=OTHER_BOOT), make_node(boot_id=OTHER_BOOT), Policy()),
         "node-deleted": (None, GONE, NODE_DELETION),
         "out-of-service": (None, make_node(out_of_service=True), Policy()),
+        "lost-after-alive": (EXPIRED_AGENT, GONE, NODE_DELETION),
     }
     agent, node, policy = parts[baseline]
     agent = agent if draw(keep) else draw(AGENTS)
@@ -936,7 +1082,12 @@ def test_eligibility_implies_every_requirement(state: State) -> None:
             )
     attestation = r.attestation
     if decision.death_evidence in (Evidence.NODE_DELETED, Evidence.NODE_OUT_OF_SERVICE):
-        assert attestation is None and "status.attestation" not in {path for path, _ in r.problems}
+        # Nothing attested, or only by the node's own agent, which can no longer speak.
+        if attestation is None:
+            assert "status.attestation" not in {path for path, _ in r.problems}
+        else:
+            assert attestation.agent_node == r.node_name
+        assert not _agent_may_speak(state)
         assert silence >= datetime.timedelta(seconds=r.heartbeat.ttl_seconds)
         node = state.facts.nodes[r.node_name]
         if decision.death_evidence is Evidence.NODE_DELETED:
@@ -1011,7 +1162,8 @@ def _unknowings(state: State) -> Iterator[tuple[str, State]]:
     yield "permission unknown", dataclasses.replace(state, facts=dataclasses.replace(facts, retire_permission=None))
     if "attestation" in state.obj.get("status", {}):
         # On the attested path the agent Lease is positive evidence (on the node path it is doubt).
-        yield "agent lease gone", dataclasses.replace(state, facts=dataclasses.replace(facts, agents={}))
+        # Its absence is also what lets node-level evidence speak, so it goes with the Node's facts.
+        yield "agent lease gone", dataclasses.replace(state, facts=dataclasses.replace(facts, agents={}, nodes={}))
         for field in ("boot_id", "host_id", "renew_time", "lease_duration_seconds"):
             agents = {name: dataclasses.replace(agent, **{field: None}) for name, agent in facts.agents.items()}
             yield f"agent {field} unknown", dataclasses.replace(state, facts=dataclasses.replace(facts, agents=agents))
@@ -1042,13 +1194,16 @@ def _life_evidence(state: State) -> Iterator[tuple[str, State, bool]]:
         obj = json.loads(json.dumps(state.obj))
         set_path(obj, "status.lastHeartbeatTime", stamp(at))
         yield f"heartbeat at {at}", dataclasses.replace(state, obj=obj), decisive
-    obj = json.loads(json.dumps(state.obj))
-    status = obj.setdefault("status", {})
-    if isinstance(status.get("attestation"), dict):
-        status["attestation"]["verdict"] = "Alive"
-    else:
-        status["attestation"] = make_registration(verdict="Alive", evidence="PidfdPinned")["status"]["attestation"]
-    yield "verdict Alive", dataclasses.replace(state, obj=obj), True
+    # An Alive verdict is evidence of life only while an agent on the incarnation's boot may speak
+    # for it: from an agent whose Lease is gone it is evidence of nothing (issue 13).
+    if _agent_may_speak(state):
+        obj = json.loads(json.dumps(state.obj))
+        status = obj.setdefault("status", {})
+        if isinstance(status.get("attestation"), dict):
+            status["attestation"]["verdict"] = "Alive"
+        else:
+            status["attestation"] = make_registration(verdict="Alive", evidence="PidfdPinned")["status"]["attestation"]
+        yield "verdict Alive", dataclasses.replace(state, obj=obj), True
     facts = state.facts
     lease = make_lease(renewed_at=state.now)
     yield (
@@ -1074,17 +1229,48 @@ def test_evidence_of_life_never_makes_retirable(state: State) -> None:
             assert not after.retirable, f"{what} left {before.reason}"
 
 
+def _agent_may_speak(state: State) -> bool:
+    """An agent Lease for the node that may be live on the incarnation's boot (unknown counts as may)."""
+    r = parse_registration(state.obj)
+    agent = state.facts.agents.get(r.node_name or "")
+    if agent is None or agent.boot_id not in (None, r.incarnation.boot_id):
+        return False
+    until = lease_expiry(agent.renew_time, agent.lease_duration_seconds)
+    return until is None or state.now < until
+
+
+@given(state=states())
+@PROPERTY_SETTINGS
+def test_node_evidence_never_applies_while_an_agent_on_the_same_boot_is_live(state: State) -> None:
+    decision = state.decide()
+    if decision.death_evidence in (Evidence.NODE_DELETED, Evidence.NODE_OUT_OF_SERVICE):
+        assert not _agent_may_speak(state), decision.detail
+
+
+@given(state=states())
+@PROPERTY_SETTINGS
+def test_a_silent_agent_is_never_said_to_attest(state: State) -> None:
+    # Every reason tells the truth: "attests the process is alive" only from a live agent.
+    decision = state.decide()
+    if decision.reason in (Reason.PID_ALIVE, Reason.PID_REUSE_DETECTED):
+        assert _agent_may_speak(state)
+        agent = state.facts.agents[parse_registration(state.obj).node_name or ""]
+        assert agent.renew_time is not None and agent.lease_duration_seconds is not None
+
+
 @given(state=states(), fraction=st.floats(0, 1, exclude_max=True))
 @PROPERTY_SETTINGS
 def test_nothing_changes_before_the_next_evaluation(state: State, fraction: float) -> None:
     decision = state.decide()
-    if decision.next_evaluation_at is None:
+    deadlines = [d for d in (decision.next_evaluation_at, decision.agent_expires_at) if d is not None]
+    nearest = min(deadlines, default=None)
+    if nearest is None:
         later = [state.now + datetime.timedelta(days=30)]
     else:
-        assert decision.next_evaluation_at > state.now
-        span = decision.next_evaluation_at - state.now
+        assert nearest > state.now
+        span = nearest - state.now
         # timedelta * float rounds to the microsecond: keep strictly before the announced instant.
-        later = [state.now + min(span * fraction, span - TICK), decision.next_evaluation_at - TICK]
+        later = [state.now + min(span * fraction, span - TICK), nearest - TICK]
     for moment in later:
         assert dataclasses.replace(state, now=moment).decide().reason is decision.reason
 

@@ -22,7 +22,7 @@ from collections import Counter
 from typing import Any
 
 from coroner import api, model, policy_json
-from coroner.decision import Decision, NodeFacts, Policy, decide
+from coroner.decision import Decision, NodeFacts, Policy, decide, lease_expiry
 from coroner.reasons import EventReason, Reason
 from coroner.rest import ApiError
 from coroner.workqueue import KeyedQueue
@@ -83,6 +83,9 @@ class Reconciler:
         self._queue: KeyedQueue[Key] = KeyedQueue()
         self._timers: list[tuple[datetime.datetime, int, Key]] = []
         self._timer_due: dict[Key, datetime.datetime] = {}
+        # One timer per node at its agent Lease's expiry (see `watch_agent_expiry`).
+        self._agent_timers: list[tuple[datetime.datetime, int, str]] = []
+        self._agent_due: dict[str, datetime.datetime] = {}
         self._timer_wakeup = asyncio.Event()
         self._seq = itertools.count()
         self._reasons: dict[Key, Reason] = {}
@@ -113,15 +116,44 @@ class Reconciler:
         heapq.heappush(self._timers, (when, next(self._seq), key))
         self._timer_wakeup.set()
 
+    def watch_agent_expiry(self, node: str) -> None:
+        """Re-decide `node`'s registrations when its agent Lease expires, unless renewed before.
+
+        Every decision that relied on the agent being live (a PidAlive, a Dead verdict's agent
+        line, a live agent blocking node-level evidence) changes when it expires (`Decision.
+        agent_expires_at`); one timer per node, moved by each renewal, stands for all of them.
+        """
+        facts = self.world.agents.get(node)
+        until = None if facts is None else lease_expiry(facts.renew_time, facts.lease_duration_seconds)
+        if until is None:
+            self._agent_due.pop(node, None)
+            return
+        if self._agent_due.get(node) == until:
+            return
+        self._agent_due[node] = until
+        heapq.heappush(self._agent_timers, (until, next(self._seq), node))
+        self._timer_wakeup.set()
+
+    def _fire_timers(self, now: datetime.datetime) -> None:
+        while self._timers and self._timers[0][0] <= now:
+            when, _, key = heapq.heappop(self._timers)
+            if self._timer_due.get(key) == when:
+                del self._timer_due[key]
+                self.enqueue(key)
+        while self._agent_timers and self._agent_timers[0][0] <= now:
+            when, _, node = heapq.heappop(self._agent_timers)
+            if self._agent_due.get(node) == when:  # otherwise renewed (or gone) since
+                del self._agent_due[node]
+                logger.info("agent lease expired node=%s expiredAt=%s", node, model.format_time(when))
+                for key in self.world.keys_on_node(node):
+                    self.enqueue(key)
+
     async def run_scheduler(self) -> None:
         while True:
             now = utcnow()
-            while self._timers and self._timers[0][0] <= now:
-                when, _, key = heapq.heappop(self._timers)
-                if self._timer_due.get(key) == when:
-                    del self._timer_due[key]
-                    self.enqueue(key)
-            timeout = (self._timers[0][0] - now).total_seconds() if self._timers else 3600.0
+            self._fire_timers(now)
+            heads = [heap[0][0] for heap in (self._timers, self._agent_timers) if heap]
+            timeout = (min(heads) - now).total_seconds() if heads else 3600.0
             self._timer_wakeup.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._timer_wakeup.wait(), timeout=max(timeout, 0.0) + 0.001)
@@ -487,11 +519,15 @@ class Reconciler:
     def on_lease(self, body: dict[str, Any], *, deleted: bool) -> None:
         if not deleted and self.world.is_routine_agent_renewal(body, now=utcnow()):
             # Every agent renews every few seconds: re-deciding its whole node each time would be
-            # O(registrations) of work per renewal for decisions that cannot change.
-            self.world.put_lease(body)
+            # O(registrations) of work per renewal for decisions that cannot change. Only the
+            # node's expiry timer moves.
+            _, node = self.world.put_lease(body)
+            if node is not None:
+                self.watch_agent_expiry(node)
             return
         kind, subject = self.world.forget_lease(body) if deleted else self.world.put_lease(body)
         if kind == "agent" and subject is not None:
+            self.watch_agent_expiry(subject)
             for key in self.world.keys_on_node(subject):
                 self.enqueue(key)
         elif kind == "lease" and subject is not None:
