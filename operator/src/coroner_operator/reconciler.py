@@ -201,10 +201,11 @@ class Reconciler:
         now = utcnow()
         if registration.terminal:
             self._set_reason(key, None)
-            if not registration.retired:
-                # Released by the worker: say so once in Retirable (AlreadyTerminal), so the
-                # printer column stops showing the last live decision. Retired ones keep the
-                # decision that retired them, as history.
+            if not status_mod.reads_terminal(registration):
+                # Released by the worker, or retired by a human's `kubectl coroner apply` (which may
+                # not write Retirable): say so once in Retirable (AlreadyTerminal), so the printer
+                # column stops showing the last live decision. The operator's own retirements
+                # wrote it already; the Retired condition stays as written, as history.
                 facts = self.world.facts_for(key, now=now)
                 final = decide(registration=registration, facts=facts, policy=self.policy, now=now)
                 await self._write_conditions(key, body, registration, final, now=now)

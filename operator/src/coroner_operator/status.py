@@ -43,7 +43,10 @@ def attested_condition(registration: model.Registration) -> tuple[bool, str, str
 def desired_conditions(
     registration: model.Registration, decision: Decision, *, now: datetime.datetime
 ) -> list[model.Condition]:
-    """Attested, Retirable and Retired (False/Active) for an active registration."""
+    """Attested, Retirable and Retired (False/Active, or False/Released) for a registration.
+
+    A retired registration's Retired condition is its history (whoever wrote it, the operator or a
+    human's ``kubectl coroner apply``) and is left exactly as stored."""
     generation = registration.generation
     current = list(registration.conditions)
     status, reason, message = attested_condition(registration)
@@ -65,6 +68,8 @@ def desired_conditions(
         observed_generation=generation,
         now=now,
     )
+    if registration.retired:
+        return current
     return cond.set_condition(
         current,
         type=ConditionType.RETIRED,
@@ -83,9 +88,22 @@ def desired_conditions(
 def retired_conditions(
     registration: model.Registration, decision: Decision, *, now: datetime.datetime
 ) -> list[model.Condition]:
-    """The conditions written together with status.retirement, in one compare-and-swap patch."""
+    """The conditions written together with status.retirement, in one compare-and-swap patch.
+
+    Retirable reads AlreadyTerminal at once, as it will for ever after: a retired registration
+    reads terminal everywhere (the printer column included), and no second write is needed to say so.
+    """
     current = desired_conditions(registration, decision, now=now)
     evidence = decision.death_evidence.value if decision.death_evidence else "Unknown"
+    current = cond.set_condition(
+        current,
+        type=ConditionType.RETIRABLE,
+        status=False,
+        reason=Reason.ALREADY_TERMINAL.value,
+        message=f"retired ({evidence}); terminal registrations are history and are not decided again",
+        observed_generation=registration.generation,
+        now=now,
+    )
     return cond.set_condition(
         current,
         type=ConditionType.RETIRED,
@@ -129,3 +147,9 @@ def retirement_ops(
 
 def conditions_changed(registration: model.Registration, desired: list[model.Condition]) -> bool:
     return cond.render_conditions(list(registration.conditions)) != cond.render_conditions(desired)
+
+
+def reads_terminal(registration: model.Registration) -> bool:
+    """The Retirable condition already says AlreadyTerminal (whatever its message)."""
+    retirable = cond.find_condition(registration.conditions, type=ConditionType.RETIRABLE)
+    return retirable is not None and retirable.reason == Reason.ALREADY_TERMINAL.value
