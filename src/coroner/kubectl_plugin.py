@@ -33,6 +33,7 @@ from kubernetes.config import ConfigException
 from rich.console import Console
 
 from coroner import api, model, retirement
+from coroner import doctor as diagnosis
 from coroner import plan as planning
 from coroner.decision import Policy, decide
 from coroner.fingerprint import Plan, PlanEntry
@@ -236,7 +237,7 @@ class Session:
             "apiVersion": "authorization.k8s.io/v1",
             "kind": "SubjectAccessReview",
             "spec": {
-                "user": planning.operator_username(system_namespace),
+                "user": diagnosis.operator_username(system_namespace),
                 "groups": [
                     "system:serviceaccounts",
                     f"system:serviceaccounts:{system_namespace}",
@@ -367,10 +368,37 @@ def _console() -> Console:
     return Console(highlight=False, width=None if wide else 160)
 
 
-def _policy(*, node_deletion_evidence: bool, node_quarantine_seconds: float) -> Policy:
-    return Policy(
+def _policy(
+    lease: Any, *, system_namespace: str, node_deletion_evidence: bool | None, node_quarantine_seconds: float | None
+) -> planning.PolicyChoice:
+    """The operator's published policy with the flags given on top; every fallback or difference is
+    a warning on stderr (stdout stays a clean document)."""
+    try:
+        choice = planning.choose_policy(
+            published=planning.published_policy(lease, system_namespace=system_namespace),
+            flags={
+                "node_deletion_evidence": node_deletion_evidence,
+                "node_deletion_quarantine_seconds": node_quarantine_seconds,
+            },
+            system_namespace=system_namespace,
+        )
+    except ValueError as exc:
+        raise PluginError(f"{exc}; pass a finite number of seconds >= 0.") from None
+    for warning in choice.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    return choice
+
+
+def _listed_policy(
+    listing: planning.Listing, *, node_deletion_evidence: bool | None, node_quarantine_seconds: float | None
+) -> planning.PolicyChoice:
+    """`_policy` from the operator's Lease as plan and apply LISTed it with the system namespace's Leases."""
+    lease = planning.operator_lease_of(listing.leases, system_namespace=listing.system_namespace)
+    return _policy(
+        lease,
+        system_namespace=listing.system_namespace,
         node_deletion_evidence=node_deletion_evidence,
-        node_deletion_quarantine_seconds=node_quarantine_seconds,
+        node_quarantine_seconds=node_quarantine_seconds,
     )
 
 
@@ -412,11 +440,16 @@ def _common(command: Callable[..., Any]) -> Callable[..., Any]:
         ),
         click.option(
             "--node-deletion-evidence/--no-node-deletion-evidence",
-            default=False,
-            show_default=True,
-            help="Decide as an operator started with the same flag (a confirmed-gone Node counts as death).",
+            default=None,
+            help="Override the operator's published policy (a confirmed-gone Node counts as death). Default: "
+            "what the operator publishes on its Lease; a value that differs is warned about.",
         ),
-        click.option("--node-quarantine-seconds", type=float, default=40.0, show_default=True),
+        click.option(
+            "--node-quarantine-seconds",
+            type=click.FloatRange(min=0),
+            default=None,
+            help="Override the operator's published node-deletion quarantine. Default: what the operator publishes.",
+        ),
     ]
     for option in reversed(options):
         command = option(command)
@@ -450,8 +483,8 @@ def plan_command(
     output: str,
     kubeconfig: str | None,
     system_namespace: str,
-    node_deletion_evidence: bool,
-    node_quarantine_seconds: float,
+    node_deletion_evidence: bool | None,
+    node_quarantine_seconds: float | None,
 ) -> None:
     """Every registration with its reason, counts by reason, and the fingerprints apply needs. Read-only."""
     scope = _scope(namespace=namespace, all_namespaces=all_namespaces, kubeconfig=kubeconfig)
@@ -463,12 +496,18 @@ def plan_command(
         permission=lambda ns: session.can_retire(namespace=ns),
     )
     now = _utcnow()
-    policy = _policy(node_deletion_evidence=node_deletion_evidence, node_quarantine_seconds=node_quarantine_seconds)
-    plan = planning.decide_all(world=planning.build_world(listing), policy=policy, now=now)
+    choice = _listed_policy(
+        listing, node_deletion_evidence=node_deletion_evidence, node_quarantine_seconds=node_quarantine_seconds
+    )
+    plan = planning.decide_all(world=planning.build_world(listing), policy=choice.policy, now=now)
     if output == "table":
-        planning.render_plan(plan, console=_console(), namespace=scope, retire_permission=listing.retire_permission)
+        planning.render_plan(
+            plan, console=_console(), namespace=scope, retire_permission=listing.retire_permission, policy=choice
+        )
     else:
-        document = planning.plan_document(plan, namespace=scope, now=now, retire_permission=listing.retire_permission)
+        document = planning.plan_document(
+            plan, namespace=scope, now=now, retire_permission=listing.retire_permission, policy=choice
+        )
         click.echo(planning.dump(document, output=output), nl=False)
 
 
@@ -491,8 +530,8 @@ def apply_command(
     output: str,
     kubeconfig: str | None,
     system_namespace: str,
-    node_deletion_evidence: bool,
-    node_quarantine_seconds: float,
+    node_deletion_evidence: bool | None,
+    node_quarantine_seconds: float | None,
     names: tuple[str, ...],
 ) -> None:
     """Retire NAMES (or NAMESPACE/NAME with -A) of an approved plan, under your own retire verb.
@@ -519,7 +558,10 @@ def apply_command(
         system_namespace=system_namespace,
         permission=lambda ns: session.can_retire(namespace=ns),
     )
-    policy = _policy(node_deletion_evidence=node_deletion_evidence, node_quarantine_seconds=node_quarantine_seconds)
+    choice = _listed_policy(
+        listing, node_deletion_evidence=node_deletion_evidence, node_quarantine_seconds=node_quarantine_seconds
+    )
+    policy = choice.policy
     world = planning.build_world(listing)
     plan = planning.decide_all(world=world, policy=policy, now=_utcnow())
     assessment = planning.assess_apply(
@@ -530,7 +572,9 @@ def apply_command(
     )
     if assessment.abort is not None or assessment.refusals:
         if output == "json":
-            document = planning.apply_document(assessment=assessment, results=(), preview=not yes, retired_by=None)
+            document = planning.apply_document(
+                assessment=assessment, results=(), preview=not yes, retired_by=None, policy=choice
+            )
             click.echo(planning.dump(document, output="json"), nl=False)
         if assessment.abort is not None:
             _exit(ctx, f"apply aborted: {assessment.abort_detail}", code=EXIT_DRIFT)
@@ -571,11 +615,13 @@ def apply_command(
     results.sort(key=lambda result: result.key)
     if output == "json":
         document = planning.apply_document(
-            assessment=assessment, results=results, preview=not yes, retired_by=retired_by
+            assessment=assessment, results=results, preview=not yes, retired_by=retired_by, policy=choice
         )
         click.echo(planning.dump(document, output="json"), nl=False)
     else:
-        planning.render_apply(results=results, console=_console(), preview=not yes, retired_by=retired_by)
+        planning.render_apply(
+            results=results, console=_console(), preview=not yes, retired_by=retired_by, policy=choice
+        )
     code = planning.apply_exit_code(results)
     if code != EXIT_OK:
         failed = [f"{planning.display(r.key)} {r.outcome}" for r in results if not r.outcome.done]
@@ -716,8 +762,8 @@ def doctor_command(
     attestation_grace_seconds: float,
     kubeconfig: str | None,
     system_namespace: str,
-    node_deletion_evidence: bool,
-    node_quarantine_seconds: float,
+    node_deletion_evidence: bool | None,
+    node_quarantine_seconds: float | None,
 ) -> None:
     """PASS / FAIL / UNKNOWN for each part Coroner needs; exit code 1 if any check FAILs."""
     session = Session(kubeconfig=kubeconfig)
@@ -738,18 +784,25 @@ def doctor_command(
         system_namespace,
         what=f"get Lease {system_namespace}/{planning.OPERATOR_LEASE}",
     )
+    choice = _policy(
+        operator_lease,
+        system_namespace=system_namespace,
+        node_deletion_evidence=node_deletion_evidence,
+        node_quarantine_seconds=node_quarantine_seconds,
+    )
     nodes = session.read_list(k8s.CoreV1Api(session.client).list_node, what="list nodes")
     leases = session.read_list(coordination.list_lease_for_all_namespaces, what="list leases in every namespace")
 
     cluster_wide = session.operator_may_retire(system_namespace=system_namespace, namespace=None)
     plan: Plan | planning.Unreadable
+    world: World | planning.Unreadable
     per_namespace: dict[str, bool | None] = {}
     try:
         registrations = session.list_registrations(namespace=None)
     except PluginError as exc:
         if exc.unreachable:
             raise
-        plan = planning.Unreadable(reason=exc.message)
+        plan = world = planning.Unreadable(reason=exc.message)
     else:
         namespaces = sorted({str((b.get("metadata") or {}).get("namespace") or "") for b in registrations})
         for ns in namespaces:
@@ -759,7 +812,7 @@ def doctor_command(
         if isinstance(leases, planning.Unreadable) or isinstance(nodes, planning.Unreadable):
             missing = leases if isinstance(leases, planning.Unreadable) else nodes
             assert isinstance(missing, planning.Unreadable)
-            plan = planning.Unreadable(reason=f"the facts to decide them could not be read: {missing.reason}")
+            plan = world = planning.Unreadable(reason=f"the facts to decide them could not be read: {missing.reason}")
         else:
             # Decided with the operator's permission, so the counts are the operator's view.
             listing = planning.Listing(
@@ -769,34 +822,36 @@ def doctor_command(
                 retire_permission=per_namespace,
                 system_namespace=system_namespace,
             )
-            policy = _policy(
-                node_deletion_evidence=node_deletion_evidence, node_quarantine_seconds=node_quarantine_seconds
-            )
-            plan = planning.decide_all(world=planning.build_world(listing), policy=policy, now=_utcnow())
+            world = planning.build_world(listing)
+            plan = planning.decide_all(world=world, policy=choice.policy, now=_utcnow())
 
     now = _utcnow()
     checks = [
-        planning.check_crd(crd),
-        planning.check_admission_policies(policies=policies, bindings=bindings),
-        planning.check_operator_alive(lease=operator_lease, system_namespace=system_namespace, now=now),
-        planning.check_last_sweep(lease=operator_lease, system_namespace=system_namespace),
-        planning.check_retire_grant(
+        diagnosis.check_crd(crd),
+        diagnosis.check_admission_policies(policies=policies, bindings=bindings),
+        diagnosis.check_operator_alive(lease=operator_lease, system_namespace=system_namespace, now=now),
+        diagnosis.check_last_sweep(lease=operator_lease, system_namespace=system_namespace),
+        diagnosis.check_retire_grant(
             cluster_wide=cluster_wide,
             per_namespace=per_namespace,
             expect_plan_only=expect_plan_only,
             system_namespace=system_namespace,
         ),
-        planning.check_agents(nodes=nodes, leases=leases, system_namespace=system_namespace, now=now),
-        planning.check_unattested(plan=plan, now=now, grace_seconds=attestation_grace_seconds),
-        planning.check_blocked(plan=plan, expect_plan_only=expect_plan_only, permission_known=cluster_wide is not None),
+        diagnosis.check_agents(nodes=nodes, leases=leases, system_namespace=system_namespace, now=now, plan=plan),
+        diagnosis.check_node_loss(world=world, plan=plan, policy=choice, system_namespace=system_namespace, now=now),
+        diagnosis.check_unattested(plan=plan, now=now, grace_seconds=attestation_grace_seconds),
+        diagnosis.check_blocked(
+            plan=plan, expect_plan_only=expect_plan_only, permission_known=cluster_wide is not None
+        ),
     ]
     if output == "json":
-        click.echo(planning.dump(planning.doctor_document(checks, now=now), output="json"), nl=False)
+        document = diagnosis.doctor_document(checks, now=now, policy=choice)
+        click.echo(planning.dump(document, output="json"), nl=False)
     else:
-        planning.render_doctor(checks, console=_console())
-    code = planning.doctor_exit_code(checks)
+        diagnosis.render_doctor(checks, console=_console(), policy=choice)
+    code = diagnosis.doctor_exit_code(checks)
     if code != EXIT_OK:
-        failed = [check.name for check in checks if check.status == planning.CheckStatus.FAIL]
+        failed = [check.name for check in checks if check.status == diagnosis.CheckStatus.FAIL]
         _exit(ctx, f"doctor: check(s) {', '.join(failed)} failed.", code=code)
 
 

@@ -4,8 +4,9 @@ A human's plan must reach the operator's verdict from the operator's facts, or a
 mean nothing. So this module fills the operator's own cache (`coroner.world.World`) from LISTed
 objects and asks the shared `coroner.decision.decide`, and fingerprints rows exactly as
 `coroner.fingerprint` defines them. Nothing here talks to the API or reads a clock (callers pass
-`now`), so the replay rules of ``apply``, the retirement patch and every ``doctor`` check are each a
-unit test away. The I/O shell is `coroner.kubectl_plugin`.
+`now`), so the replay rules of ``apply``, the retirement patch and the choice of policy are each a
+unit test away. The ``doctor`` checks live in `coroner.doctor`; the I/O shell is
+`coroner.kubectl_plugin`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import dataclasses
 import datetime
 import enum
 import json
-import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
@@ -25,27 +25,22 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from coroner import api, conditions, fingerprint, model, retirement
+from coroner import api, conditions, fingerprint, model, policy_json, retirement
 from coroner.decision import Decision, Policy, decide
 from coroner.fingerprint import Plan, PlanEntry, PlanRow
+from coroner.policy_json import PolicyUnreadable
 from coroner.reasons import ApplyAbort, ConditionType, Reason
-from coroner.world import Key, World, agent_facts_from_lease, lease_facts, node_facts
+from coroner.world import Key, World
 
 #: The operator's own Lease in the system namespace; it renews it after every sweep.
 OPERATOR_LEASE: Final = api.OPERATOR_LEASE
-#: Annotation on that Lease holding the last sweep's outcome as JSON.
-LAST_SWEEP_ANNOTATION: Final = api.LAST_SWEEP_ANNOTATION
-#: The ServiceAccount the manifests run the operator as.
-OPERATOR_SERVICE_ACCOUNT: Final = "coroner-operator"
-#: The ValidatingAdmissionPolicies of manifests/base/admission-policies.yaml, each bound by a
-#: binding of the same name; doctor names the missing ones.
-ADMISSION_POLICIES: Final = (
-    "coroner-node-label-matches-spec",
-    "coroner-retire-requires-capability",
-    "coroner-agent-attests-own-node-only",
-    "coroner-status-fields-by-identity",
-    "coroner-agent-renews-own-lease-only",
-)
+#: Annotation on that Lease holding the decision policy the operator runs with (`coroner.policy_json`).
+POLICY_ANNOTATION: Final = api.POLICY_ANNOTATION
+#: The command-line flags that set a Policy field, by field name; every other field is the operator's.
+POLICY_FLAGS: Final = {
+    "node_deletion_evidence": "--node-deletion-evidence",
+    "node_deletion_quarantine_seconds": "--node-quarantine-seconds",
+}
 #: Who ``apply`` reports as the author of its Events.
 COMPONENT: Final = "kubectl-coroner"
 
@@ -54,17 +49,19 @@ _FINGERPRINT: Final = re.compile(rf"{fingerprint.FINGERPRINT_VERSION}:sha256:[0-
 _SHOWN_NAMES: Final = 10
 
 
-def operator_username(system_namespace: str = api.SYSTEM_NAMESPACE) -> str:
-    """The operator's user name as the API server authenticates its ServiceAccount."""
-    return f"system:serviceaccount:{system_namespace}:{OPERATOR_SERVICE_ACCOUNT}"
-
-
 def valid_fingerprint(value: str) -> bool:
     """The shape `coroner.fingerprint` produces; anything else was mistyped or cut off."""
     return _FINGERPRINT.fullmatch(value) is not None
 
 
 # --- facts and the plan -------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Unreadable:
+    """A read that failed (forbidden, not served, ...): the fact is unknown, and this says why."""
+
+    reason: str
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -142,6 +139,150 @@ def display(key: Key) -> str:
 def candidates(plan: Plan) -> list[PlanEntry]:
     """The rows a human may retire with ``apply``."""
     return [entry for entry in plan.entries if entry.decision.retirable]
+
+
+# --- the policy ---------------------------------------------------------------------------------
+
+
+def operator_lease_of(leases: Iterable[Mapping[str, Any]], *, system_namespace: str) -> Mapping[str, Any] | None:
+    """The operator's Lease among LISTed Leases (plan and apply list the system namespace anyway)."""
+    for lease in leases:
+        meta = lease.get("metadata") or {}
+        if meta.get("namespace") == system_namespace and meta.get("name") == OPERATOR_LEASE:
+            return lease
+    return None
+
+
+def published_policy(
+    lease: Mapping[str, Any] | Unreadable | None, *, system_namespace: str
+) -> Policy | PolicyUnreadable:
+    """The policy the operator publishes on its Lease, or why it cannot be used."""
+    subject = f"Lease {system_namespace}/{OPERATOR_LEASE}"
+    if isinstance(lease, Unreadable):
+        return PolicyUnreadable(reason=f"{subject} could not be read: {lease.reason}")
+    if lease is None:
+        return PolicyUnreadable(reason=f"{subject} does not exist (is the operator running?)")
+    annotations = (lease.get("metadata") or {}).get("annotations") or {}
+    if not isinstance(annotations, Mapping) or POLICY_ANNOTATION not in annotations:
+        return PolicyUnreadable(
+            reason=f"{subject} has no {POLICY_ANNOTATION} annotation (an operator older than this kubectl-coroner?)"
+        )
+    parsed = policy_json.parse_policy(annotations[POLICY_ANNOTATION])
+    if isinstance(parsed, PolicyUnreadable):
+        return PolicyUnreadable(
+            reason=f"the {POLICY_ANNOTATION} annotation on {subject} is unreadable: {parsed.reason}"
+        )
+    return parsed
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PolicyChoice:
+    """The policy a command decides with, where it came from, and what a person must be told."""
+
+    policy: Policy
+    published: Policy | None
+    """The operator's published policy, when it could be read."""
+    unreadable: str | None
+    """Why the operator's policy could not be read (then `policy` starts from the built-in defaults)."""
+    from_flags: tuple[str, ...]
+    """camelCase fields set on the command line."""
+    lease: str
+    """``namespace/name`` of the operator's Lease."""
+    warnings: tuple[str, ...]
+    """One sentence each, for stderr."""
+
+    @property
+    def source(self) -> str:
+        """``operator``, ``operator+flags``, ``defaults`` or ``defaults+flags``."""
+        base = "operator" if self.published is not None else "defaults"
+        overridden = self.published is None or self.policy != self.published
+        return f"{base}+flags" if self.from_flags and overridden else base
+
+    def describe(self) -> str:
+        """One line for the top of a table."""
+        if self.published is not None:
+            where = f"the operator's, published on Lease {self.lease}"
+        else:
+            where = f"the built-in defaults (the operator's could not be read: {self.unreadable})"
+        if self.from_flags:
+            where += f", with {', '.join(self.from_flags)} from the command line"
+        settings = ", ".join(
+            f"{key}={_json_value(value)}"
+            for key, value in policy_json.policy_document(self.policy).items()
+            if value != policy_json.policy_document(Policy())[key]
+        )
+        return f"Policy: {where} ({settings or 'every field at its default'})."
+
+    def document(self) -> dict[str, Any]:
+        """The ``policy`` field of the JSON / YAML documents."""
+        return {
+            "source": self.source,
+            "lease": self.lease,
+            "values": policy_json.policy_document(self.policy),
+            "published": None if self.published is None else policy_json.policy_document(self.published),
+            "unreadable": self.unreadable,
+            "fromFlags": list(self.from_flags),
+        }
+
+
+def choose_policy(
+    *, published: Policy | PolicyUnreadable, flags: Mapping[str, object | None], system_namespace: str
+) -> PolicyChoice:
+    """The operator's published policy, with the fields a person set explicitly (`flags`, by field
+    name, None where not given) on top; the built-in defaults where it cannot be read. Every
+    difference from the operator's policy, and every fallback, is a warning: a plan decided with
+    another policy than the operator's shows what the operator will not do.
+
+    Raises ValueError when a flag's value is one Policy refuses (negative, not finite)."""
+    lease = f"{system_namespace}/{OPERATOR_LEASE}"
+    given = {name: value for name, value in flags.items() if value is not None and name in POLICY_FLAGS}
+    base = published if isinstance(published, Policy) else Policy()
+    policy = dataclasses.replace(base, **given)  # type: ignore[arg-type]
+    from_flags = tuple(policy_json.camel(name) for name in given)
+    warnings: list[str] = []
+    if isinstance(published, PolicyUnreadable):
+        shown = f" and {', '.join(_flag(name, value) for name, value in given.items())}" if given else ""
+        advice = (
+            ""
+            if given
+            else f" Pass {' and '.join(POLICY_FLAGS.values())} as the operator runs if it was started with them."
+        )
+        warnings.append(
+            f"the operator's policy could not be read ({published.reason}); deciding with the built-in defaults"
+            f"{shown}, which may not be what the operator decides.{advice}"
+        )
+    else:
+        for name, value in given.items():
+            theirs = getattr(published, name)
+            if theirs != value:
+                warnings.append(
+                    f"{_flag(name, value)} differs from the operator's published {policy_json.camel(name)}="
+                    f"{_json_value(theirs)} (Lease {lease}); deciding with {_json_value(value)}, which may not be "
+                    f"what the operator decides."
+                )
+    return PolicyChoice(
+        policy=policy,
+        published=published if isinstance(published, Policy) else None,
+        unreadable=published.reason if isinstance(published, PolicyUnreadable) else None,
+        from_flags=from_flags,
+        lease=lease,
+        warnings=tuple(warnings),
+    )
+
+
+def _flag(name: str, value: object) -> str:
+    flag = POLICY_FLAGS[name]
+    if isinstance(value, bool):
+        return flag if value else flag.replace("--", "--no-", 1)
+    return f"{flag}={_json_value(value)}"
+
+
+def _json_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
 
 
 # --- apply --------------------------------------------------------------------------------------
@@ -329,7 +470,7 @@ def _unnamed_replay_hint(
     names = " ".join(name for _, name in sorted(unnamed))
     return (
         f"the only change since the plan is the retirement, as planned, of "
-        f"{_names([display(key) for key in sorted(unnamed)])}; name those too ({names}) to replay, or run "
+        f"{names_text([display(key) for key in sorted(unnamed)])}; name those too ({names}) to replay, or run "
         f"`kubectl coroner plan` again."
     )
 
@@ -407,456 +548,6 @@ def apply_exit_code(results: Sequence[RowResult]) -> int:
     return 0
 
 
-# --- doctor -------------------------------------------------------------------------------------
-
-
-class CheckStatus(enum.StrEnum):
-    """A doctor check's outcome; UNKNOWN is a fact that could not be read, never a pass."""
-
-    PASS = "PASS"
-    FAIL = "FAIL"
-    UNKNOWN = "UNKNOWN"
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Check:
-    """One doctor check: its status, one line for a person, the objects it names, its facts."""
-
-    name: str
-    status: CheckStatus
-    summary: str
-    objects: tuple[str, ...] = ()
-    facts: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Unreadable:
-    """A read that failed (forbidden, not served, ...): the fact is unknown, and this says why."""
-
-    reason: str
-
-
-def check_crd(crd: Mapping[str, Any] | Unreadable | None) -> Check:
-    """The WorkerRegistration CRD exists, is Established and serves our version."""
-    name = "crd"
-    subject = f"CustomResourceDefinition/{api.CRD_NAME}"
-    if isinstance(crd, Unreadable):
-        return Check(name=name, status=CheckStatus.UNKNOWN, summary=f"{subject} could not be read: {crd.reason}")
-    if crd is None:
-        return Check(
-            name=name,
-            status=CheckStatus.FAIL,
-            summary=f"{subject} is not installed; install it with `kubectl apply -k manifests/overlays/plan-only`.",
-            objects=(subject,),
-        )
-    established = _condition_status(crd.get("status"), "Established")
-    served = [
-        version.get("name")
-        for version in (crd.get("spec") or {}).get("versions") or []
-        if isinstance(version, Mapping) and version.get("served")
-    ]
-    if established != "True":
-        return Check(
-            name=name,
-            status=CheckStatus.FAIL,
-            summary=f"{subject} is not Established (status {established or 'absent'}); see `kubectl describe crd {api.CRD_NAME}`.",
-            objects=(subject,),
-            facts={"established": established, "servedVersions": served},
-        )
-    if api.VERSION not in served:
-        return Check(
-            name=name,
-            status=CheckStatus.FAIL,
-            summary=f"{subject} does not serve {api.VERSION} (serves {', '.join(map(str, served)) or 'nothing'}); re-apply the manifests.",
-            objects=(subject,),
-            facts={"established": established, "servedVersions": served},
-        )
-    return Check(
-        name=name,
-        status=CheckStatus.PASS,
-        summary=f"{subject} is Established and serves {api.VERSION}.",
-        facts={"established": established, "servedVersions": served},
-    )
-
-
-def check_admission_policies(
-    *,
-    policies: Sequence[Mapping[str, Any]] | Unreadable,
-    bindings: Sequence[Mapping[str, Any]] | Unreadable,
-) -> Check:
-    """The ValidatingAdmissionPolicies exist, each bound with validationActions Deny."""
-    name = "admission-policies"
-    for listed in (policies, bindings):
-        if isinstance(listed, Unreadable):
-            return Check(
-                name=name, status=CheckStatus.UNKNOWN, summary=f"admission policies could not be read: {listed.reason}"
-            )
-    assert not isinstance(policies, Unreadable) and not isinstance(bindings, Unreadable)
-    present = {_name(policy) for policy in policies}
-    bound: dict[str, list[str]] = {}
-    for binding in bindings:
-        spec = binding.get("spec") or {}
-        actions = spec.get("validationActions") or []
-        if "Deny" in actions:
-            bound.setdefault(str(spec.get("policyName") or ""), []).append(_name(binding))
-    missing = [f"ValidatingAdmissionPolicy/{policy}" for policy in ADMISSION_POLICIES if policy not in present]
-    missing += [f"ValidatingAdmissionPolicyBinding/{policy}" for policy in ADMISSION_POLICIES if policy not in bound]
-    facts = {"policies": sorted(p for p in present if p in ADMISSION_POLICIES), "boundPolicies": sorted(bound)}
-    if missing:
-        return Check(
-            name=name,
-            status=CheckStatus.FAIL,
-            summary=f"missing (or not bound with Deny): {_names(missing)}; re-apply the manifests "
-            f"(`kubectl apply -k manifests/overlays/plan-only`).",
-            objects=tuple(missing),
-            facts=facts,
-        )
-    return Check(
-        name=name,
-        status=CheckStatus.PASS,
-        summary=f"all {len(ADMISSION_POLICIES)} policies present and bound with Deny.",
-        facts=facts,
-    )
-
-
-def check_operator_alive(
-    *, lease: Mapping[str, Any] | Unreadable | None, system_namespace: str, now: datetime.datetime
-) -> Check:
-    """The operator's Lease was renewed within its own duration."""
-    name = "operator-alive"
-    subject = f"Lease {system_namespace}/{OPERATOR_LEASE}"
-    if isinstance(lease, Unreadable):
-        return Check(name=name, status=CheckStatus.UNKNOWN, summary=f"{subject} could not be read: {lease.reason}")
-    if lease is None:
-        return Check(
-            name=name,
-            status=CheckStatus.FAIL,
-            summary=f"{subject} does not exist: the operator has never completed a sweep here; check "
-            f"`kubectl -n {system_namespace} get deploy coroner-operator` and its logs.",
-            objects=(subject,),
-        )
-    facts = lease_facts(lease)
-    until = _expiry(facts.renew_time, facts.lease_duration_seconds)
-    renewed = "never" if facts.renew_time is None else model.format_time(facts.renew_time)
-    recorded = {"holderIdentity": facts.holder_identity, "renewTime": renewed, "expires": _stamp(until)}
-    if until is None or now >= until:
-        return Check(
-            name=name,
-            status=CheckStatus.FAIL,
-            summary=f"{subject} (holder {facts.holder_identity or '?'}) was last renewed {renewed} and has "
-            f"{'no computable expiry' if until is None else 'expired at ' + model.format_time(until)}: the "
-            f"operator is not running or not completing sweeps; check its pod and logs.",
-            objects=(subject,),
-            facts=recorded,
-        )
-    return Check(
-        name=name,
-        status=CheckStatus.PASS,
-        summary=f"{subject} held by {facts.holder_identity or '?'}, renewed {renewed}, valid until "
-        f"{model.format_time(until)}.",
-        facts=recorded,
-    )
-
-
-def check_last_sweep(*, lease: Mapping[str, Any] | Unreadable | None, system_namespace: str) -> Check:
-    """The outcome of the operator's last sweep, per namespace, as it recorded it."""
-    name = "last-sweep"
-    subject = f"Lease {system_namespace}/{OPERATOR_LEASE}"
-    if isinstance(lease, Unreadable):
-        return Check(name=name, status=CheckStatus.UNKNOWN, summary=f"{subject} could not be read: {lease.reason}")
-    annotations = ((lease or {}).get("metadata") or {}).get("annotations") or {}
-    raw = annotations.get(LAST_SWEEP_ANNOTATION)
-    if raw is None:
-        return Check(
-            name=name,
-            status=CheckStatus.UNKNOWN,
-            summary=f"the last sweep's outcome was never recorded ({subject} has no {LAST_SWEEP_ANNOTATION} "
-            f"annotation): unknown, not zero.",
-        )
-    try:
-        sweep = json.loads(raw)
-    except ValueError:
-        sweep = None
-    if not isinstance(sweep, Mapping) or not isinstance(sweep.get("failures"), Mapping):
-        return Check(
-            name=name,
-            status=CheckStatus.UNKNOWN,
-            summary=f"the {LAST_SWEEP_ANNOTATION} annotation on {subject} is not a sweep record.",
-        )
-    failures = {str(ns): count for ns, count in sweep["failures"].items() if _positive(count)}
-    recorded_errors = sweep.get("errors")
-    errors: Mapping[str, Any] = recorded_errors if isinstance(recorded_errors, Mapping) else {}
-    facts = {
-        "time": sweep.get("time"),
-        "registrations": sweep.get("registrations"),
-        "namespaces": sweep.get("namespaces"),
-        "failures": failures,
-        "errors": dict(errors),
-        "byReason": sweep.get("byReason"),
-    }
-    at = sweep.get("time") or "an unrecorded time"
-    if failures:
-        named = [
-            f"{namespace}: {failures[namespace]} failed ({errors.get(namespace, 'no error recorded')})"
-            for namespace in sorted(failures)
-        ]
-        return Check(
-            name=name,
-            status=CheckStatus.FAIL,
-            summary=f"the last sweep at {at} failed in namespace(s) {'; '.join(named)}.",
-            objects=tuple(f"namespace/{namespace}" for namespace in sorted(failures)),
-            facts=facts,
-        )
-    counted = sweep.get("registrations")
-    of = f"{counted} registrations" if isinstance(counted, int) else "an unrecorded number of registrations"
-    return Check(
-        name=name,
-        status=CheckStatus.PASS,
-        summary=f"the last sweep at {at} decided {of} with no failures.",
-        facts=facts,
-    )
-
-
-def check_retire_grant(
-    *,
-    cluster_wide: bool | None,
-    per_namespace: Mapping[str, bool | None],
-    expect_plan_only: bool,
-    system_namespace: str,
-    unknown_reason: str = "",
-) -> Check:
-    """Whether the operator holds ``retire`` (SubjectAccessReview), against what was expected.
-
-    `cluster_wide` answers for every namespace; `per_namespace` for those holding registrations
-    (a grant may be a RoleBinding). None means the review could not be made.
-    """
-    name = "retire-grant"
-    user = operator_username(system_namespace)
-    if cluster_wide is None:
-        return Check(
-            name=name,
-            status=CheckStatus.UNKNOWN,
-            summary=f"could not review whether {user} holds retire{': ' + unknown_reason if unknown_reason else ''} "
-            f"(needs create on subjectaccessreviews).",
-        )
-    lacking = sorted(ns for ns, allowed in per_namespace.items() if allowed is not True)
-    unknown = sorted(ns for ns, allowed in per_namespace.items() if allowed is None)
-    granted_everywhere = cluster_wide or not lacking
-    facts = {
-        "user": user,
-        "clusterWide": cluster_wide,
-        "namespacesWithoutGrant": lacking,
-        "expectPlanOnly": expect_plan_only,
-    }
-    if unknown:
-        return Check(
-            name=name,
-            status=CheckStatus.UNKNOWN,
-            summary=f"could not review retire for {user} in namespace(s) {_names(unknown)}.",
-            facts=facts,
-        )
-    if expect_plan_only:
-        if cluster_wide or (per_namespace and not lacking):
-            return Check(
-                name=name,
-                status=CheckStatus.FAIL,
-                summary=f"{user} holds retire but the cluster is expected to be plan-only; remove the "
-                f"retire-grant component (or run doctor without --expect-plan-only).",
-                objects=(user,),
-                facts=facts,
-            )
-        return Check(
-            name=name,
-            status=CheckStatus.PASS,
-            summary=f"{user} does not hold retire: plan-only, as expected.",
-            facts=facts,
-        )
-    if cluster_wide:
-        return Check(
-            name=name, status=CheckStatus.PASS, summary=f"{user} holds retire in every namespace.", facts=facts
-        )
-    if granted_everywhere and per_namespace:
-        return Check(
-            name=name,
-            status=CheckStatus.PASS,
-            summary=f"{user} holds retire in every namespace with registrations ({len(per_namespace)}).",
-            facts=facts,
-        )
-    where = f" in namespace(s) {_names(lacking)}" if lacking else ""
-    return Check(
-        name=name,
-        status=CheckStatus.FAIL,
-        summary=f"{user} does not hold retire{where}: the operator runs plan-only; grant it with the "
-        f"retire-grant component (`kubectl apply -k manifests/overlays/production`), or pass "
-        f"--expect-plan-only if that is intended.",
-        objects=(user,),
-        facts=facts,
-    )
-
-
-def check_agents(
-    *,
-    nodes: Sequence[Mapping[str, Any]] | Unreadable,
-    leases: Sequence[Mapping[str, Any]] | Unreadable,
-    system_namespace: str,
-    now: datetime.datetime,
-) -> Check:
-    """Every Ready node has a live agent Lease whose boot id is the Node's (where it publishes one)."""
-    name = "agents"
-    if isinstance(nodes, Unreadable):
-        return Check(name=name, status=CheckStatus.UNKNOWN, summary=f"Nodes could not be listed: {nodes.reason}")
-    if isinstance(leases, Unreadable):
-        return Check(
-            name=name, status=CheckStatus.UNKNOWN, summary=f"agent Leases could not be listed: {leases.reason}"
-        )
-    agents = {}
-    for lease in leases:
-        meta = lease.get("metadata") or {}
-        lease_name = str(meta.get("name") or "")
-        if meta.get("namespace") == system_namespace and lease_name.startswith(api.AGENT_LEASE_PREFIX):
-            agents[lease_name[len(api.AGENT_LEASE_PREFIX) :]] = agent_facts_from_lease(lease)
-    ready = sorted((_name(node), node) for node in nodes if _condition_status(node.get("status"), "Ready") == "True")
-    problems: dict[str, str] = {}
-    for node_name, node in ready:
-        agent = agents.get(node_name)
-        lease_ref = f"Lease {system_namespace}/{api.AGENT_LEASE_PREFIX}{node_name}"
-        if agent is None:
-            problems[node_name] = f"no agent ({lease_ref} not found)"
-            continue
-        until = _expiry(agent.renew_time, agent.lease_duration_seconds)
-        if until is None or now >= until:
-            state = "has no computable expiry" if until is None else f"expired at {model.format_time(until)}"
-            problems[node_name] = f"agent not live ({lease_ref} {state})"
-            continue
-        node_boot = node_facts(node).boot_id
-        if agent.boot_id is None:
-            problems[node_name] = f"agent publishes no boot id ({lease_ref})"
-        elif node_boot is not None and node_boot != agent.boot_id:
-            problems[node_name] = f"agent boot id {agent.boot_id} differs from the Node's bootID {node_boot}"
-    facts = {"readyNodes": [n for n, _ in ready], "problems": problems}
-    if problems:
-        described = "; ".join(f"{node}: {problem}" for node, problem in sorted(problems.items())[:_SHOWN_NAMES])
-        more = len(problems) - _SHOWN_NAMES
-        return Check(
-            name=name,
-            status=CheckStatus.FAIL,
-            summary=f"{len(problems)} of {len(ready)} Ready node(s) lack a healthy agent: {described}"
-            f"{f'; and {more} more' if more > 0 else ''}. Check the coroner-agent DaemonSet pods on them.",
-            objects=tuple(f"node/{node}" for node in sorted(problems)),
-            facts=facts,
-        )
-    return Check(
-        name=name,
-        status=CheckStatus.PASS,
-        summary=f"every Ready node ({len(ready)}) has a live agent on the Node's boot.",
-        facts=facts,
-    )
-
-
-def blocked(entry: PlanEntry) -> bool:
-    """Dead by evidence the decision accepted, yet preserved by a line where time alone will not help.
-
-    Death evidence is established before the agent, heartbeat, conflict, Lease and permission lines
-    of the conjunction; of those, only HeartbeatNotExpired resolves by the clock. The others need
-    someone to act (grant retire, repair an agent, release a Lease, resolve a conflict).
-    """
-    decision = entry.decision
-    return (
-        decision.death_evidence is not None
-        and not decision.retirable
-        and decision.reason not in (Reason.HEARTBEAT_NOT_EXPIRED, Reason.ALREADY_TERMINAL)
-    )
-
-
-def check_unattested(*, plan: Plan | Unreadable, now: datetime.datetime, grace_seconds: float) -> Check:
-    """Active registrations still without their agent's attestation after a grace period."""
-    name = "unattested"
-    if isinstance(plan, Unreadable):
-        return Check(name=name, status=CheckStatus.UNKNOWN, summary=f"registrations could not be read: {plan.reason}")
-    grace = datetime.timedelta(seconds=grace_seconds)
-    stuck = [
-        entry
-        for entry in plan.entries
-        if entry.decision.reason == Reason.ATTESTATION_MISSING
-        and (entry.registration.creation_time is None or now - entry.registration.creation_time >= grace)
-    ]
-    named = [display(key_of(entry.registration)) for entry in stuck]
-    facts = {"count": len(stuck), "graceSeconds": grace_seconds, "registrations": named}
-    if stuck:
-        nodes = sorted({entry.registration.node_name or "?" for entry in stuck})
-        return Check(
-            name=name,
-            status=CheckStatus.FAIL,
-            summary=f"{len(stuck)} registration(s) unattested for over {grace_seconds:g}s: {_names(named)} "
-            f"(node(s) {_names(nodes)}); check the agents of those nodes.",
-            objects=tuple(f"workerregistration/{n}" for n in named),
-            facts=facts,
-        )
-    return Check(
-        name=name,
-        status=CheckStatus.PASS,
-        summary=f"0 of {len(plan.entries)} registration(s) unattested for over {grace_seconds:g}s.",
-        facts=facts,
-    )
-
-
-def check_blocked(*, plan: Plan | Unreadable, expect_plan_only: bool, permission_known: bool = True) -> Check:
-    """Registrations the operator would retire but for something a person must fix.
-
-    `plan` must be decided with the operator's retire permission; where that permission could not
-    be reviewed (`permission_known` False), RetirePermissionMissing rows are unknown, not blocked.
-    """
-    name = "blocked"
-    if isinstance(plan, Unreadable):
-        return Check(name=name, status=CheckStatus.UNKNOWN, summary=f"registrations could not be read: {plan.reason}")
-    found = [entry for entry in plan.entries if blocked(entry)]
-    by_reason: dict[str, list[str]] = {}
-    for entry in found:
-        by_reason.setdefault(entry.decision.reason.value, []).append(display(key_of(entry.registration)))
-    waiting = (
-        by_reason.pop(Reason.RETIRE_PERMISSION_MISSING.value, []) if expect_plan_only or not permission_known else []
-    )
-    expected = waiting if permission_known else []
-    unknown = [] if permission_known else waiting
-    facts = {
-        "count": sum(len(names) for names in by_reason.values()),
-        "byReason": by_reason,
-        "expectedPlanOnly": expected,
-        "operatorPermissionUnknown": unknown,
-    }
-    if by_reason:
-        described = "; ".join(f"{reason} {len(names)}: {_names(names)}" for reason, names in sorted(by_reason.items()))
-        return Check(
-            name=name,
-            status=CheckStatus.FAIL,
-            summary=f"{facts['count']} dead registration(s) preserved by a fixable cause: {described}. "
-            f"`kubectl coroner plan` explains each.",
-            objects=tuple(f"workerregistration/{n}" for names in by_reason.values() for n in names),
-            facts=facts,
-        )
-    if unknown:
-        return Check(
-            name=name,
-            status=CheckStatus.UNKNOWN,
-            summary=f"{len(unknown)} dead registration(s) wait for the retire verb, and whether the operator "
-            f"holds it could not be reviewed: {_names(unknown)}.",
-            objects=tuple(f"workerregistration/{n}" for n in unknown),
-            facts=facts,
-        )
-    tail = f" ({len(expected)} waiting for retire, plan-only as expected)" if expected else ""
-    return Check(
-        name=name,
-        status=CheckStatus.PASS,
-        summary=f"0 of {len(plan.entries)} registration(s) retirable-but-blocked{tail}.",
-        facts=facts,
-    )
-
-
-def doctor_exit_code(checks: Sequence[Check]) -> int:
-    """1 when any check FAILs; UNKNOWN alone does not fail (it is reported, not guessed)."""
-    return 1 if any(check.status == CheckStatus.FAIL for check in checks) else 0
-
-
 # --- output -------------------------------------------------------------------------------------
 
 
@@ -866,6 +557,7 @@ def plan_document(
     namespace: str | None,
     now: datetime.datetime,
     retire_permission: Mapping[str, bool | None],
+    policy: PolicyChoice | None = None,
 ) -> dict[str, Any]:
     """The plan as ``-o json`` / ``-o yaml`` print it."""
     return {
@@ -873,6 +565,7 @@ def plan_document(
         "kind": "Plan",
         "scope": {"namespace": namespace, "allNamespaces": namespace is None},
         "generatedTime": model.format_time(now, fraction=True),
+        "policy": None if policy is None else policy.document(),
         "registryFingerprint": plan.registry_fingerprint,
         "candidateFingerprint": plan.candidate_fingerprint,
         "counts": {reason.value: count for reason, count in plan.counts.items()},
@@ -910,6 +603,7 @@ def apply_document(
     results: Sequence[RowResult],
     preview: bool,
     retired_by: str | None,
+    policy: PolicyChoice | None = None,
 ) -> dict[str, Any]:
     """An apply run as ``-o json`` prints it."""
     return {
@@ -917,6 +611,7 @@ def apply_document(
         "kind": "ApplyResult",
         "preview": preview,
         "retiredBy": retired_by,
+        "policy": None if policy is None else policy.document(),
         "abort": None if assessment.abort is None else assessment.abort.value,
         "abortDetail": assessment.abort_detail or None,
         "registryFingerprint": assessment.registry_fingerprint,
@@ -937,26 +632,6 @@ def apply_document(
     }
 
 
-def doctor_document(checks: Sequence[Check], *, now: datetime.datetime) -> dict[str, Any]:
-    """A doctor run as ``-o json`` prints it."""
-    return {
-        "apiVersion": api.API_VERSION,
-        "kind": "DoctorReport",
-        "generatedTime": model.format_time(now, fraction=True),
-        "healthy": doctor_exit_code(checks) == 0,
-        "checks": [
-            {
-                "name": check.name,
-                "status": check.status.value,
-                "summary": check.summary,
-                "objects": list(check.objects),
-                "facts": dict(check.facts),
-            }
-            for check in checks
-        ],
-    }
-
-
 def dump(document: Mapping[str, Any], *, output: str) -> str:
     """JSON (indented, stable key order) or YAML."""
     if output == "yaml":
@@ -970,7 +645,6 @@ _OUTCOME_STYLE: Final = {
     RowOutcome.WOULD_RETIRE: "green",
     RowOutcome.ALREADY_RETIRED: "dim",
 }
-_STATUS_STYLE: Final = {CheckStatus.PASS: "green", CheckStatus.FAIL: "bold red", CheckStatus.UNKNOWN: "yellow"}
 
 
 def render_plan(
@@ -979,9 +653,12 @@ def render_plan(
     console: Console,
     namespace: str | None,
     retire_permission: Mapping[str, bool | None],
+    policy: PolicyChoice | None = None,
 ) -> None:
     """The human table: every registration, counts by reason, fingerprints, and the apply line."""
     scope = "all namespaces" if namespace is None else f"namespace {namespace}"
+    if policy is not None:
+        console.print(Text(policy.describe()), soft_wrap=True)
     table = Table(title=Text(f"Coroner plan: {scope}"), box=box.SIMPLE_HEAD, title_justify="left")
     if namespace is None:
         table.add_column("NAMESPACE", no_wrap=True)
@@ -1017,7 +694,7 @@ def render_plan(
     if lacking:
         console.print(
             Text(
-                f"You do not hold the {api.RETIRE_VERB} verb in {_names(lacking)}: dead orphans there show "
+                f"You do not hold the {api.RETIRE_VERB} verb in {names_text(lacking)}: dead orphans there show "
                 f"{Reason.RETIRE_PERMISSION_MISSING} and apply cannot retire them.",
                 style="yellow",
             )
@@ -1045,8 +722,17 @@ def apply_command(*, plan: Plan, entries: Sequence[PlanEntry], namespace: str | 
     )
 
 
-def render_apply(*, results: Sequence[RowResult], console: Console, preview: bool, retired_by: str | None) -> None:
+def render_apply(
+    *,
+    results: Sequence[RowResult],
+    console: Console,
+    preview: bool,
+    retired_by: str | None,
+    policy: PolicyChoice | None = None,
+) -> None:
     """The human table of one apply run."""
+    if policy is not None:
+        console.print(Text(policy.describe()), soft_wrap=True)
     if preview:
         title = "Coroner apply: preview (nothing written)"
     elif retired_by is None:
@@ -1074,58 +760,14 @@ def render_apply(*, results: Sequence[RowResult], console: Console, preview: boo
         console.print(Text("Nothing was changed. Run the same command with --yes to retire these rows."))
 
 
-def render_doctor(checks: Sequence[Check], *, console: Console) -> None:
-    """The human table of one doctor run."""
-    table = Table(title=Text("Coroner doctor"), box=box.SIMPLE_HEAD, title_justify="left")
-    table.add_column("CHECK", no_wrap=True)
-    table.add_column("STATUS", no_wrap=True)
-    table.add_column("DETAIL", overflow="fold", ratio=1, min_width=20)
-    for check in checks:
-        table.add_row(
-            Text(check.name), Text(check.status.value, style=_STATUS_STYLE[check.status]), Text(check.summary)
-        )
-    console.print(table)
-
-
 # --- small pure pieces --------------------------------------------------------------------------
 
 
-def _condition_status(status: object, condition_type: str) -> str | None:
-    if not isinstance(status, Mapping):
-        return None
-    for item in status.get("conditions") or []:
-        if isinstance(item, Mapping) and item.get("type") == condition_type:
-            value = item.get("status")
-            return value if isinstance(value, str) else None
-    return None
-
-
-def _name(body: Mapping[str, Any]) -> str:
-    return str((body.get("metadata") or {}).get("name") or "")
-
-
-def _names(names: Sequence[str]) -> str:
+def names_text(names: Sequence[str]) -> str:
+    """``a, b, c`` — at most a table line's worth, then ``and N more``."""
     shown = ", ".join(names[:_SHOWN_NAMES])
     more = len(names) - _SHOWN_NAMES
     return f"{shown} and {more} more" if more > 0 else shown
-
-
-def _positive(count: object) -> bool:
-    return isinstance(count, int | float) and not isinstance(count, bool) and count > 0
-
-
-def _expiry(renew_time: datetime.datetime | None, duration: float | None) -> datetime.datetime | None:
-    """renewTime + leaseDurationSeconds, or None where either is unknown (never "live")."""
-    if renew_time is None or duration is None or not math.isfinite(duration):
-        return None
-    try:
-        return renew_time + datetime.timedelta(seconds=duration)
-    except OverflowError:
-        return None
-
-
-def _stamp(moment: datetime.datetime | None) -> str | None:
-    return None if moment is None else model.format_time(moment)
 
 
 def _plain(value: object) -> object:

@@ -19,7 +19,7 @@ import yaml
 from click.testing import CliRunner
 from rich.console import Console
 
-from coroner import api, plan
+from coroner import api, doctor, plan
 from coroner.decision import Policy
 from coroner.kubectl_plugin import main
 from coroner.model import format_time
@@ -543,12 +543,12 @@ class TestOutput:
 
     def test_doctor_table_and_json(self) -> None:
         checks = [
-            plan.Check(name="crd", status=plan.CheckStatus.PASS, summary="fine"),
-            plan.Check(name="agents", status=plan.CheckStatus.FAIL, summary="node/x", objects=("node/x",)),
+            doctor.Check(name="crd", status=doctor.CheckStatus.PASS, summary="fine"),
+            doctor.Check(name="agents", status=doctor.CheckStatus.FAIL, summary="node/x", objects=("node/x",)),
         ]
-        text = rendered(lambda c: plan.render_doctor(checks, console=c))
+        text = rendered(lambda c: doctor.render_doctor(checks, console=c))
         assert "crd" in text and "FAIL" in text
-        document = json.loads(plan.dump(plan.doctor_document(checks, now=NOW), output="json"))
+        document = json.loads(plan.dump(doctor.doctor_document(checks, now=NOW), output="json"))
         assert document["healthy"] is False
         assert document["checks"][1] == {
             "name": "agents",
@@ -577,65 +577,65 @@ def operator_lease(*, renewed_at: datetime.datetime = NOW - 10 * S, sweep: objec
     )
     if sweep is not None:
         body["metadata"]["annotations"] = {
-            plan.LAST_SWEEP_ANNOTATION: sweep if isinstance(sweep, str) else json.dumps(sweep)
+            doctor.LAST_SWEEP_ANNOTATION: sweep if isinstance(sweep, str) else json.dumps(sweep)
         }
     return body
 
 
 class TestDoctorChecks:
     def test_crd(self) -> None:
-        assert plan.check_crd(crd()).status == plan.CheckStatus.PASS
-        missing = plan.check_crd(None)
-        assert missing.status == plan.CheckStatus.FAIL and "not installed" in missing.summary
+        assert doctor.check_crd(crd()).status == doctor.CheckStatus.PASS
+        missing = doctor.check_crd(None)
+        assert missing.status == doctor.CheckStatus.FAIL and "not installed" in missing.summary
         assert missing.objects == (f"CustomResourceDefinition/{api.CRD_NAME}",)
-        assert plan.check_crd(crd(established="False")).status == plan.CheckStatus.FAIL
-        assert plan.check_crd(crd(versions=("v1beta9",))).status == plan.CheckStatus.FAIL
-        assert plan.check_crd(plan.Unreadable(reason="forbidden")).status == plan.CheckStatus.UNKNOWN
+        assert doctor.check_crd(crd(established="False")).status == doctor.CheckStatus.FAIL
+        assert doctor.check_crd(crd(versions=("v1beta9",))).status == doctor.CheckStatus.FAIL
+        assert doctor.check_crd(plan.Unreadable(reason="forbidden")).status == doctor.CheckStatus.UNKNOWN
 
     def test_admission_policy_names_are_the_manifests(self) -> None:
         manifest = REPO / "manifests" / "base" / "admission-policies.yaml"
         documents = [d for d in yaml.safe_load_all(manifest.read_text()) if d]
         policies = {d["metadata"]["name"] for d in documents if d["kind"] == "ValidatingAdmissionPolicy"}
         bound = {d["spec"]["policyName"] for d in documents if d["kind"] == "ValidatingAdmissionPolicyBinding"}
-        assert set(plan.ADMISSION_POLICIES) == policies == bound
-        check = plan.check_admission_policies(
+        assert set(doctor.ADMISSION_POLICIES) == policies == bound
+        check = doctor.check_admission_policies(
             policies=[d for d in documents if d["kind"] == "ValidatingAdmissionPolicy"],
             bindings=[d for d in documents if d["kind"] == "ValidatingAdmissionPolicyBinding"],
         )
-        assert check.status == plan.CheckStatus.PASS
+        assert check.status == doctor.CheckStatus.PASS
 
     def test_a_missing_or_warn_only_binding_fails_by_name(self) -> None:
-        policies = [{"metadata": {"name": n}} for n in plan.ADMISSION_POLICIES]
+        policies = [{"metadata": {"name": n}} for n in doctor.ADMISSION_POLICIES]
         bindings = [
             {"metadata": {"name": n}, "spec": {"policyName": n, "validationActions": ["Deny"]}}
-            for n in plan.ADMISSION_POLICIES[1:]
+            for n in doctor.ADMISSION_POLICIES[1:]
         ]
         bindings[0]["spec"]["validationActions"] = ["Warn"]
-        check = plan.check_admission_policies(policies=policies[1:], bindings=bindings)
-        assert check.status == plan.CheckStatus.FAIL
-        first, second = plan.ADMISSION_POLICIES[0], plan.ADMISSION_POLICIES[1]
+        check = doctor.check_admission_policies(policies=policies[1:], bindings=bindings)
+        assert check.status == doctor.CheckStatus.FAIL
+        first, second = doctor.ADMISSION_POLICIES[0], doctor.ADMISSION_POLICIES[1]
         assert check.objects == (
             f"ValidatingAdmissionPolicy/{first}",
             f"ValidatingAdmissionPolicyBinding/{first}",
             f"ValidatingAdmissionPolicyBinding/{second}",
         )
         assert (
-            plan.check_admission_policies(policies=plan.Unreadable(reason="x"), bindings=[]).status
-            == plan.CheckStatus.UNKNOWN
+            doctor.check_admission_policies(policies=plan.Unreadable(reason="x"), bindings=[]).status
+            == doctor.CheckStatus.UNKNOWN
         )
 
     def test_operator_alive(self) -> None:
         system = api.SYSTEM_NAMESPACE
-        alive = plan.check_operator_alive(lease=operator_lease(), system_namespace=system, now=NOW)
-        assert alive.status == plan.CheckStatus.PASS
-        expired = plan.check_operator_alive(
+        alive = doctor.check_operator_alive(lease=operator_lease(), system_namespace=system, now=NOW)
+        assert alive.status == doctor.CheckStatus.PASS
+        expired = doctor.check_operator_alive(
             lease=operator_lease(renewed_at=NOW - 181 * S), system_namespace=system, now=NOW
         )
-        assert expired.status == plan.CheckStatus.FAIL and "expired at" in expired.summary
-        absent = plan.check_operator_alive(lease=None, system_namespace=system, now=NOW)
-        assert absent.status == plan.CheckStatus.FAIL and absent.objects == (f"Lease {system}/coroner-operator",)
-        forbidden = plan.check_operator_alive(lease=plan.Unreadable(reason="no"), system_namespace=system, now=NOW)
-        assert forbidden.status == plan.CheckStatus.UNKNOWN
+        assert expired.status == doctor.CheckStatus.FAIL and "expired at" in expired.summary
+        absent = doctor.check_operator_alive(lease=None, system_namespace=system, now=NOW)
+        assert absent.status == doctor.CheckStatus.FAIL and absent.objects == (f"Lease {system}/coroner-operator",)
+        forbidden = doctor.check_operator_alive(lease=plan.Unreadable(reason="no"), system_namespace=system, now=NOW)
+        assert forbidden.status == doctor.CheckStatus.UNKNOWN
 
     @pytest.mark.parametrize(
         "body",
@@ -647,8 +647,8 @@ class TestDoctorChecks:
         ],
     )
     def test_a_sweep_never_recorded_is_unknown_never_zero(self, body: dict[str, Any] | None) -> None:
-        check = plan.check_last_sweep(lease=body, system_namespace=api.SYSTEM_NAMESPACE)
-        assert check.status == plan.CheckStatus.UNKNOWN
+        check = doctor.check_last_sweep(lease=body, system_namespace=api.SYSTEM_NAMESPACE)
+        assert check.status == doctor.CheckStatus.UNKNOWN
         assert "0" not in check.summary.replace(api.SYSTEM_NAMESPACE, "")
         assert "failures" not in check.facts
 
@@ -659,26 +659,26 @@ class TestDoctorChecks:
             "failures": {"jobs": 2, "ok": 0},
             "errors": {"jobs": "500 Internal Server Error: etcd"},
         }
-        check = plan.check_last_sweep(lease=operator_lease(sweep=sweep), system_namespace=api.SYSTEM_NAMESPACE)
-        assert check.status == plan.CheckStatus.FAIL
+        check = doctor.check_last_sweep(lease=operator_lease(sweep=sweep), system_namespace=api.SYSTEM_NAMESPACE)
+        assert check.status == doctor.CheckStatus.FAIL
         assert (
             check.objects == ("namespace/jobs",) and "jobs: 2 failed (500 Internal Server Error: etcd)" in check.summary
         )
         clean = {**sweep, "failures": {"ok": 0}, "errors": {}}
-        passed = plan.check_last_sweep(lease=operator_lease(sweep=clean), system_namespace=api.SYSTEM_NAMESPACE)
-        assert passed.status == plan.CheckStatus.PASS and "12 registrations" in passed.summary
+        passed = doctor.check_last_sweep(lease=operator_lease(sweep=clean), system_namespace=api.SYSTEM_NAMESPACE)
+        assert passed.status == doctor.CheckStatus.PASS and "12 registrations" in passed.summary
 
     @pytest.mark.parametrize(
         ("cluster_wide", "per_namespace", "plan_only", "status"),
         [
-            pytest.param(True, {}, False, plan.CheckStatus.PASS, id="granted"),
-            pytest.param(False, {"jobs": True}, False, plan.CheckStatus.PASS, id="granted-per-namespace"),
-            pytest.param(False, {"jobs": True, "ops": False}, False, plan.CheckStatus.FAIL, id="partly"),
-            pytest.param(False, {}, False, plan.CheckStatus.FAIL, id="plan-only"),
-            pytest.param(False, {}, True, plan.CheckStatus.PASS, id="plan-only-expected"),
-            pytest.param(True, {}, True, plan.CheckStatus.FAIL, id="granted-but-plan-only-expected"),
-            pytest.param(None, {}, False, plan.CheckStatus.UNKNOWN, id="cannot-review"),
-            pytest.param(False, {"jobs": None}, False, plan.CheckStatus.UNKNOWN, id="cannot-review-namespace"),
+            pytest.param(True, {}, False, doctor.CheckStatus.PASS, id="granted"),
+            pytest.param(False, {"jobs": True}, False, doctor.CheckStatus.PASS, id="granted-per-namespace"),
+            pytest.param(False, {"jobs": True, "ops": False}, False, doctor.CheckStatus.FAIL, id="partly"),
+            pytest.param(False, {}, False, doctor.CheckStatus.FAIL, id="plan-only"),
+            pytest.param(False, {}, True, doctor.CheckStatus.PASS, id="plan-only-expected"),
+            pytest.param(True, {}, True, doctor.CheckStatus.FAIL, id="granted-but-plan-only-expected"),
+            pytest.param(None, {}, False, doctor.CheckStatus.UNKNOWN, id="cannot-review"),
+            pytest.param(False, {"jobs": None}, False, doctor.CheckStatus.UNKNOWN, id="cannot-review-namespace"),
         ],
     )
     def test_retire_grant(
@@ -686,16 +686,16 @@ class TestDoctorChecks:
         cluster_wide: bool | None,
         per_namespace: dict[str, bool | None],
         plan_only: bool,
-        status: plan.CheckStatus,
+        status: doctor.CheckStatus,
     ) -> None:
-        check = plan.check_retire_grant(
+        check = doctor.check_retire_grant(
             cluster_wide=cluster_wide,
             per_namespace=per_namespace,
             expect_plan_only=plan_only,
             system_namespace=api.SYSTEM_NAMESPACE,
         )
         assert check.status == status, check.summary
-        if status == plan.CheckStatus.FAIL:
+        if status == doctor.CheckStatus.FAIL:
             assert check.objects == ("system:serviceaccount:coroner-system:coroner-operator",)
 
     def test_agents(self) -> None:
@@ -715,36 +715,40 @@ class TestDoctorChecks:
             agent_lease(node="silent-boot", boot_id=None),
             agent_lease(node="unpublished"),
         ]
-        check = plan.check_agents(nodes=nodes, leases=leases, system_namespace=api.SYSTEM_NAMESPACE, now=NOW)
-        assert check.status == plan.CheckStatus.FAIL
+        check = doctor.check_agents(nodes=nodes, leases=leases, system_namespace=api.SYSTEM_NAMESPACE, now=NOW)
+        assert check.status == doctor.CheckStatus.FAIL
         assert check.objects == ("node/no-agent", "node/rebooted", "node/silent-boot", "node/stale")
         assert f"agent boot id {BOOT} differs from the Node's bootID {OTHER_BOOT}" in check.summary
         fixed = [
             agent_lease(node=n["metadata"]["name"], boot_id=(n["status"].get("nodeInfo") or {}).get("bootID", BOOT))
             for n in nodes
         ]
-        assert plan.check_agents(nodes=nodes, leases=fixed, system_namespace=api.SYSTEM_NAMESPACE, now=NOW).status == (
-            plan.CheckStatus.PASS
+        clean = doctor.check_agents(
+            nodes=nodes, leases=fixed, system_namespace=api.SYSTEM_NAMESPACE, now=NOW, plan=planned([])
         )
+        assert clean.status == doctor.CheckStatus.PASS
+        # Without the registrations, the nodes holding them are unknown: not a pass.
+        unknown = doctor.check_agents(nodes=nodes, leases=fixed, system_namespace=api.SYSTEM_NAMESPACE, now=NOW)
+        assert unknown.status == doctor.CheckStatus.UNKNOWN
         assert (
-            plan.check_agents(
+            doctor.check_agents(
                 nodes=plan.Unreadable(reason="no"), leases=[], system_namespace=api.SYSTEM_NAMESPACE, now=NOW
             ).status
-            == plan.CheckStatus.UNKNOWN
+            == doctor.CheckStatus.UNKNOWN
         )
 
     def test_unattested_after_the_grace_period(self) -> None:
         fresh = worker("fresh", attested=False, created_at=NOW - 10 * S, heartbeat_at=None)
         stuck = worker("stuck", attested=False, created_at=NOW - 600 * S)
         result = planned([fresh, stuck, worker("fine")])
-        check = plan.check_unattested(plan=result, now=NOW, grace_seconds=60)
-        assert check.status == plan.CheckStatus.FAIL
+        check = doctor.check_unattested(plan=result, now=NOW, grace_seconds=60)
+        assert check.status == doctor.CheckStatus.FAIL
         assert check.objects == (f"workerregistration/{NAMESPACE}/stuck",) and check.facts["count"] == 1
-        assert plan.check_unattested(plan=planned([worker("fine")]), now=NOW, grace_seconds=60).status == (
-            plan.CheckStatus.PASS
+        assert doctor.check_unattested(plan=planned([worker("fine")]), now=NOW, grace_seconds=60).status == (
+            doctor.CheckStatus.PASS
         )
-        unknown = plan.check_unattested(plan=plan.Unreadable(reason="forbidden"), now=NOW, grace_seconds=60)
-        assert unknown.status == plan.CheckStatus.UNKNOWN and "count" not in unknown.facts
+        unknown = doctor.check_unattested(plan=plan.Unreadable(reason="forbidden"), now=NOW, grace_seconds=60)
+        assert unknown.status == doctor.CheckStatus.UNKNOWN and "count" not in unknown.facts
 
     def test_blocked_are_dead_but_preserved_for_a_fixable_cause(self) -> None:
         result = planned(
@@ -761,22 +765,22 @@ class TestDoctorChecks:
             "alive": Reason.PID_ALIVE,
             "held": Reason.PROTECTED_LEASE_HOLDER,
         }
-        check = plan.check_blocked(plan=result, expect_plan_only=False)
-        assert check.status == plan.CheckStatus.FAIL and check.objects == (f"workerregistration/{NAMESPACE}/held",)
+        check = doctor.check_blocked(plan=result, expect_plan_only=False)
+        assert check.status == doctor.CheckStatus.FAIL and check.objects == (f"workerregistration/{NAMESPACE}/held",)
 
     def test_blocked_by_the_grant_is_expected_only_when_plan_only_is(self) -> None:
         result = planned([worker("a")], permission=False)
-        assert plan.check_blocked(plan=result, expect_plan_only=False).status == plan.CheckStatus.FAIL
-        assert plan.check_blocked(plan=result, expect_plan_only=True).status == plan.CheckStatus.PASS
-        unknown = plan.check_blocked(plan=result, expect_plan_only=False, permission_known=False)
-        assert unknown.status == plan.CheckStatus.UNKNOWN
+        assert doctor.check_blocked(plan=result, expect_plan_only=False).status == doctor.CheckStatus.FAIL
+        assert doctor.check_blocked(plan=result, expect_plan_only=True).status == doctor.CheckStatus.PASS
+        unknown = doctor.check_blocked(plan=result, expect_plan_only=False, permission_known=False)
+        assert unknown.status == doctor.CheckStatus.UNKNOWN
 
     def test_exit_code(self) -> None:
-        def check(status: plan.CheckStatus) -> plan.Check:
-            return plan.Check(name="x", status=status, summary="")
+        def check(status: doctor.CheckStatus) -> plan.Check:
+            return doctor.Check(name="x", status=status, summary="")
 
-        assert plan.doctor_exit_code([check(plan.CheckStatus.PASS), check(plan.CheckStatus.UNKNOWN)]) == 0
-        assert plan.doctor_exit_code([check(plan.CheckStatus.PASS), check(plan.CheckStatus.FAIL)]) == 1
+        assert doctor.doctor_exit_code([check(doctor.CheckStatus.PASS), check(doctor.CheckStatus.UNKNOWN)]) == 0
+        assert doctor.doctor_exit_code([check(doctor.CheckStatus.PASS), check(doctor.CheckStatus.FAIL)]) == 1
 
 
 # --- the command line, before any request -------------------------------------------------------

@@ -26,6 +26,7 @@ PURE = [
     "coroner.reasons",
     "coroner.procfs",
     "coroner.retirement",
+    "coroner.policy_json",
 ]
 #: What the pure cores may import: computation only, and each other.
 ALLOWED = {

@@ -1,0 +1,487 @@
+"""Node loss in `kubectl coroner doctor`, and the policy plan/apply/doctor decide with.
+
+After an abrupt node loss (workers and agent killed, Node deleted) no agent will ever attest the
+node's registrations again: doctor must FAIL (node-loss and agents) naming the node, since when,
+and what would release them — never PASS with "every Ready node (0) has a live agent". The policy
+is the operator's published one; flags override it with a warning; an unreadable one falls back to
+the defaults with a warning.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from coroner import api, doctor, plan, policy_json
+from coroner.decision import Policy
+from coroner.policy_json import PolicyUnreadable
+from unit.builders import BOOT, NAMESPACE, NODE, NODE_UID, NOW, OTHER_BOOT
+from unit.test_plan import S, agent_lease, listing, node, worker
+
+pytestmark = pytest.mark.unit
+
+SYSTEM = api.SYSTEM_NAMESPACE
+LEASE = f"{SYSTEM}/{api.OPERATOR_LEASE}"
+NODE_LOSS = Policy(node_deletion_evidence=True, node_deletion_quarantine_seconds=300)
+DEFAULTS = Policy()
+
+
+def choice(published: Policy | PolicyUnreadable = DEFAULTS, **flags: object) -> plan.PolicyChoice:
+    return plan.choose_policy(published=published, flags=flags, system_namespace=SYSTEM)
+
+
+def operator_lease(annotation: object = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"metadata": {"name": api.OPERATOR_LEASE, "namespace": SYSTEM}, "spec": {}}
+    if annotation is not None:
+        body["metadata"]["annotations"] = {api.POLICY_ANNOTATION: annotation}
+    return body
+
+
+# --- the published policy ------------------------------------------------------------------------
+
+
+class TestPublishedPolicy:
+    @pytest.mark.parametrize(
+        ("lease", "expected"),
+        [
+            pytest.param(operator_lease(policy_json.dump_policy(NODE_LOSS)), NODE_LOSS, id="published"),
+            pytest.param(operator_lease(policy_json.dump_policy(Policy())), Policy(), id="published-defaults"),
+            pytest.param(None, "does not exist", id="no-lease"),
+            pytest.param(plan.Unreadable(reason="403 forbidden"), "could not be read: 403 forbidden", id="forbidden"),
+            pytest.param(operator_lease(), "has no coroner.dev/policy annotation", id="no-annotation"),
+            pytest.param(operator_lease("{garbage"), "is unreadable: it is not JSON", id="garbage"),
+            pytest.param(operator_lease("{}"), "is unreadable: it lacks field(s)", id="empty-object"),
+            pytest.param({"metadata": {"annotations": "x"}}, "has no coroner.dev/policy", id="annotations-garbled"),
+        ],
+    )
+    def test_read_from_the_operator_lease(self, lease: Any, expected: Policy | str) -> None:
+        found = plan.published_policy(lease, system_namespace=SYSTEM)
+        if isinstance(expected, Policy):
+            assert found == expected
+        else:
+            assert isinstance(found, PolicyUnreadable) and expected in found.reason
+            assert f"Lease {LEASE}" in found.reason
+
+    def test_plan_and_apply_find_the_operator_lease_among_the_listed_leases(self) -> None:
+        ours = operator_lease(policy_json.dump_policy(NODE_LOSS))
+        elsewhere = {"metadata": {"name": api.OPERATOR_LEASE, "namespace": "jobs"}}
+        found = plan.operator_lease_of([agent_lease(), elsewhere, ours], system_namespace=SYSTEM)
+        assert found is ours
+        assert plan.operator_lease_of([agent_lease(), elsewhere], system_namespace=SYSTEM) is None
+
+
+class TestChoosePolicy:
+    @pytest.mark.parametrize(
+        ("published", "flags", "policy", "source", "warned"),
+        [
+            pytest.param(NODE_LOSS, {}, NODE_LOSS, "operator", [], id="operator-no-flags"),
+            pytest.param(Policy(), {}, Policy(), "operator", [], id="operator-defaults-no-flags"),
+            pytest.param(
+                NODE_LOSS,
+                {"node_deletion_evidence": True, "node_deletion_quarantine_seconds": 300.0},
+                NODE_LOSS,
+                "operator",
+                [],
+                id="flags-equal-to-the-operator",
+            ),
+            pytest.param(
+                NODE_LOSS,
+                {"node_deletion_evidence": False},
+                Policy(node_deletion_evidence=False, node_deletion_quarantine_seconds=300),
+                "operator+flags",
+                ["--no-node-deletion-evidence differs from the operator's published nodeDeletionEvidence=true"],
+                id="flag-differs-bool",
+            ),
+            pytest.param(
+                NODE_LOSS,
+                {"node_deletion_quarantine_seconds": 40.0},
+                Policy(node_deletion_evidence=True, node_deletion_quarantine_seconds=40),
+                "operator+flags",
+                [
+                    "--node-quarantine-seconds=40 differs from the operator's published nodeDeletionQuarantineSeconds=300"
+                ],
+                id="flag-differs-number",
+            ),
+            pytest.param(
+                Policy(),
+                {"node_deletion_evidence": True, "node_deletion_quarantine_seconds": 10.0},
+                Policy(node_deletion_evidence=True, node_deletion_quarantine_seconds=10),
+                "operator+flags",
+                ["--node-deletion-evidence differs", "--node-quarantine-seconds=10 differs"],
+                id="both-flags-differ",
+            ),
+            pytest.param(
+                PolicyUnreadable(reason="Lease x does not exist"),
+                {},
+                Policy(),
+                "defaults",
+                ["could not be read (Lease x does not exist); deciding with the built-in defaults, which may not"],
+                id="unreadable-defaults",
+            ),
+            pytest.param(
+                PolicyUnreadable(reason="garbage"),
+                {"node_deletion_evidence": True},
+                Policy(node_deletion_evidence=True),
+                "defaults+flags",
+                ["could not be read (garbage); deciding with the built-in defaults and --node-deletion-evidence"],
+                id="unreadable-with-flags",
+            ),
+        ],
+    )
+    def test_the_operator_policy_is_used_and_every_difference_is_a_warning(
+        self,
+        published: Policy | PolicyUnreadable,
+        flags: dict[str, object],
+        policy: Policy,
+        source: str,
+        warned: list[str],
+    ) -> None:
+        chosen = choice(published, **flags)
+        assert chosen.policy == policy
+        assert chosen.source == source
+        assert len(chosen.warnings) == len(warned)
+        for warning, expected in zip(chosen.warnings, warned, strict=True):
+            assert expected in warning
+            assert "\n" not in warning
+        document = chosen.document()
+        assert document["source"] == source and document["lease"] == LEASE
+        assert document["values"] == policy_json.policy_document(policy)
+        assert (document["published"] is None) == isinstance(published, PolicyUnreadable)
+        assert json.loads(json.dumps(document)) == document
+
+    def test_the_header_says_which_policy_and_what_differs_from_the_defaults(self) -> None:
+        header = choice(NODE_LOSS).describe()
+        assert header.startswith(f"Policy: the operator's, published on Lease {LEASE}")
+        assert "nodeDeletionEvidence=true, nodeDeletionQuarantineSeconds=300" in header
+        assert "every field at its default" in choice(Policy()).describe()
+        fallback = choice(PolicyUnreadable(reason="no Lease")).describe()
+        assert "the built-in defaults (the operator's could not be read: no Lease)" in fallback
+        assert (
+            "with nodeDeletionEvidence from the command line"
+            in choice(Policy(), node_deletion_evidence=True).describe()
+        )
+
+    def test_a_flag_the_policy_refuses_is_an_error(self) -> None:
+        with pytest.raises(ValueError, match="finite"):
+            choice(Policy(), node_deletion_quarantine_seconds=float("nan"))
+
+    def test_only_known_flags_are_taken(self) -> None:
+        assert choice(NODE_LOSS, attestation_max_age_seconds=1.0).policy == NODE_LOSS
+
+
+# --- node loss ----------------------------------------------------------------------------------
+
+
+def node_loss(
+    registrations: list[dict[str, Any]],
+    *,
+    nodes: list[dict[str, Any]],
+    leases: list[dict[str, Any]],
+    published: Policy | PolicyUnreadable = DEFAULTS,
+) -> doctor.Check:
+    world = plan.build_world(listing(registrations, leases=leases, nodes=nodes, permission=False))
+    chosen = choice(published)
+    decided = plan.decide_all(world=world, policy=chosen.policy, now=NOW)
+    return doctor.check_node_loss(world=world, plan=decided, policy=chosen, system_namespace=SYSTEM, now=NOW)
+
+
+EXPIRED = agent_lease(renewed_at=NOW - 300 * S, duration=40)  # expired at NOW - 260 s
+LIVE = agent_lease()
+REPLACED = node(uid="another-uid", boot_id=OTHER_BOOT)
+RETIRED = {"status.conditions": [{"type": "Retired", "status": "True", "reason": "PidfdExited"}]}
+
+# (registrations, nodes, leases, published, status, node state, agent state, phrases)
+CASES = [
+    pytest.param(
+        [worker("a", attested=False), worker("b", verdict="Alive", evidence="PidfdPinned")],
+        [],
+        [EXPIRED],
+        Policy(),
+        doctor.CheckStatus.FAIL,
+        "deleted",
+        "expired",
+        [
+            "Node node-a is deleted (no Node object)",
+            "expired at 2026-11-30T17:55:40Z (4m20s ago)",
+            "add the manifests/components/node-loss component",
+        ],
+        id="deleted-agent-expired-no-opt-in",
+    ),
+    pytest.param(
+        [worker("a", attested=False)],
+        [],
+        [EXPIRED],
+        NODE_LOSS,
+        doctor.CheckStatus.FAIL,
+        "deleted",
+        "expired",
+        [
+            "the operator runs with node-deletion evidence: its 300s quarantine ends 300s after it saw Node node-a",
+            "by 2026-11-30T18:05:00Z at the latest",
+        ],
+        id="deleted-agent-expired-opted-in",
+    ),
+    pytest.param(
+        [worker("a", attested=False)],
+        [],
+        [],
+        Policy(),
+        doctor.CheckStatus.FAIL,
+        "deleted",
+        "missing",
+        ["does not exist (since an unknown time)", "node-loss component"],
+        id="deleted-no-agent-lease",
+    ),
+    pytest.param(
+        [worker("a", attested=False)],
+        [],
+        [EXPIRED],
+        PolicyUnreadable(reason="no Lease"),
+        doctor.CheckStatus.FAIL,
+        "deleted",
+        "expired",
+        ["if the operator runs without --node-deletion-evidence (its policy could not be read)"],
+        id="deleted-operator-policy-unknown",
+    ),
+    pytest.param(
+        [worker("a", attested=False)],
+        [node()],
+        [EXPIRED],
+        Policy(),
+        doctor.CheckStatus.FAIL,
+        "present",
+        "expired",
+        [
+            "Node node-a exists",
+            "kubectl taint node node-a node.kubernetes.io/out-of-service=nodeshutdown:NoExecute",
+            "restarting the agent on node-a",
+        ],
+        id="present-agent-expired",
+    ),
+    pytest.param(
+        [worker("a", attested=False)],
+        [node()],
+        [EXPIRED],
+        Policy(node_out_of_service_evidence=False),
+        doctor.CheckStatus.FAIL,
+        "present",
+        "expired",
+        ["the out-of-service taint does not help: the operator's policy has nodeOutOfServiceEvidence=false"],
+        id="present-taint-not-accepted",
+    ),
+    pytest.param(
+        [worker("a", attested=False)],
+        [REPLACED],
+        [agent_lease(boot_id=OTHER_BOOT)],
+        NODE_LOSS,
+        doctor.CheckStatus.FAIL,
+        "replaced",
+        "another-boot",
+        ["was replaced", "is live on another boot", "a replaced Node counts at once"],
+        id="replaced-new-machine-live-agent",
+    ),
+    pytest.param(
+        [worker("a")],
+        [node()],
+        [LIVE],
+        Policy(),
+        doctor.CheckStatus.PASS,
+        None,
+        None,
+        ["no active registration is on a lost node", "(1 active)"],
+        id="healthy",
+    ),
+    pytest.param(
+        [worker("a", attested=False)],
+        [],
+        [LIVE],
+        Policy(),
+        doctor.CheckStatus.PASS,
+        None,
+        None,
+        [],
+        id="node-object-deleted-but-its-agent-lives-on-the-same-boot",
+    ),
+    pytest.param(
+        [worker("a", attested=False)],
+        [node(uid="recreated")],
+        [LIVE],
+        Policy(),
+        doctor.CheckStatus.PASS,
+        None,
+        None,
+        [],
+        id="node-recreated-by-its-running-kubelet",
+    ),
+    pytest.param(
+        [worker("gone", paths=RETIRED)],
+        [],
+        [EXPIRED],
+        Policy(),
+        doctor.CheckStatus.PASS,
+        None,
+        None,
+        ["(0 active)"],
+        id="terminal-registrations-are-history",
+    ),
+    pytest.param(
+        [],
+        [],
+        [],
+        Policy(),
+        doctor.CheckStatus.PASS,
+        None,
+        None,
+        ["(0 active)"],
+        id="nothing-registered",
+    ),
+]
+
+
+class TestNodeLoss:
+    @pytest.mark.parametrize(
+        ("registrations", "nodes", "leases", "published", "status", "node_state", "agent_state", "phrases"), CASES
+    )
+    def test_node_loss(
+        self,
+        registrations: list[dict[str, Any]],
+        nodes: list[dict[str, Any]],
+        leases: list[dict[str, Any]],
+        published: Policy | PolicyUnreadable,
+        status: doctor.CheckStatus,
+        node_state: str | None,
+        agent_state: str | None,
+        phrases: list[str],
+    ) -> None:
+        check = node_loss(registrations, nodes=nodes, leases=leases, published=published)
+        assert check.name == "node-loss"
+        assert check.status == status, check.summary
+        for phrase in phrases:
+            assert phrase in check.summary
+        if status == doctor.CheckStatus.PASS:
+            assert check.facts == {"count": 0, "nodes": {}} and check.objects == ()
+            return
+        names = sorted(f"{NAMESPACE}/{r['metadata']['name']}" for r in registrations)
+        facts = check.facts["nodes"][NODE]
+        assert facts["node"] == node_state and facts["agentLease"] == agent_state
+        assert facts["registrations"] == names and facts["count"] == len(names) == check.facts["count"]
+        assert check.objects == (f"node/{NODE}", *(f"workerregistration/{n}" for n in names))
+        assert f"{NODE}: {len(names)} registration(s)" in check.summary
+        assert "kubectl coroner apply" in check.summary and api.RETIRE_VERB in check.summary
+        assert sum(facts["reasons"].values()) == len(names)
+
+    def test_since_when_is_the_agent_lease_expiry(self) -> None:
+        check = node_loss([worker("a", attested=False)], nodes=[], leases=[EXPIRED])
+        facts = check.facts["nodes"][NODE]
+        assert facts["agentLeaseExpired"] == "2026-11-30T17:55:40Z" and facts["lostSeconds"] == 260.0
+        assert facts["lastHeartbeat"] == "2026-11-30T17:59:00Z"
+
+    @pytest.mark.parametrize(
+        ("published", "released"),
+        [
+            pytest.param(Policy(), {"nodeDeletion": 2, "outOfServiceTaint": None, "applyNow": 0}, id="deleted"),
+            pytest.param(NODE_LOSS, {"nodeDeletion": 2, "outOfServiceTaint": None, "applyNow": 0}, id="opted-in"),
+        ],
+    )
+    def test_what_releases_them_is_decided_not_assumed(self, published: Policy, released: dict[str, int]) -> None:
+        # One registration was not minted by the launcher: no evidence ever makes it retirable
+        # (UntrustedIdentityProvenance comes before any death evidence), so it is not counted.
+        registrations = [worker("a", attested=False), worker("b", attested=False), worker("c", attested=False)]
+        registrations[2]["spec"]["clientInstanceId"] = "not-minted"
+        check = node_loss(registrations, nodes=[], leases=[EXPIRED], published=published)
+        assert check.facts["nodes"][NODE]["release"] == released
+        assert "counts 2 of 3 dead (NodeDeleted)" in check.summary
+
+    def test_one_line_per_node_with_counts(self) -> None:
+        registrations = [
+            worker("a1", attested=False),
+            worker("a2", attested=False),
+            worker("b1", attested=False, node_name="node-b"),
+            worker("c1", node_name="node-c"),
+        ]
+        leases = [EXPIRED, agent_lease(node="node-c")]
+        check = node_loss(registrations, nodes=[node(name="node-c")], leases=leases)
+        assert check.status == doctor.CheckStatus.FAIL
+        assert set(check.facts["nodes"]) == {NODE, "node-b"} and check.facts["count"] == 3
+        assert "on 2 lost node(s)" in check.summary
+        assert "node-a: 2 registration(s)" in check.summary and "node-b: 1 registration(s)" in check.summary
+        assert "node-c" not in check.summary
+
+    def test_unreadable_facts_are_unknown_never_zero(self) -> None:
+        check = doctor.check_node_loss(
+            world=plan.Unreadable(reason="forbidden"),
+            plan=plan.Unreadable(reason="forbidden"),
+            policy=choice(),
+            system_namespace=SYSTEM,
+            now=NOW,
+        )
+        assert check.status == doctor.CheckStatus.UNKNOWN and "count" not in check.facts
+
+
+# --- agents: nodes with registrations, not only Ready ones ---------------------------------------
+
+
+class TestAgentsOfNodesWithRegistrations:
+    @pytest.mark.parametrize(
+        ("nodes", "leases", "registrations", "status", "problem"),
+        [
+            pytest.param([], [], [worker("a")], doctor.CheckStatus.FAIL, "no agent", id="deleted-node-no-lease"),
+            pytest.param(
+                [], [EXPIRED], [worker("a")], doctor.CheckStatus.FAIL, "expired at", id="deleted-node-expired-lease"
+            ),
+            pytest.param(
+                [node(ready=False)],
+                [EXPIRED],
+                [worker("a")],
+                doctor.CheckStatus.FAIL,
+                "expired at",
+                id="not-ready-node-with-registrations",
+            ),
+            pytest.param(
+                [node(ready=False, boot_id=OTHER_BOOT)],
+                [LIVE],
+                [worker("a")],
+                doctor.CheckStatus.FAIL,
+                f"agent boot id {BOOT} differs from the Node's bootID {OTHER_BOOT}",
+                id="not-ready-node-boot-differs",
+            ),
+            pytest.param([node(ready=False)], [], [], doctor.CheckStatus.PASS, None, id="not-ready-node-empty"),
+            pytest.param(
+                [], [], [worker("a", paths=RETIRED)], doctor.CheckStatus.PASS, None, id="only-terminal-registrations"
+            ),
+            pytest.param([], [LIVE], [worker("a")], doctor.CheckStatus.PASS, None, id="no-node-object-live-agent"),
+            pytest.param([], [], [], doctor.CheckStatus.PASS, None, id="empty-cluster"),
+        ],
+    )
+    def test_agents(
+        self,
+        nodes: list[dict[str, Any]],
+        leases: list[dict[str, Any]],
+        registrations: list[dict[str, Any]],
+        status: doctor.CheckStatus,
+        problem: str | None,
+    ) -> None:
+        world = plan.build_world(listing(registrations, leases=leases, nodes=nodes))
+        decided = plan.decide_all(world=world, policy=Policy(), now=NOW)
+        check = doctor.check_agents(nodes=nodes, leases=leases, system_namespace=SYSTEM, now=NOW, plan=decided)
+        assert check.status == status, check.summary
+        if problem is None:
+            assert check.objects == () and "every Ready node" in check.summary
+        else:
+            assert check.objects == (f"node/{NODE}",)
+            assert problem in check.facts["problems"][NODE] and "1 active registration(s)" in check.summary
+            assert check.facts["nodesWithRegistrations"] == {NODE: 1}
+
+    def test_the_old_blind_spot_every_ready_node_0(self) -> None:
+        """The report from the field: 22 registrations, their node deleted, no Ready node at all."""
+        registrations = [worker(f"w{i}", attested=False) for i in range(22)]
+        world = plan.build_world(listing(registrations, leases=[EXPIRED], nodes=[]))
+        decided = plan.decide_all(world=world, policy=Policy(), now=NOW)
+        agents = doctor.check_agents(nodes=[], leases=[EXPIRED], system_namespace=SYSTEM, now=NOW, plan=decided)
+        lost = doctor.check_node_loss(world=world, plan=decided, policy=choice(), system_namespace=SYSTEM, now=NOW)
+        assert agents.status == lost.status == doctor.CheckStatus.FAIL
+        assert "22 active registration(s)" in agents.summary
+        assert lost.facts["count"] == 22 and "node-a: 22 registration(s)" in lost.summary
+        assert NODE_UID  # the registrations name the Node that is gone
