@@ -422,7 +422,9 @@ def test_a_reused_number_is_reported_not_dead() -> None:
     agent = Agent(FakeProc(sleeper(start_time=777)))
     result = agent.probe(key(start=500))
     expect(result, Verdict.REUSED, Evidence.START_TIME_DIFFERS)
-    assert result.host_pid == 4242 and len(agent.pidfds) == 0
+    # The pidfd kept is the holder's (its exit is the moment to look again), never the recorded one's.
+    assert result.host_pid == 4242 and agent.pidfds.incarnations() == [key(start=777)]
+    assert result.reuser == key(start=777) and not result.reuser_exited
 
 
 def test_a_root_number_held_by_a_thread_or_a_child_namespace_is_reused() -> None:
@@ -668,7 +670,8 @@ def test_reused_between_read_and_pidfd_open_is_caught_after_opening() -> None:
     agent = Agent(proc)
     result = agent.probe(key())
     expect(result, Verdict.REUSED, Evidence.START_TIME_DIFFERS)
-    assert not proc.open_fds and len(agent.pidfds) == 0
+    # The fd opened under the race was closed; the one left pins the new holder, for its exit.
+    assert len(proc.open_fds) == 1 and agent.pidfds.incarnations() == [key(start=888)]
 
 
 def test_reaped_right_after_pidfd_open_is_resolved_again() -> None:

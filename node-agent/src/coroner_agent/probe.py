@@ -537,6 +537,13 @@ class ProbeResult:
     detail: str
     host_pid: int | None = None
     """The host pid the probe matched (Alive, Dead by pidfd, Reused), when it found one."""
+    reuser: IncarnationKey | None = None
+    """Reused: the incarnation that holds the recorded number now, which the pidfd table tracks
+    (pinned, or counted unpinned at its limit). Its exit frees the number, so it is the moment to
+    probe the recorded incarnation again; it proves nothing about it by itself."""
+    reuser_exited: bool = False
+    """Reused, and the pidfd of that holder is readable: it exited but is not reaped yet, so the
+    number is still held (by a zombie). No event will come for it: the caller looks again soon."""
 
 
 class _Changed(Exception):
@@ -648,11 +655,14 @@ def _resolve(
         )
     holder = f"host pid {view.host_pid} (state {view.state}, start time {view.start_time})"
     if view.start_time != key.start_time:
+        reuser, exited, note = _watch_reuser(view=view, node=node, reader=reader, pidfds=pidfds)
         return ProbeResult(
             verdict=Verdict.REUSED,
             evidence=Evidence.START_TIME_DIFFERS,
-            detail=f"{where} is held by {holder}, not the recorded start time {key.start_time}",
+            detail=f"{where} is held by {holder}, not the recorded start time {key.start_time}; {note}",
             host_pid=view.host_pid,
+            reuser=reuser,
+            reuser_exited=exited,
         )
     if not _holds(view, key) or not view.is_thread_group_leader:
         # Only the root-namespace lookup can get here: the number is held, by something that cannot
@@ -827,6 +837,48 @@ def _pin(
             f"not kept ({len(pidfds)} pinned, limit {pidfds.max_pinned}): its death is found on resync"
         )
     return ProbeResult(verdict=Verdict.ALIVE, evidence=Evidence.PIDFD_PINNED, detail=detail, host_pid=host_pid)
+
+
+def _watch_reuser(
+    *, view: ProcessView, node: NodeFacts, reader: ProcReader, pidfds: PidfdTable
+) -> tuple[IncarnationKey | None, bool, str]:
+    """Pins the process that holds a reused number, so that its exit re-probes at once.
+
+    Returns (the holder's incarnation if the table now tracks it, whether its pidfd is already
+    readable, a note for the detail). The pin is verified exactly as an Alive one (`_pin`: pidfd
+    mapped onto /proc, start time read again after opening), so the table holds one valid pidfd per
+    incarnation whichever registration asked for it, within the same `max_pinned` budget. The
+    holder's exit only makes the next probe possible: that probe must still find the number free
+    (ProcAbsent) or held by yet another process. A holder that vanishes under the pin raises
+    `_Changed` (resolve again); a holder that cannot be pinned is left to the resync.
+    """
+    if node.boot_id is None or not view.is_thread_group_leader:
+        return None, False, "a thread holds it, not a process: it is looked at again on resync"
+    reuser = IncarnationKey(
+        boot_id=node.boot_id, pid_namespace=view.pid_namespace, pid=view.namespaced_pid, start_time=view.start_time
+    )
+    held = pidfds.get(reuser)
+    if held is not None:
+        try:
+            exited = reader.pidfd_exited(held.fd)
+        except OSError as exc:
+            pidfds.release(reuser)
+            return None, False, f"polling the pidfd of that holder failed ({exc}): it is looked at again on resync"
+        if exited:
+            return reuser, True, "that holder exited and is not reaped yet: looked at again shortly"
+        return reuser, False, "that holder is pinned by a pidfd: its exit re-probes this incarnation"
+    if pidfds.full:
+        pidfds.note_unpinned(reuser)
+        return reuser, False, f"that holder is not pinned ({len(pidfds)} pinned, limit {pidfds.max_pinned}): resync"
+    try:
+        pinned = _pin(key=reuser, view=view, proc_pid_namespace=node.proc_pid_namespace, reader=reader, pidfds=pidfds)
+    except _Unestablished as exc:
+        return reuser, False, f"that holder cannot be pinned ({exc.detail}): resync"
+    if pinned.verdict is Verdict.DEAD:
+        return reuser, True, "that holder exited and is not reaped yet: looked at again shortly"
+    if pinned.verdict is Verdict.ALIVE and pidfds.get(reuser) is not None:
+        return reuser, False, "that holder is pinned by a pidfd: its exit re-probes this incarnation"
+    return reuser, False, f"that holder is not pinned ({pinned.detail}): resync"
 
 
 def _unpinnable_evidence(view: ProcessView) -> Evidence:

@@ -3,6 +3,13 @@
 It owns the reader, the pid index and the pidfd watcher, maps registrations to the incarnations
 they record (several registrations may name one incarnation; its pidfd lives while any does), and
 re-reads the node facts (boot id, host id, pid namespace visibility) on every rescan.
+
+A `Reused` registration (its recorded number is held by another process) also watches that
+holder: the probe pins it with a pidfd, within the same budget, and its exit re-probes the
+registration at once instead of at the next resync. The holder's exit is only a trigger: the
+re-probe decides (typically ProcAbsent, now that the number is free). A holder that exited but is
+not reaped yet still holds the number; it is looked at again with a short backoff
+(`REUSER_RETRY_SECONDS`, doubling up to `REUSER_RETRY_MAX_SECONDS`), as no event marks a reap.
 """
 
 from __future__ import annotations
@@ -18,6 +25,10 @@ from coroner_agent import probe as probes
 from coroner_agent.service import Key, Outcome
 
 logger = logging.getLogger("coroner.agent")
+
+#: First re-probe of a Reused registration whose holder exited but is not reaped yet; then doubling.
+REUSER_RETRY_SECONDS = 0.05
+REUSER_RETRY_MAX_SECONDS = 5.0
 
 
 class ProcProber:
@@ -48,8 +59,14 @@ class ProcProber:
             if use_pidfd
             else probes.PidfdTable(max_pinned=0)
         )
+        self._loop = loop
         self._registrations: dict[IncarnationKey, set[Key]] = defaultdict(set)
         self._incarnation_of: dict[Key, IncarnationKey] = {}
+        # Reused registrations and the process that holds their number (see the module docstring).
+        self._watchers: dict[IncarnationKey, set[Key]] = defaultdict(set)
+        self._reuser_of: dict[Key, IncarnationKey] = {}
+        self._retry_delays: dict[Key, float] = {}
+        self._retry_handles: dict[Key, asyncio.TimerHandle] = {}
         self.node = self._read_node()
 
     def _read_node(self) -> probes.NodeFacts:
@@ -91,7 +108,37 @@ class ProcProber:
             pidfds=self.pidfds,
         )
         self._remember(key, registration.incarnation)
+        self._watch_reuser(key, result.reuser)
+        self._schedule_retry(key, wanted=result.reuser_exited)
         return Outcome(verdict=result.verdict, evidence=result.evidence, detail=result.detail)
+
+    def _watch_reuser(self, key: Key, reuser: IncarnationKey | None) -> None:
+        previous = self._reuser_of.get(key)
+        if previous == reuser:
+            return
+        if previous is not None:
+            del self._reuser_of[key]
+            self._detach(key, previous, self._watchers)
+        if reuser is not None:
+            self._reuser_of[key] = reuser
+            self._watchers[reuser].add(key)
+
+    def _schedule_retry(self, key: Key, *, wanted: bool) -> None:
+        """Re-probes `key` after a backoff while its number's holder is an exited, unreaped process."""
+        handle = self._retry_handles.pop(key, None)
+        if handle is not None:
+            handle.cancel()
+        if not wanted:
+            self._retry_delays.pop(key, None)
+            return
+        previous = self._retry_delays.get(key)
+        delay = REUSER_RETRY_SECONDS if previous is None else min(previous * 2, REUSER_RETRY_MAX_SECONDS)
+        self._retry_delays[key] = delay
+        self._retry_handles[key] = self._loop.call_later(delay, self._retry, key)
+
+    def _retry(self, key: Key) -> None:
+        if self._retry_handles.pop(key, None) is not None:
+            self._on_exit(key)
 
     def _remember(self, key: Key, incarnation: model.Incarnation) -> None:
         try:
@@ -105,27 +152,41 @@ class ProcProber:
             return
         previous = self._incarnation_of.get(key)
         if previous is not None and previous != recorded:
-            self._detach(key, previous)
+            self._detach(key, previous, self._registrations)
         self._incarnation_of[key] = recorded
         self._registrations[recorded].add(key)
 
     def forget(self, *, key: Key) -> None:
         previous = self._incarnation_of.pop(key, None)
         if previous is not None:
-            self._detach(key, previous)
+            self._detach(key, previous, self._registrations)
+        self._watch_reuser(key, None)
+        self._schedule_retry(key, wanted=False)
 
-    def _detach(self, key: Key, incarnation: IncarnationKey) -> None:
-        keys = self._registrations.get(incarnation)
+    def _detach(self, key: Key, incarnation: IncarnationKey, by: dict[IncarnationKey, set[Key]]) -> None:
+        keys = by.get(incarnation)
         if keys is None:
             return
         keys.discard(key)
         if not keys:
-            del self._registrations[incarnation]
-            self.pidfds.release(incarnation)  # no registration names it any more: close its pidfd
+            del by[incarnation]
+            if incarnation not in self._registrations and incarnation not in self._watchers:
+                self.pidfds.release(incarnation)  # no registration names or watches it any more: close its pidfd
 
     def _fired(self, incarnation: IncarnationKey) -> None:
-        for key in sorted(self._registrations.get(incarnation, ())):
+        # A registration's own incarnation exited, or the holder of a Reused registration's number
+        # did: either way the registration is probed again, and only that probe decides.
+        keys = self._registrations.get(incarnation, set()) | self._watchers.get(incarnation, set())
+        for key in sorted(keys):
             self._on_exit(key)
 
+    @property
+    def watched_reusers(self) -> int:
+        """Distinct processes holding a Reused registration's number that the prober watches."""
+        return len(self._watchers)
+
     def close(self) -> None:
+        for handle in self._retry_handles.values():
+            handle.cancel()
+        self._retry_handles.clear()
         self.pidfds.close()
