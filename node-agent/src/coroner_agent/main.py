@@ -1,4 +1,5 @@
-"""`coroner-agent`: the per-node agent. Runs until SIGTERM, then sweeps and exits."""
+"""`coroner-agent`: the per-node agent. Runs until SIGTERM; then keeps attesting while it waits
+(at most --shutdown-grace-seconds) for its node's live incarnations to exit, sweeps once and exits."""
 
 from __future__ import annotations
 
@@ -33,6 +34,22 @@ logger = logging.getLogger("coroner.agent")
 @click.option("--renew-seconds", type=float, default=10.0, show_default=True)
 @click.option("--no-pidfd", is_flag=True, help="Do not pin incarnations with pidfds (resync path only; benchmarks).")
 @click.option("--max-pidfds", type=int, default=20000, show_default=True)
+@click.option(
+    "--shutdown-grace-seconds",
+    type=click.FloatRange(min=0),
+    default=40.0,
+    show_default=True,
+    help="On SIGTERM, keep serving this long at most while waiting for this node's registrations that are "
+    "not attested Dead (nor terminal) to exit, attesting each exit; 0 skips the wait. With "
+    "--shutdown-sweep-seconds it must fit in the pod's terminationGracePeriodSeconds.",
+)
+@click.option(
+    "--shutdown-sweep-seconds",
+    type=click.FloatRange(min=0),
+    default=15.0,
+    show_default=True,
+    help="Bound of the final re-probe of every registration after the wait.",
+)
 @click.option("--verbose", "-v", is_flag=True)
 def main(
     node_name: str,
@@ -47,6 +64,8 @@ def main(
     renew_seconds: float,
     no_pidfd: bool,
     max_pidfds: int,
+    shutdown_grace_seconds: float,
+    shutdown_sweep_seconds: float,
     verbose: bool,
 ) -> None:
     """Attest the death (or life) of this node's registered worker incarnations."""
@@ -60,6 +79,8 @@ def main(
         lease_duration_seconds=lease_duration_seconds,
         renew_seconds=renew_seconds,
         resync_seconds=resync_seconds,
+        shutdown_grace_seconds=shutdown_grace_seconds,
+        shutdown_sweep_seconds=shutdown_sweep_seconds,
     )
     prober_options = {
         "node_name": node_name,

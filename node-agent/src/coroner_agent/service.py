@@ -2,13 +2,20 @@
 
 Event-driven: a watched worker's pidfd becoming readable re-probes that registration at once; a
 periodic resync re-probes everything as a safety net (and is the only path for incarnations the
-agent could not pin). On SIGTERM a shutdown sweep attests every death it can confirm before the
-node goes. An API error delays an attestation; it never invents one.
+agent could not pin). An API error delays an attestation; it never invents one.
+
+On SIGTERM (the node is draining or shutting down, or the pod is replaced) the agent does not stop
+at once: it keeps serving exactly as before — registration watch, pidfd events, Lease renewal,
+attest workers, plus a faster resync of what it waits for — until every registration of its node
+that is neither attested Dead nor terminal has been resolved, or `shutdown_grace_seconds` have
+passed, whichever is first. Each exit is attested as it happens. Then one final sweep re-probes
+everything and the agent exits. Nothing alive: it goes straight to the sweep.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import datetime
 import logging
@@ -59,6 +66,30 @@ class AgentSettings:
     """Re-attest an unchanged Dead verdict this often, so it never ages into AttestationStale (a
     retirement waiting for the grant); other verdicts are rewritten only when they change."""
     workers: int = 4
+    shutdown_grace_seconds: float = 40.0
+    """On SIGTERM, how long to keep serving while waiting for this node's registrations that are not
+    attested Dead (nor terminal) to be resolved. With `shutdown_sweep_seconds` it must fit in the
+    pod's terminationGracePeriodSeconds (manifests/base/agent.yaml: 60 = 40 + 15 + 5 to spare)."""
+    shutdown_sweep_seconds: float = 15.0
+    """Bound of the final sweep after the wait."""
+    shutdown_resync_seconds: float = 2.0
+    """While waiting, re-probe what is waited for this often: the deaths of incarnations the agent
+    could not pin are otherwise found only by the (30 s) resync."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class DrainReport:
+    """What the wait after SIGTERM saw (one log line)."""
+
+    waited: int
+    """Registrations of this node waited for: not attested Dead and not terminal, at any time."""
+    attested: int
+    """Of those, attested Dead by the time the wait ended."""
+    resolved_otherwise: int
+    """Of those, terminal without a Dead attestation (Released, retired) or deleted."""
+    still_alive: int
+    """Of those, still neither attested Dead nor terminal when the wait ended (grace ran out)."""
+    seconds: float
 
 
 def _incarnation_record(registration: model.Registration) -> dict[str, Any]:
@@ -120,6 +151,8 @@ class Agent:
         self._stop_watch = threading.Event()
         self.attestations_written = 0
         self.synced = asyncio.Event()
+        self._changed = asyncio.Event()
+        """Set whenever a registration body changes or goes: what the shutdown wait waits on."""
 
     # --- inputs --------------------------------------------------------------------------------
 
@@ -140,6 +173,7 @@ class Agent:
         for key in set(self.bodies) - seen:
             self._forget(key)
         self.synced.set()
+        self._changed.set()
 
     def on_event(self, event_type: str, body: dict[str, Any]) -> None:
         key = _key(body)
@@ -148,10 +182,12 @@ class Agent:
             return
         self.bodies[key] = slim(body)
         self.enqueue(key)
+        self._changed.set()
 
     def _forget(self, key: Key) -> None:
         self.bodies.pop(key, None)
         self.prober.forget(key=key)
+        self._changed.set()
 
     # --- the attest step -----------------------------------------------------------------------
 
@@ -224,6 +260,7 @@ class Agent:
             raise
         self.bodies[key] = slim(written)
         self.attestations_written += 1
+        self._changed.set()
         logger.info(
             "attested workerregistration=%s/%s verdict=%s evidence=%s pid=%s node=%s",
             key[0],
@@ -298,6 +335,68 @@ class Agent:
         thread.start()
         return thread
 
+    # --- shutdown ------------------------------------------------------------------------------
+
+    def awaited(self) -> set[Key]:
+        """This node's registrations that are neither terminal nor attested Dead: what a shutdown
+        waits for. An unattested one counts (its first probe may be Dead or Alive); a registration
+        whose spec names another node does not (this agent never speaks for it)."""
+        pending = set()
+        for key, body in self.bodies.items():
+            registration = model.parse_registration(body)
+            if registration.terminal or registration.node_name != self.settings.node_name:
+                continue
+            attestation = registration.attestation
+            if attestation is None or attestation.verdict != Verdict.DEAD:
+                pending.add(key)
+        return pending
+
+    def _attested_dead(self, key: Key) -> bool:
+        body = self.bodies.get(key)
+        if body is None:
+            return False
+        attestation = model.parse_registration(body).attestation
+        return attestation is not None and attestation.verdict == Verdict.DEAD
+
+    async def drain(self, *, grace: float) -> DrainReport:
+        """After SIGTERM: keep serving until nothing is awaited or `grace` seconds have passed.
+
+        Everything else keeps running meanwhile (watch, pidfd events, workers, Lease); this only
+        watches the outcome, re-probing what it waits for every `shutdown_resync_seconds`.
+        """
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        deadline = started + max(0.0, grace)
+        if not self.synced.is_set():
+            # Not listed yet: nothing is known to wait for. Wait for the list within the grace.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.synced.wait(), timeout=max(0.0, deadline - loop.time()))
+        waited: set[Key] = set()
+        next_resync = loop.time() + self.settings.shutdown_resync_seconds
+        while True:
+            self._changed.clear()
+            pending = self.awaited()
+            waited |= pending
+            now = loop.time()
+            if not pending or now >= deadline:
+                break
+            if now >= next_resync:
+                await asyncio.to_thread(self.prober.rescan)
+                for key in pending:
+                    self.enqueue(key)
+                next_resync = loop.time() + self.settings.shutdown_resync_seconds
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), timeout=min(deadline, next_resync) - now)
+        attested = sum(1 for key in waited - pending if self._attested_dead(key))
+        return DrainReport(
+            waited=len(waited),
+            attested=attested,
+            resolved_otherwise=len(waited - pending) - attested,
+            still_alive=len(pending),
+            seconds=loop.time() - started,
+        )
+
     async def shutdown_sweep(self, *, timeout: float) -> int:
         """Before the node goes: re-probe everything and attest what can be confirmed."""
         self._stop_watch.set()
@@ -311,14 +410,29 @@ class Agent:
             logger.warning("shutdown sweep timed out node=%s pending=%s", self.settings.node_name, self._queue.pending)
         return self.attestations_written - before
 
-    async def run(self, *, stop: asyncio.Event, sweep_timeout: float = 45.0) -> None:
+    async def run(self, *, stop: asyncio.Event) -> None:
         loop = asyncio.get_running_loop()
         self.start_watch(loop)
         tasks = [asyncio.create_task(self.run_lease()), asyncio.create_task(self.run_resync())]
         tasks += [asyncio.create_task(self.run_worker()) for _ in range(self.settings.workers)]
         await stop.wait()
-        # Workers keep running through the sweep; the lease keeps being renewed until the end.
-        written = await self.shutdown_sweep(timeout=sweep_timeout)
+        # Everything keeps running through the wait and the sweep; the lease is renewed until the end.
+        logger.info(
+            "shutdown: waiting for this node's live incarnations node=%s grace=%.1fs",
+            self.settings.node_name,
+            self.settings.shutdown_grace_seconds,
+        )
+        report = await self.drain(grace=self.settings.shutdown_grace_seconds)
+        logger.info(
+            "shutdown wait done node=%s waited=%d attested=%d resolvedOtherwise=%d stillAlive=%d seconds=%.2f",
+            self.settings.node_name,
+            report.waited,
+            report.attested,
+            report.resolved_otherwise,
+            report.still_alive,
+            report.seconds,
+        )
+        written = await self.shutdown_sweep(timeout=self.settings.shutdown_sweep_seconds)
         logger.info("shutdown sweep done node=%s attestations=%s", self.settings.node_name, written)
         for task in tasks:
             task.cancel()
