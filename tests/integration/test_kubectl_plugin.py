@@ -553,8 +553,13 @@ def operator_lease(installed: Cluster, admin: k8s.ApiClient) -> Iterator[k8s.Coo
 
 
 def write_operator_lease(
-    coordination: k8s.CoordinationV1Api, *, renew_offset: float, sweep: dict[str, Any] | None
+    coordination: k8s.CoordinationV1Api,
+    *,
+    renew_offset: float,
+    sweep: dict[str, Any] | None,
+    policy: str | None = None,
 ) -> None:
+    """The operator's Lease as an operator writes it; `policy` is the coroner.dev/policy annotation."""
     name, system = "coroner-operator", api.SYSTEM_NAMESPACE
     try:
         coordination.delete_namespaced_lease(name, system)
@@ -562,6 +567,8 @@ def write_operator_lease(
         if exc.status != 404:
             raise
     annotations = {} if sweep is None else {f"{api.GROUP}/last-sweep": json.dumps(sweep)}
+    if policy is not None:
+        annotations[f"{api.GROUP}/policy"] = policy
     coordination.create_namespaced_lease(
         system,
         {
@@ -654,3 +661,139 @@ def test_doctor_reports_the_retire_grant_and_registrations_blocked_or_unattested
     _, checks = doctor(installed)
     assert checks["retire-grant"]["status"] == "PASS"
     assert dead_row not in checks["blocked"]["objects"]
+
+
+# --- the operator's published policy, and node loss -----------------------------------------------
+
+NODE_LOSS_POLICY = json.dumps(
+    {
+        "attestationMaxAgeSeconds": 600.0,
+        "pidfdExitedWindowIntervals": 0.0,
+        "procAbsentWindowIntervals": 2.0,
+        "bootBoundaryWindowIntervals": 2.0,
+        "nodeDeletionEvidence": True,
+        "nodeDeletionQuarantineSeconds": 300.0,
+        "nodeOutOfServiceEvidence": True,
+    }
+)
+
+
+def warnings_of(result: subprocess.CompletedProcess[str]) -> list[str]:
+    return [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
+
+
+def test_plan_decides_with_the_operators_published_policy_and_warns_when_told_otherwise(
+    installed: Cluster,
+    admin: k8s.ApiClient,
+    agent: k8s.ApiClient,
+    alice: pathlib.Path,
+    grant: str,
+    operator_lease: k8s.CoordinationV1Api,
+) -> None:
+    namespace = grant
+    dead(admin, agent, namespace, "dead", pid=5801)
+    # alice reads plans with `list` on leases only: the operator's Lease comes with the system
+    # namespace's Leases the plan lists anyway.
+    write_operator_lease(operator_lease, renew_offset=0, sweep=None, policy=NODE_LOSS_POLICY)
+    published = coroner(installed, "plan", "-n", namespace, "-o", "json", kubeconfig=alice)
+    assert published.returncode == 0 and warnings_of(published) == [], published.stderr
+    policy = as_json(published)["policy"]
+    assert policy["source"] == "operator" and policy["lease"] == f"{api.SYSTEM_NAMESPACE}/coroner-operator"
+    assert policy["values"]["nodeDeletionEvidence"] is True
+    assert policy["values"]["nodeDeletionQuarantineSeconds"] == 300.0
+    table = coroner(installed, "plan", "-n", namespace, kubeconfig=alice)
+    assert "Policy: the operator's, published on Lease coroner-system/coroner-operator" in table.stdout
+
+    # Flags still win, and the difference is said with both values.
+    told = coroner(installed, "plan", "-n", namespace, "-o", "json", "--no-node-deletion-evidence", kubeconfig=alice)
+    assert told.returncode == 0, told.stderr
+    (warning,) = warnings_of(told)
+    assert "--no-node-deletion-evidence differs from the operator's published nodeDeletionEvidence=true" in warning
+    assert as_json(told)["policy"]["source"] == "operator+flags"
+    assert as_json(told)["policy"]["values"]["nodeDeletionEvidence"] is False
+
+    # Unreadable, then absent: the built-in defaults, said so.
+    write_operator_lease(operator_lease, renew_offset=0, sweep=None, policy="{garbage")
+    garbled = coroner(installed, "plan", "-n", namespace, "-o", "json", kubeconfig=alice)
+    assert garbled.returncode == 0
+    (warning,) = warnings_of(garbled)
+    assert "is unreadable: it is not JSON" in warning and "deciding with the built-in defaults" in warning
+    assert as_json(garbled)["policy"]["source"] == "defaults"
+    operator_lease.delete_namespaced_lease("coroner-operator", api.SYSTEM_NAMESPACE)
+    absent = coroner(installed, "plan", "-n", namespace, "-o", "json", kubeconfig=alice)
+    (warning,) = warnings_of(absent)
+    assert "Lease coroner-system/coroner-operator does not exist" in warning
+    assert reasons(as_json(absent)) == {"dead": "EligibleStaleOrphan"}
+
+
+@pytest.fixture
+def lost_node(installed: Cluster, admin: k8s.ApiClient) -> Iterator[str]:
+    """A node whose agent died with it (its Lease expired) and whose Node object was then deleted."""
+    name = f"kc-lost-{uuid.uuid4().hex[:6]}"
+    ensure_node(installed, name=name, boot_id=BOOT, ready=True)
+    try:
+        yield name
+    finally:
+        try:
+            k8s.CoordinationV1Api(admin).delete_namespaced_lease(
+                f"{api.AGENT_LEASE_PREFIX}{name}", api.SYSTEM_NAMESPACE
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        try:
+            k8s.CoreV1Api(admin).delete_node(name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+
+def test_doctor_fails_for_registrations_stranded_on_a_deleted_node_and_names_the_fix(
+    installed: Cluster,
+    admin: k8s.ApiClient,
+    namespace: str,
+    lost_node: str,
+    operator_lease: k8s.CoordinationV1Api,
+) -> None:
+    uid = k8s.CoreV1Api(admin).read_node(lost_node).metadata.uid
+    for index, name in enumerate(("consumer-1", "consumer-2")):
+        body = kube.registration_body(name=name, node=lost_node, pid=5901 + index)
+        body["spec"]["nodeUID"] = uid
+        kube.create_registration(admin, namespace, body)
+        kube.patch_status(admin, namespace, name, {"status": {"lastHeartbeatTime": components.now_text(-120)}})
+    # The node is lost: its agent stopped renewing a minute ago, then the Node object was deleted.
+    components.put_agent_lease(admin, node=lost_node, boot_id=BOOT, host_id=HOST, duration=10, renew_offset=-70)
+    k8s.CoreV1Api(admin).delete_node(lost_node)
+    write_operator_lease(
+        operator_lease, renew_offset=0, sweep=None, policy=NODE_LOSS_POLICY.replace("true", "false", 1)
+    )
+
+    code, checks = doctor(installed)
+    assert code == 1
+    lost = checks["node-loss"]
+    assert lost["status"] == "FAIL", lost
+    assert f"node/{lost_node}" in lost["objects"]
+    assert {f"workerregistration/{namespace}/consumer-1", f"workerregistration/{namespace}/consumer-2"} <= set(
+        lost["objects"]
+    )
+    facts = lost["facts"]["nodes"][lost_node]
+    assert facts["count"] == 2 and facts["node"] == "deleted" and facts["agentLease"] == "expired"
+    assert 50 <= facts["lostSeconds"] < 600
+    summary = lost["summary"]
+    assert f"{lost_node}: 2 registration(s); Node {lost_node} is deleted (no Node object)" in summary
+    assert f"Lease coroner-system/coroner-agent-{lost_node} expired at" in summary
+    assert "add the manifests/components/node-loss component" in summary
+    assert "`kubectl coroner apply`" in summary
+    # The agents check no longer passes on "every Ready node (0)": the node holds registrations.
+    problem = agent_problem(checks, lost_node)
+    assert problem is not None and "expired at" in problem and "no Node object" in problem
+
+    # The operator runs with node-deletion evidence: doctor says when its quarantine ends instead.
+    write_operator_lease(operator_lease, renew_offset=0, sweep=None, policy=NODE_LOSS_POLICY)
+    result = coroner(installed, "doctor", kubeconfig=installed.kubeconfig)
+    assert result.returncode == 1 and warnings_of(result) == []
+    assert "Policy: the operator's, published on Lease coroner-system/coroner-operator" in result.stdout
+    assert "node-loss" in result.stdout and "its 300s quarantine ends 300s after it saw Node" in " ".join(
+        result.stdout.split()
+    )
+    assert "error: doctor: check(s)" in result.stderr and "node-loss" in result.stderr
