@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import sys
 import uuid
@@ -429,6 +430,12 @@ class PluginGroup(click.Group):
             raise click.exceptions.Exit(EXIT_USAGE) from None
 
 
+def _finite(_: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a finite number of seconds.", param=param)
+    return value
+
+
 def _common(command: Callable[..., Any]) -> Callable[..., Any]:
     options = [
         click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None, help="Path to the kubeconfig."),
@@ -448,6 +455,7 @@ def _common(command: Callable[..., Any]) -> Callable[..., Any]:
             "--node-quarantine-seconds",
             type=click.FloatRange(min=0),
             default=None,
+            callback=_finite,
             help="Override the operator's published node-deletion quarantine. Default: what the operator publishes.",
         ),
     ]

@@ -798,6 +798,12 @@ class TestUsage:
         assert result.output.strip().count("\n") == 0
         assert "--registry-fingerprint 'abc' is not a Coroner fingerprint" in result.output
 
+    @pytest.mark.parametrize("value", ["-1", "nan", "soon"])
+    def test_a_bad_quarantine_is_a_usage_error_before_any_request(self, value: str) -> None:
+        result = self.run("plan", "-n", "x", "--node-quarantine-seconds", value, "--kubeconfig", "/nonexistent")
+        assert result.exit_code == 2 and "Traceback" not in result.output
+        assert "--node-quarantine-seconds" in result.output and "kubeconfig" not in result.output
+
     def test_namespace_and_all_namespaces_conflict(self) -> None:
         result = self.run("plan", "-n", "x", "-A")
         assert result.exit_code == 2 and "not both" in result.output
