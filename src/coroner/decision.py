@@ -687,9 +687,10 @@ def _what_releases(*, known: _Known, registration: Registration, node: NodeFacts
     if node is not None and _vanished(known=known, registration=registration, node=node):
         gone = "is gone" if node.exists is False else "was replaced by a Node with another UID"
         if not policy.node_deletion_evidence:
+            # A deleted Node cannot be tainted; a replacement Node of the same name can.
+            taint = "" if node.exists is False else f"the {api.OUT_OF_SERVICE_TAINT} taint, "
             return (
-                f"node {name} {gone}: the node-loss component (--node-deletion-evidence), the "
-                f"{api.OUT_OF_SERVICE_TAINT} taint, {human}, releases it."
+                f"node {name} {gone}: the node-loss component (--node-deletion-evidence), {taint}{human}, releases it."
             )
         if node.missing_since is not None:
             end = _after(

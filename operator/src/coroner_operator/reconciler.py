@@ -125,7 +125,8 @@ class Reconciler:
         """
         facts = self.world.agents.get(node)
         until = None if facts is None else lease_expiry(facts.renew_time, facts.lease_duration_seconds)
-        if until is None:
+        if until is None or until <= utcnow():
+            # Unknown or already past: the Lease event that brought it re-decides the node itself.
             self._agent_due.pop(node, None)
             return
         if self._agent_due.get(node) == until:
