@@ -333,3 +333,46 @@ def test_the_report_accounts_for_every_registration_waited_for(plan: list[tuple[
         assert all(verdict != "Dead" for name, verdict in verdicts(kube).items() if workers[name].alive)
 
     asyncio.run(scenario())
+
+
+def test_a_mass_death_costs_the_wait_o_of_changes_not_o_of_registrations_per_change(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each attestation wakes the wait; it re-reads only what changed. Measured: 900 parses for 300
+    deaths; with a full scan per wake-up (the first version) 21,900, growing as N^2."""
+    count = 300
+    parses = 0
+    real_parse = model.parse_registration
+
+    def counting(obj: object) -> model.Registration:
+        nonlocal parses
+        parses += 1
+        return real_parse(obj)
+
+    async def scenario() -> int:
+        workers = {f"w{i}": Worker() for i in range(count)}
+        agent, kube, _ = make_agent(workers, shutdown_grace_seconds=10.0)
+        agent._stop_watch.set()
+        agent.on_relist([copy.deepcopy(b) for b in kube.bodies.values()])
+        runners = [asyncio.create_task(agent.run_worker()) for _ in range(4)]
+        try:
+            while len(kube.writes) < count:
+                await asyncio.sleep(0.01)
+            drain = asyncio.create_task(agent.drain(grace=10.0))
+            await asyncio.sleep(0.01)
+            monkeypatch.setattr(model, "parse_registration", counting)
+            for name, worker in workers.items():
+                worker.alive = False
+                agent.on_pidfd(("jobs", name))
+            report = await asyncio.wait_for(drain, timeout=10)
+        finally:
+            for runner in runners:
+                runner.cancel()
+            await asyncio.gather(*runners, return_exceptions=True)
+        assert (report.waited, report.attested, report.still_alive) == (count, count, 0)
+        return parses
+
+    # Per death: the attest step parses once; the wait re-reads that one registration (and counts it).
+    parsed = asyncio.run(scenario())
+    print(f"\n{parsed} parses for {count} deaths")
+    assert parsed <= 4 * count

@@ -153,6 +153,8 @@ class Agent:
         self.synced = asyncio.Event()
         self._changed = asyncio.Event()
         """Set whenever a registration body changes or goes: what the shutdown wait waits on."""
+        self._dirty: set[Key] | None = None
+        """During the shutdown wait: the keys changed since it last looked (None: not waiting)."""
 
     # --- inputs --------------------------------------------------------------------------------
 
@@ -173,7 +175,7 @@ class Agent:
         for key in set(self.bodies) - seen:
             self._forget(key)
         self.synced.set()
-        self._changed.set()
+        self._touched(*seen)
 
     def on_event(self, event_type: str, body: dict[str, Any]) -> None:
         key = _key(body)
@@ -182,11 +184,16 @@ class Agent:
             return
         self.bodies[key] = slim(body)
         self.enqueue(key)
-        self._changed.set()
+        self._touched(key)
 
     def _forget(self, key: Key) -> None:
         self.bodies.pop(key, None)
         self.prober.forget(key=key)
+        self._touched(key)
+
+    def _touched(self, *keys: Key) -> None:
+        if self._dirty is not None:
+            self._dirty.update(keys)
         self._changed.set()
 
     # --- the attest step -----------------------------------------------------------------------
@@ -260,7 +267,7 @@ class Agent:
             raise
         self.bodies[key] = slim(written)
         self.attestations_written += 1
-        self._changed.set()
+        self._touched(key)
         logger.info(
             "attested workerregistration=%s/%s verdict=%s evidence=%s pid=%s node=%s",
             key[0],
@@ -341,15 +348,17 @@ class Agent:
         """This node's registrations that are neither terminal nor attested Dead: what a shutdown
         waits for. An unattested one counts (its first probe may be Dead or Alive); a registration
         whose spec names another node does not (this agent never speaks for it)."""
-        pending = set()
-        for key, body in self.bodies.items():
-            registration = model.parse_registration(body)
-            if registration.terminal or registration.node_name != self.settings.node_name:
-                continue
-            attestation = registration.attestation
-            if attestation is None or attestation.verdict != Verdict.DEAD:
-                pending.add(key)
-        return pending
+        return {key for key in self.bodies if self._is_awaited(key)}
+
+    def _is_awaited(self, key: Key) -> bool:
+        body = self.bodies.get(key)
+        if body is None:
+            return False
+        registration = model.parse_registration(body)
+        if registration.terminal or registration.node_name != self.settings.node_name:
+            return False
+        attestation = registration.attestation
+        return attestation is None or attestation.verdict != Verdict.DEAD
 
     def _attested_dead(self, key: Key) -> bool:
         body = self.bodies.get(key)
@@ -362,7 +371,9 @@ class Agent:
         """After SIGTERM: keep serving until nothing is awaited or `grace` seconds have passed.
 
         Everything else keeps running meanwhile (watch, pidfd events, workers, Lease); this only
-        watches the outcome, re-probing what it waits for every `shutdown_resync_seconds`.
+        watches the outcome — incrementally, re-reading only the registrations that changed, so a
+        mass death on a large node costs O(changes), not O(registrations) per change — and
+        re-probes what it waits for every `shutdown_resync_seconds`.
         """
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -371,23 +382,33 @@ class Agent:
             # Not listed yet: nothing is known to wait for. Wait for the list within the grace.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.synced.wait(), timeout=max(0.0, deadline - loop.time()))
-        waited: set[Key] = set()
-        next_resync = loop.time() + self.settings.shutdown_resync_seconds
-        while True:
-            self._changed.clear()
+        self._dirty = set()
+        try:
             pending = self.awaited()
-            waited |= pending
-            now = loop.time()
-            if not pending or now >= deadline:
-                break
-            if now >= next_resync:
-                await asyncio.to_thread(self.prober.rescan)
-                for key in pending:
-                    self.enqueue(key)
-                next_resync = loop.time() + self.settings.shutdown_resync_seconds
-                continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), timeout=min(deadline, next_resync) - now)
+            waited = set(pending)
+            next_resync = loop.time() + self.settings.shutdown_resync_seconds
+            while True:
+                now = loop.time()
+                if not pending or now >= deadline:
+                    break
+                if now >= next_resync:
+                    await asyncio.to_thread(self.prober.rescan)
+                    for key in pending:
+                        self.enqueue(key)
+                    next_resync = loop.time() + self.settings.shutdown_resync_seconds
+                else:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._changed.wait(), timeout=min(deadline, next_resync) - now)
+                self._changed.clear()
+                dirty, self._dirty = self._dirty, set()
+                for key in dirty:
+                    if self._is_awaited(key):
+                        pending.add(key)
+                        waited.add(key)
+                    else:
+                        pending.discard(key)
+        finally:
+            self._dirty = None
         attested = sum(1 for key in waited - pending if self._attested_dead(key))
         return DrainReport(
             waited=len(waited),
