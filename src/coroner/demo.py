@@ -156,6 +156,8 @@ class Demo:
                 f"--kubeconfig={agent_config}",
                 f"--boot-id-file={boot_files[node]}",
                 "--resync-seconds=5",
+                # The demo restarts node-2's agent while its workers live on: no drain wait.
+                "--shutdown-grace-seconds=0",
             ]
             self.agents[node] = self.spawn(
                 self.agent_argv[node], log=f"agent-{node}.log", env={"POD_NAME": f"coroner-agent-{node}"}

@@ -141,6 +141,8 @@ class Agent:
                 f"--resync-seconds={RESYNC_SECONDS}",
                 f"--lease-duration-seconds={LEASE_SECONDS}",
                 f"--renew-seconds={RENEW_SECONDS}",
+                # Trials restart agents among live workers: a restart, not a node drain.
+                "--shutdown-grace-seconds=0",
             ),
         )
         self.proc = _spawn(argv, log=self.log, env=env)
