@@ -34,8 +34,6 @@ _SAME_BOOT_EVIDENCE: Final = frozenset({Evidence.PIDFD_EXITED, Evidence.PROC_ABS
 _UTC: Final = datetime.UTC
 _END_OF_TIME: Final = datetime.datetime.max.replace(tzinfo=_UTC)
 _START_OF_TIME: Final = datetime.datetime.min.replace(tzinfo=_UTC)
-# datetime's resolution: "fresh while age <= max age" first fails one tick after the bound.
-_TICK: Final = datetime.timedelta(microseconds=1)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -94,8 +92,10 @@ class Facts:
 class Policy:
     """The cluster's tunables. Defaults are the design's; every one can only slow retirement down."""
 
-    attestation_max_age_seconds: float = 600.0
-    """An attestation older than this (by its observedTime) is stale; exactly this old is fresh."""
+    absence_confirm_seconds: float = 10.0
+    """Without ``spec.heartbeat``: how long apart the agent's first and its confirming look at a
+    ``ProcAbsent`` or ``BootBoundary`` must be (``firstObservedTime`` → ``observedTime``). The
+    agent's ``--absence-confirm-seconds`` must be at least this; ``PidfdExited`` needs none."""
     pidfd_exited_window_intervals: float = 0.0
     """Fast-path corroboration window for ``PidfdExited``, in heartbeat intervals: the kernel said so."""
     proc_absent_window_intervals: float = 2.0
@@ -119,7 +119,8 @@ class Policy:
     def corroboration_window(
         self, *, evidence: Evidence | str | None, interval_seconds: int
     ) -> datetime.timedelta | None:
-        """How long a `Dead` verdict with this evidence must be corroborated by silence; None: no fast path."""
+        """With ``spec.heartbeat``: how long a `Dead` verdict with this evidence must be corroborated
+        by the worker's silence; None: no fast path (only the TTL)."""
         intervals = {
             Evidence.PIDFD_EXITED.value: self.pidfd_exited_window_intervals,
             Evidence.PROC_ABSENT.value: self.proc_absent_window_intervals,
@@ -171,8 +172,10 @@ class _Known:
     start_time: str
     host_id: str
     client_instance_id: str
-    interval_seconds: int
-    ttl_seconds: int
+    heartbeat: bool
+    """The worker opted into heartbeats (``spec.heartbeat``): its silence is a second witness."""
+    interval_seconds: int | None
+    ttl_seconds: int | None
     last_heartbeat: datetime.datetime
 
     @property
@@ -297,8 +300,9 @@ def decide(*, registration: Registration, facts: Facts, policy: Policy, now: dat
             trail.death_evidence = node_evidence
             trail.relied_on = None
             # Node evidence replaces the attestation lines and the agent line (the agent went with
-            # the node), but never takes a fast path: only an expired heartbeat TTL corroborates it.
-            return _remaining_lines(trail, known=known, registration=r, facts=facts, policy=policy, window=None)
+            # the node), but never takes a fast path: a heartbeating worker must have been silent
+            # past its whole TTL.
+            return _remaining_lines(trail, known=known, registration=r, facts=facts, window=None)
 
     # 6. An attestation from the agent of spec.nodeName.
     if attestation is None or not by_node_agent:
@@ -396,6 +400,13 @@ def decide(*, registration: Registration, facts: Facts, policy: Policy, now: dat
             f"{what}: the attestation was made on boot {attestation.boot_id} but the agent now runs on "
             f"boot {agent.boot_id}; it is decided once the agent attests again.",
         )
+    if verdict in (Verdict.ALIVE, Verdict.REUSED) and agent.boot_id != known.boot_id:
+        # What is alive, or holds the pid, is on the agent's boot; this incarnation was on another.
+        return trail.conclude(
+            Reason.ATTESTATION_STALE,
+            f"{what}: the attestation ({verdict}) is about boot {known.boot_id} but the agent now runs "
+            f"on boot {agent.boot_id}; it is decided once the agent attests again.",
+        )
 
     # 9. The verdict is Dead, for a reason that proves it. Checked before freshness: a live or
     # unknown verdict preserves whatever its age, and saying PidAlive rather than
@@ -427,22 +438,15 @@ def decide(*, registration: Registration, facts: Facts, policy: Policy, now: dat
             f"retirable after a Dead attestation by pidfd, /proc absence or boot boundary.",
         )
 
-    # 10. Fresh, and no heartbeat arrived after it (what a Dead verdict relies on).
+    # 10. Complete, and no heartbeat arrived after it (what a Dead verdict relies on).
     if attestation.observed_time is None:
         return trail.conclude(
             Reason.ATTESTATION_STALE,
             f"{what}: the attestation's observedTime is missing or unparsable; it is decided once the "
             f"agent attests again.",
         )
-    max_age = datetime.timedelta(seconds=policy.attestation_max_age_seconds)
-    stale_from = _after(_after(attestation.observed_time, max_age), _TICK)
-    if stale_from is not None and now >= stale_from:
-        return trail.conclude(
-            Reason.ATTESTATION_STALE,
-            f"{what}: the attestation observed at {_stamp(attestation.observed_time)} is older than "
-            f"{policy.attestation_max_age_seconds:g}s; it is decided once the agent attests again.",
-        )
-    trail.changes_at(stale_from)
+    # No age limit: the death of an exact incarnation is final, and the agent that saw it is
+    # still live on the boot it saw it from (line 8). Attestations are written on change only.
     if attestation.boot_id is None:
         return trail.conclude(
             Reason.ATTESTATION_STALE,
@@ -475,8 +479,42 @@ def decide(*, registration: Registration, facts: Facts, policy: Policy, now: dat
         )
     trail.death_evidence = death
 
+    if not known.heartbeat:
+        # No worker-side witness: the agent's own repeated observation corroborates a death read
+        # from /proc (seen first, then seen again after the window). The kernel's pidfd needs none.
+        unconfirmed = _unconfirmed(trail, attestation=attestation, death=death, policy=policy, what=what)
+        if unconfirmed is not None:
+            return unconfirmed
+        return _remaining_lines(trail, known=known, registration=r, facts=facts, window=None)
+    assert known.interval_seconds is not None
     window = policy.corroboration_window(evidence=death, interval_seconds=known.interval_seconds)
-    return _remaining_lines(trail, known=known, registration=r, facts=facts, policy=policy, window=window)
+    return _remaining_lines(trail, known=known, registration=r, facts=facts, window=window)
+
+
+def _unconfirmed(
+    trail: _Trail, *, attestation: Attestation, death: Evidence, policy: Policy, what: str
+) -> Decision | None:
+    """Without heartbeats: the preserve when a /proc-read death was not seen twice far enough apart."""
+    if death not in (Evidence.PROC_ABSENT, Evidence.BOOT_BOUNDARY):
+        return None
+    first, last = attestation.first_observed_time, attestation.observed_time
+    needed = datetime.timedelta(seconds=policy.absence_confirm_seconds)
+    span = None if first is None or last is None else last - first
+    trail.evidence["confirmation"] = {
+        "firstObservedTime": None if first is None else _stamp(first),
+        "spanSeconds": None if span is None else span.total_seconds(),
+        "neededSeconds": policy.absence_confirm_seconds,
+    }
+    if span is not None and span >= needed:
+        return None
+    seen = "once" if span is None else f"over {span.total_seconds():g}s"
+    return trail.conclude(
+        Reason.DEATH_UNCONFIRMED,
+        f"{what}: the agent saw {death} {seen}, and without heartbeats a death read from /proc "
+        f"must be seen again at least {policy.absence_confirm_seconds:g}s after it was first seen; "
+        f"it is decided once the agent confirms it (its --absence-confirm-seconds must be at "
+        f"least the operator's).",
+    )
 
 
 def _remaining_lines(
@@ -485,15 +523,25 @@ def _remaining_lines(
     known: _Known,
     registration: Registration,
     facts: Facts,
-    policy: Policy,
     window: datetime.timedelta | None,
 ) -> Decision:
-    """Lines 10 to 14, shared by the attested path and the node-disappearance path."""
+    """Lines 11 to 15, shared by the attested path and the node-disappearance path."""
+    # 11. A heartbeating worker is silent past its TTL, or past the corroboration window of the
+    #     evidence. Negative silence (a heartbeat from the future: clock skew) is never expiry,
+    #     whatever the window. A worker without heartbeats has no silence to wait for.
+    if known.heartbeat:
+        silent = _silent(trail, known=known, registration=registration, window=window)
+        if silent is not None:
+            return silent
+    return _identity_lines(trail, known=known, registration=registration, facts=facts)
+
+
+def _silent(
+    trail: _Trail, *, known: _Known, registration: Registration, window: datetime.timedelta | None
+) -> Decision | None:
     now = trail.now
     what = f"{trail.obj} (pid {known.pid} on {known.node_name})"
-
-    # 10. Silent past the TTL, or past the corroboration window of the evidence. Negative silence
-    #     (a heartbeat from the future: clock skew) is never expiry, whatever the window.
+    assert known.ttl_seconds is not None and known.interval_seconds is not None
     ttl = datetime.timedelta(seconds=known.ttl_seconds)
     expires_at = _after(known.last_heartbeat, ttl)
     fast_at = None if window is None else _after(known.last_heartbeat, max(window, datetime.timedelta(0)))
@@ -518,14 +566,20 @@ def _remaining_lines(
             f"{known.ttl_seconds}s heartbeat TTL{corroboration}; it becomes retirable "
             f"at {_stamp(deadline) if deadline else 'no known time'} if it stays silent.",
         )
+    return None
 
+
+def _identity_lines(trail: _Trail, *, known: _Known, registration: Registration, facts: Facts) -> Decision:
+    """Lines 12 to 15: nothing else claims this identity, no Lease protects it, the grant holds."""
+    now = trail.now
+    what = f"{trail.obj} (pid {known.pid} on {known.node_name})"
     peers = [
         peer
         for peer in facts.peers
         if peer.namespace == known.namespace and not peer.terminal and not _is_self(registration, peer)
     ]
 
-    # 11. No other active registration claims the same launcher-minted instance while it may be live.
+    # 12. No other active registration claims the same launcher-minted instance while it may be live.
     for peer in peers:
         if peer.client_instance_id == known.client_instance_id and not _attested_dead(peer):
             trail.evidence["conflict"] = _peer_json(peer)
@@ -536,7 +590,7 @@ def _remaining_lines(
                 f"attested Dead or becomes terminal.",
             )
 
-    # 12. No identity evidence shared with a live or unknown registration.
+    # 13. No identity evidence shared with a live or unknown registration.
     session = (registration.session_id, registration.generation_id)
     for peer in peers:
         same_incarnation = peer.node_name == known.node_name and peer.incarnation.key == known.key
@@ -550,7 +604,7 @@ def _remaining_lines(
                 f"decided once that one is attested Dead or becomes terminal.",
             )
 
-    # 13. Not the holder of an unexpired Lease in its namespace. A Lease whose expiry cannot be
+    # 14. Not the holder of an unexpired Lease in its namespace. A Lease whose expiry cannot be
     #     computed protects: unknown is never expired.
     holders = {known.name, known.client_instance_id, registration.session_id} - {None, ""}
     protecting = []
@@ -580,7 +634,7 @@ def _remaining_lines(
             f"{lease.holder_identity!r}), unexpired; it is decided once the Lease expires or changes holder.",
         )
 
-    # 14. The retire capability is granted (None, unknown, is not a grant).
+    # 15. The retire capability is granted (None, unknown, is not a grant).
     trail.evidence["retirePermission"] = facts.retire_permission
     path = trail.death_evidence
     if facts.retire_permission is not True:
@@ -590,10 +644,8 @@ def _remaining_lines(
             f"{api.RETIRE_VERB} verb (plan-only); granting it makes the registration retirable.",
         )
 
-    return trail.conclude(
-        Reason.ELIGIBLE_STALE_ORPHAN,
-        f"{what} is dead by {path} and silent since {_stamp(known.last_heartbeat)}; retirable.",
-    )
+    silence = f" and silent since {_stamp(known.last_heartbeat)}" if known.heartbeat else ""
+    return trail.conclude(Reason.ELIGIBLE_STALE_ORPHAN, f"{what} is dead by {path}{silence}; retirable.")
 
 
 def _node_evidence(
@@ -710,6 +762,11 @@ def _known(r: Registration) -> tuple[_Known | None, tuple[str, ...]]:
     # An unparsable heartbeat is present (line 4 reports it); only an absent one is missing here,
     # and a placeholder instant stands in for it that line 4 keeps from ever being compared.
     last_heartbeat = _START_OF_TIME if r.heartbeat_unparsable else r.last_heartbeat_time
+    heartbeat_fields: dict[str, object] = (
+        {"spec.heartbeat.intervalSeconds": beat.interval_seconds, "spec.heartbeat.ttlSeconds": beat.ttl_seconds}
+        if beat.declared
+        else {}
+    )
     fields: dict[str, object] = {
         "metadata.namespace": r.namespace,
         "metadata.name": r.name,
@@ -720,8 +777,7 @@ def _known(r: Registration) -> tuple[_Known | None, tuple[str, ...]]:
         "spec.incarnation.startTime": inc.start_time,
         "spec.incarnation.hostId": inc.host_id,
         "spec.clientInstanceId": r.client_instance_id,
-        "spec.heartbeat.intervalSeconds": beat.interval_seconds,
-        "spec.heartbeat.ttlSeconds": beat.ttl_seconds,
+        **heartbeat_fields,
         "status.lastHeartbeatTime or metadata.creationTimestamp": last_heartbeat,
     }
     missing = [path for path, value in fields.items() if value is None]
@@ -737,8 +793,6 @@ def _known(r: Registration) -> tuple[_Known | None, tuple[str, ...]]:
         or inc.start_time is None
         or inc.host_id is None
         or r.client_instance_id is None
-        or beat.interval_seconds is None
-        or beat.ttl_seconds is None
         or last_heartbeat is None
     ):
         return None, tuple(missing)
@@ -752,6 +806,7 @@ def _known(r: Registration) -> tuple[_Known | None, tuple[str, ...]]:
         start_time=inc.start_time,
         host_id=inc.host_id,
         client_instance_id=r.client_instance_id,
+        heartbeat=beat.declared,
         interval_seconds=beat.interval_seconds,
         ttl_seconds=beat.ttl_seconds,
         last_heartbeat=_aware(last_heartbeat),

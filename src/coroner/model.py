@@ -70,8 +70,11 @@ class Incarnation:
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Heartbeat:
-    """The worker's promise: a heartbeat every `interval_seconds`, silence past `ttl_seconds` is expiry."""
+    """The worker's opt-in promise: a heartbeat every `interval_seconds`, silence past `ttl_seconds`
+    is expiry. Without ``spec.heartbeat`` (the default) the agent's pidfd and Lease are liveness."""
 
+    declared: bool = False
+    """``spec.heartbeat`` is present (its fields are then required)."""
     interval_seconds: int | None = None
     ttl_seconds: int | None = None
 
@@ -91,6 +94,10 @@ class Attestation:
     boot_id: str | None = None
     host_id: str | None = None
     observed_time: datetime.datetime | None = None
+    #: When the agent first saw the evidence it cites; ``observed_time`` is its last look. A
+    #: ProcAbsent or BootBoundary is corroborated by the span between them (the agent's own
+    #: repeated observations). None when absent or unparsable.
+    first_observed_time: datetime.datetime | None = None
     #: ``status.lastHeartbeatTime`` exactly as the agent read it when probing ("" if there was none).
     heartbeat_seen: str | None = None
     agent_node: str | None = None
@@ -392,11 +399,12 @@ def parse_registration(obj: object) -> Registration:
         generation_id=reader.string(spec, "generationId", "spec.generationId"),
         role=reader.string(spec, "role", "spec.role"),
         heartbeat=Heartbeat(
+            declared=heartbeat is not None or (spec is not None and spec.get("heartbeat") is not None),
             interval_seconds=reader.integer(
                 heartbeat,
                 "intervalSeconds",
                 "spec.heartbeat.intervalSeconds",
-                required=True,
+                required=heartbeat is not None,
                 minimum=1,
                 maximum=HEARTBEAT_INTERVAL_MAX,
             ),
@@ -404,7 +412,7 @@ def parse_registration(obj: object) -> Registration:
                 heartbeat,
                 "ttlSeconds",
                 "spec.heartbeat.ttlSeconds",
-                required=True,
+                required=heartbeat is not None,
                 minimum=1,
                 maximum=HEARTBEAT_TTL_MAX,
             ),
@@ -437,6 +445,7 @@ def _attestation(reader: _Reader, status: Mapping[str, object] | None) -> Attest
         boot_id=reader.string(body, "bootId", f"{path}.bootId", required=True, empty_ok=False),
         host_id=reader.string(body, "hostId", f"{path}.hostId", required=True, empty_ok=False),
         observed_time=reader.time(body, "observedTime", f"{path}.observedTime", required=True)[0],
+        first_observed_time=reader.time(body, "firstObservedTime", f"{path}.firstObservedTime")[0],
         heartbeat_seen=reader.string(body, "heartbeatSeen", f"{path}.heartbeatSeen", required=True),
         agent_node=reader.string(agent, "nodeName", f"{path}.agent.nodeName", required=True, empty_ok=False),
         agent_pod=reader.string(agent, "podName", f"{path}.agent.podName"),

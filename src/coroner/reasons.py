@@ -28,6 +28,7 @@ class Reason(enum.StrEnum):
     AGENT_UNAVAILABLE = "AgentUnavailable"
     BOOT_IDENTITY_UNKNOWN = "BootIdentityUnknown"
     HEARTBEAT_NOT_EXPIRED = "HeartbeatNotExpired"
+    DEATH_UNCONFIRMED = "DeathUnconfirmed"
     CLIENT_INSTANCE_CONFLICT = "ClientInstanceConflict"
     CONFLICTING_IDENTITY = "ConflictingIdentity"
     PROTECTED_LEASE_HOLDER = "ProtectedLeaseHolder"

@@ -667,7 +667,7 @@ def test_doctor_reports_the_retire_grant_and_registrations_blocked_or_unattested
 
 NODE_LOSS_POLICY = json.dumps(
     {
-        "attestationMaxAgeSeconds": 600.0,
+        "absenceConfirmSeconds": 10.0,
         "pidfdExitedWindowIntervals": 0.0,
         "procAbsentWindowIntervals": 2.0,
         "bootBoundaryWindowIntervals": 2.0,

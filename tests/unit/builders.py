@@ -37,7 +37,7 @@ INTERVAL: Final = 10
 TTL: Final = 30
 #: Default silence: past the TTL, so every fast-path window has passed too.
 SILENCE: Final = datetime.timedelta(seconds=60)
-#: Default attestation age: well within Policy().attestation_max_age_seconds.
+#: Default attestation age (any age is fine: a death is final; the agent Lease says it is current).
 ATTESTATION_AGE: Final = datetime.timedelta(seconds=10)
 
 
@@ -90,10 +90,12 @@ def make_registration(
     ttl_seconds: int = TTL,
     created_at: datetime.datetime = NOW - datetime.timedelta(hours=1),
     heartbeat_at: datetime.datetime | str | None = NOW - SILENCE,
+    heartbeat: bool = True,
     attested: bool = True,
     verdict: str = "Dead",
     evidence: str = "PidfdExited",
     observed_at: datetime.datetime | str = NOW - ATTESTATION_AGE,
+    first_observed_at: datetime.datetime | str | None = None,
     agent_boot_id: str | None = None,
     conditions: Sequence[Mapping[str, object]] = (),
     paths: Mapping[str, object] | None = None,
@@ -102,7 +104,11 @@ def make_registration(
 
     The attestation echoes the registration's incarnation and heartbeat unless told otherwise; set
     ``agent_boot_id`` for BootBoundary (the agent's current boot), ``paths`` for anything else.
+    ``heartbeat=False`` is a worker that did not opt into heartbeats: no ``spec.heartbeat``, no
+    ``status.lastHeartbeatTime``.
     """
+    if not heartbeat:
+        heartbeat_at = None
     heartbeat_raw = stamp(heartbeat_at) if isinstance(heartbeat_at, datetime.datetime) else heartbeat_at
     incarnation = {
         "bootId": boot_id,
@@ -135,6 +141,8 @@ def make_registration(
         },
         "status": {},
     }
+    if not heartbeat:
+        del obj["spec"]["heartbeat"]
     if heartbeat_raw is not None:
         obj["status"]["lastHeartbeatTime"] = heartbeat_raw
     if attested:
@@ -146,6 +154,15 @@ def make_registration(
             "bootId": agent_boot_id or boot_id,
             "hostId": host_id,
             "observedTime": stamp(observed_at) if isinstance(observed_at, datetime.datetime) else observed_at,
+            **(
+                {}
+                if first_observed_at is None
+                else {
+                    "firstObservedTime": stamp(first_observed_at)
+                    if isinstance(first_observed_at, datetime.datetime)
+                    else first_observed_at
+                }
+            ),
             "heartbeatSeen": heartbeat_raw or "",
             "agent": {
                 "nodeName": node_name,

@@ -52,6 +52,8 @@ NODE_DELETION = Policy(node_deletion_evidence=True)
 GONE = make_node(exists=False, uid=None, boot_id=None, missing_since=NOW - 60 * S)
 GONE_FACTS = make_facts(agent=None, node=GONE)
 SHUT_DOWN_FACTS = make_facts(agent=None, node=make_node(out_of_service=True))
+#: A worker that did not opt into heartbeats (the default of `coroner run` since issue 14).
+NO_HEARTBEAT: dict[str, Any] = {"heartbeat": False}
 ALIVE: dict[str, Any] = {"verdict": "Alive", "evidence": "PidfdPinned"}
 #: The agent's Lease ran out 60 s ago: it died (with its node, perhaps) and speaks for nothing now.
 EXPIRED_AGENT = make_agent(renewed_at=NOW - 100 * S)
@@ -83,6 +85,42 @@ unattested_peer = make_peer(attested=False)
 REASON_CASES = [
     # --- eligible ------------------------------------------------------------------------------
     case(Reason.ELIGIBLE_STALE_ORPHAN, "eligible-pidfd-exited"),
+    # Without heartbeats (issue 14): the kernel's pidfd at once; /proc reads once seen twice.
+    case(Reason.ELIGIBLE_STALE_ORPHAN, "eligible-no-heartbeat-pidfd-exited", registration=NO_HEARTBEAT),
+    case(
+        Reason.ELIGIBLE_STALE_ORPHAN,
+        "eligible-no-heartbeat-pidfd-exited-just-now",
+        registration={**NO_HEARTBEAT, "observed_at": NOW, "created_at": NOW - S},
+    ),
+    case(
+        Reason.ELIGIBLE_STALE_ORPHAN,
+        "eligible-no-heartbeat-proc-absent-confirmed",
+        registration={**NO_HEARTBEAT, "evidence": "ProcAbsent", "first_observed_at": NOW - 30 * S},
+    ),
+    case(
+        Reason.ELIGIBLE_STALE_ORPHAN,
+        "eligible-no-heartbeat-boot-boundary-confirmed",
+        registration={
+            **NO_HEARTBEAT,
+            "evidence": "BootBoundary",
+            "agent_boot_id": OTHER_BOOT,
+            "first_observed_at": NOW - 30 * S,
+        },
+        facts=make_facts(agent=make_agent(boot_id=OTHER_BOOT), node=make_node(boot_id=OTHER_BOOT)),
+    ),
+    case(
+        Reason.ELIGIBLE_STALE_ORPHAN,
+        "eligible-no-heartbeat-node-deleted",
+        registration={**NO_HEARTBEAT, "attested": False, "created_at": NOW - 5 * S},
+        facts=GONE_FACTS,
+        policy=NODE_DELETION,
+    ),
+    case(
+        Reason.ELIGIBLE_STALE_ORPHAN,
+        "eligible-no-heartbeat-out-of-service-after-alive",
+        registration={**NO_HEARTBEAT, **ALIVE},
+        facts=make_facts(agent=EXPIRED_AGENT, node=make_node(out_of_service=True)),
+    ),
     case(Reason.ELIGIBLE_STALE_ORPHAN, "eligible-proc-absent", registration={"evidence": "ProcAbsent"}),
     case(
         Reason.ELIGIBLE_STALE_ORPHAN,
@@ -222,7 +260,6 @@ REASON_CASES = [
     case(Reason.INCOMPLETE_IDENTITY, "no-host-id", paths={"spec.incarnation.hostId": DELETE}),
     case(Reason.INCOMPLETE_IDENTITY, "no-incarnation", paths={"spec.incarnation": DELETE}),
     case(Reason.INCOMPLETE_IDENTITY, "no-client-instance-id", paths={"spec.clientInstanceId": DELETE}),
-    case(Reason.INCOMPLETE_IDENTITY, "no-heartbeat-settings", paths={"spec.heartbeat": DELETE}),
     # An invalid TTL (the CRD allows 1..604800) is no TTL at all: the registration is preserved.
     case(Reason.INCOMPLETE_IDENTITY, "ttl-negative", paths={"spec.heartbeat.ttlSeconds": -30}),
     case(Reason.INCOMPLETE_IDENTITY, "ttl-above-the-crd-maximum", paths={"spec.heartbeat.ttlSeconds": 604801}),
@@ -359,11 +396,6 @@ REASON_CASES = [
         Reason.HOST_BINDING_UNPROVEN, "agent-lease-host-unpublished", facts=make_facts(agent=make_agent(host_id=None))
     ),
     # --- 7. attestation stale / heartbeat after attestation ------------------------------------
-    case(
-        Reason.ATTESTATION_STALE,
-        "attestation-one-tick-too-old",
-        registration={"observed_at": NOW - 600 * S - TICK},
-    ),
     case(Reason.ATTESTATION_STALE, "observed-time-garbage", registration={"observed_at": "recently"}),
     case(Reason.ATTESTATION_STALE, "observed-time-missing", paths={"status.attestation.observedTime": DELETE}),
     case(Reason.ATTESTATION_STALE, "attestation-boot-missing", paths={"status.attestation.bootId": DELETE}),
@@ -372,6 +404,15 @@ REASON_CASES = [
         Reason.ATTESTATION_STALE,
         "agent-rebooted-since-attesting",
         facts=make_facts(agent=make_agent(boot_id=OTHER_BOOT), node=make_node(boot_id=OTHER_BOOT)),
+    ),
+    # Found by test_a_silent_agent_is_never_said_to_attest: an Alive that does not say its boot,
+    # from an agent now on another boot, read PidAlive.
+    case(
+        Reason.ATTESTATION_STALE,
+        "alive-without-boot-agent-now-on-another-boot",
+        registration=ALIVE,
+        paths={"status.attestation.bootId": DELETE},
+        facts=make_facts(agent=make_agent(boot_id=OTHER_BOOT), node=GONE),
     ),
     case(
         Reason.ATTESTATION_STALE,
@@ -498,6 +539,43 @@ REASON_CASES = [
         registration={"attested": False, "heartbeat_at": NOW - 29 * S},
         facts=GONE_FACTS,
         policy=NODE_DELETION,
+    ),
+    # --- 10b. death unconfirmed (no heartbeats: the agent must have seen it twice) ------------
+    case(
+        Reason.DEATH_UNCONFIRMED,
+        "no-heartbeat-proc-absent-seen-once",
+        registration={**NO_HEARTBEAT, "evidence": "ProcAbsent"},
+    ),
+    case(
+        Reason.DEATH_UNCONFIRMED,
+        "no-heartbeat-proc-absent-first-seen-garbage",
+        registration={**NO_HEARTBEAT, "evidence": "ProcAbsent", "first_observed_at": "earlier"},
+    ),
+    case(
+        Reason.DEATH_UNCONFIRMED,
+        "no-heartbeat-proc-absent-first-seen-after-last",
+        registration={**NO_HEARTBEAT, "evidence": "ProcAbsent", "first_observed_at": NOW},
+    ),
+    case(
+        Reason.DEATH_UNCONFIRMED,
+        "no-heartbeat-boot-boundary-seen-once",
+        registration={**NO_HEARTBEAT, "evidence": "BootBoundary", "agent_boot_id": OTHER_BOOT},
+        facts=make_facts(agent=make_agent(boot_id=OTHER_BOOT), node=make_node(boot_id=OTHER_BOOT)),
+    ),
+    case(
+        Reason.DEATH_UNCONFIRMED,
+        "no-heartbeat-confirmation-shorter-than-policy",
+        registration={**NO_HEARTBEAT, "evidence": "ProcAbsent", "first_observed_at": NOW - 30 * S},
+        policy=Policy(absence_confirm_seconds=60),
+    ),
+    case(Reason.PID_ALIVE, "no-heartbeat-alive", registration={**NO_HEARTBEAT, **ALIVE}),
+    case(Reason.INCOMPLETE_IDENTITY, "heartbeat-declared-but-empty", paths={"spec.heartbeat": {}}),
+    case(Reason.INCOMPLETE_IDENTITY, "heartbeat-declared-not-an-object", paths={"spec.heartbeat": "yes"}),
+    case(
+        Reason.HEARTBEAT_AFTER_ATTESTATION,
+        "no-heartbeat-but-a-heartbeat-written-after-the-attestation",
+        registration=NO_HEARTBEAT,
+        paths={"status.lastHeartbeatTime": stamp(NOW)},
     ),
     # --- 11. client instance conflict ----------------------------------------------------------
     case(Reason.CLIENT_INSTANCE_CONFLICT, "peer-same-instance-alive", facts=make_facts(peers=[alive_peer])),
@@ -646,11 +724,15 @@ BOUNDARY_CASES = [
         facts=GONE_FACTS,
         policy=NODE_DELETION,
     ),
-    case(Reason.ELIGIBLE_STALE_ORPHAN, "attestation-exactly-max-age", registration={"observed_at": NOW - 600 * S}),
     case(
-        Reason.ATTESTATION_STALE,
-        "attestation-one-tick-past-max-age",
-        registration={"observed_at": NOW - 600 * S - TICK},
+        Reason.DEATH_UNCONFIRMED,
+        "no-heartbeat-proc-absent-confirmed-one-tick-early",
+        registration={**NO_HEARTBEAT, "evidence": "ProcAbsent", "first_observed_at": NOW - 20 * S + TICK},
+    ),
+    case(
+        Reason.ELIGIBLE_STALE_ORPHAN,
+        "no-heartbeat-proc-absent-confirmed-exactly-at-the-window",
+        registration={**NO_HEARTBEAT, "evidence": "ProcAbsent", "first_observed_at": NOW - 20 * S},
     ),
     case(Reason.ELIGIBLE_STALE_ORPHAN, "attestation-from-the-future", registration={"observed_at": NOW + 60 * S}),
     case(
@@ -768,17 +850,18 @@ class TestNextEvaluation:
         )
         assert decision.next_evaluation_at == NOW + 25 * S
 
-    def test_attestation_going_stale(self) -> None:
-        # Eligible now; the agent Lease (renewed 5 s ago for 40 s) expires before the attestation ages.
-        decision = decide_raw(make_registration(observed_at=NOW - 599 * S))
+    def test_a_dead_attestation_never_ages(self) -> None:
+        # Attestations are written on change only (issue 14): a death stays a death while its agent
+        # is live on the boot it saw it from; only that agent's Lease expiry can change this.
+        decision = decide_raw(make_registration(observed_at=NOW - 86400 * S))
         assert decision.retirable
-        assert decision.next_evaluation_at == NOW + S + TICK
+        assert decision.next_evaluation_at is None and decision.agent_expires_at == NOW + 35 * S
 
     def test_agent_lease_expiry(self) -> None:
         # Watched once per node by the runtime, not per registration: never in next_evaluation_at.
         decision = decide_raw(make_registration())
         assert decision.agent_expires_at == NOW + 35 * S
-        assert decision.next_evaluation_at == NOW + 590 * S + TICK  # the attestation going stale
+        assert decision.next_evaluation_at is None
 
     def test_a_live_verdict_changes_when_its_agent_lease_expires(self) -> None:
         decision = decide_raw(make_registration(verdict="Alive", evidence="PidfdPinned"))
@@ -854,7 +937,7 @@ FAULTS = [
     Fault(Reason.AGENT_UNAVAILABLE, facts=_drop_agent),
     Fault(Reason.BOOT_IDENTITY_UNKNOWN, facts=_node_other_boot),
     Fault(Reason.PID_ALIVE, {"status.attestation.verdict": "Alive"}),
-    Fault(Reason.ATTESTATION_STALE, {"status.attestation.observedTime": stamp(NOW - 3600 * S)}),
+    Fault(Reason.ATTESTATION_STALE, {"status.attestation.observedTime": DELETE}),
     Fault(Reason.HEARTBEAT_AFTER_ATTESTATION, {"status.attestation.heartbeatSeen": "another"}),
     Fault(
         Reason.HEARTBEAT_NOT_EXPIRED,
@@ -986,7 +1069,7 @@ POLICIES = st.sampled_from(
         Policy(),
         NODE_DELETION,
         Policy(node_out_of_service_evidence=False),
-        Policy(attestation_max_age_seconds=30, proc_absent_window_intervals=0),
+        Policy(absence_confirm_seconds=30, proc_absent_window_intervals=0),
     ]
 )
 OFFSETS = st.one_of(
@@ -1065,10 +1148,12 @@ def test_eligibility_implies_every_requirement(state: State) -> None:
     assert not r.retired and not r.released
     assert r.node_name and r.client_instance_id and r.client_instance_id.startswith("inst-")
     assert r.incarnation.complete
-    assert r.heartbeat.interval_seconds and r.heartbeat.ttl_seconds
+    assert not r.heartbeat.declared or (r.heartbeat.interval_seconds and r.heartbeat.ttl_seconds)
     assert r.last_heartbeat_time is not None and not r.heartbeat_unparsable
     silence = now - r.last_heartbeat_time
-    assert silence >= datetime.timedelta(0)
+    # A heartbeating worker is silent (never a heartbeat from the future); one without heartbeats
+    # has no silence to wait for.
+    assert not r.heartbeat.declared or silence >= datetime.timedelta(0)
     assert state.facts.retire_permission is True
     assert decision.death_evidence is not None and decision.death_evidence.proves_death
     holders = {r.name, r.client_instance_id, r.session_id} - {None}
@@ -1089,7 +1174,7 @@ def test_eligibility_implies_every_requirement(state: State) -> None:
         else:
             assert attestation.agent_node == r.node_name
         assert not _agent_may_speak(state)
-        assert silence >= datetime.timedelta(seconds=r.heartbeat.ttl_seconds)
+        assert not r.heartbeat.declared or silence >= datetime.timedelta(seconds=r.heartbeat.ttl_seconds or 0)
         node = state.facts.nodes[r.node_name]
         if decision.death_evidence is Evidence.NODE_DELETED:
             assert state.policy.node_deletion_evidence
@@ -1105,7 +1190,11 @@ def test_eligibility_implies_every_requirement(state: State) -> None:
     assert attestation.host_id == r.incarnation.host_id == attestation.incarnation.host_id
     assert attestation.heartbeat_seen == (r.last_heartbeat_raw or "")
     assert attestation.observed_time is not None
-    assert now - attestation.observed_time <= datetime.timedelta(seconds=state.policy.attestation_max_age_seconds)
+    if not r.heartbeat.declared and decision.death_evidence in (Evidence.PROC_ABSENT, Evidence.BOOT_BOUNDARY):
+        # No worker-side witness: the agent saw it twice, far enough apart.
+        assert attestation.first_observed_time is not None
+        span = attestation.observed_time - attestation.first_observed_time
+        assert span >= datetime.timedelta(seconds=state.policy.absence_confirm_seconds)
     agent = state.facts.agents[r.node_name]
     assert agent.renew_time is not None and agent.lease_duration_seconds is not None
     assert agent.lease_duration_seconds > (now - agent.renew_time).total_seconds()
@@ -1284,6 +1373,9 @@ class TestRemovingOneFactFromAnEligibleBaseline:
         "metadata.creationTimestamp", "metadata.labels", "metadata.labels.coroner.dev/node", "spec.nodeUID",
         "spec.sessionId", "spec.generationId", "spec.role", "status.attestation.detail",
         "status.attestation.agent.podName", "status.attestation.agent.identity",
+        # Heartbeats are the worker's opt-in second witness (issue 14): without them a pidfd death
+        # needs nothing more, and the node path no TTL.
+        "spec.heartbeat",
     }  # fmt: skip
     # Without an attestation the heartbeat falls back to birth (older still), and nodeUID is only
     # one of two ways to see a node is gone.
@@ -1432,7 +1524,7 @@ def test_heartbeat_at_the_end_of_time_never_raises() -> None:
 
 def test_policy_refuses_nonsense() -> None:
     with pytest.raises(ValueError):
-        Policy(attestation_max_age_seconds=float("nan"))
+        Policy(absence_confirm_seconds=float("nan"))
     with pytest.raises(ValueError):
         Policy(proc_absent_window_intervals=-1)
 

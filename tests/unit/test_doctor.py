@@ -168,7 +168,7 @@ class TestChoosePolicy:
             choice(Policy(), node_deletion_quarantine_seconds=float("nan"))
 
     def test_only_known_flags_are_taken(self) -> None:
-        assert choice(NODE_LOSS, attestation_max_age_seconds=1.0).policy == NODE_LOSS
+        assert choice(NODE_LOSS, absence_confirm_seconds=1.0).policy == NODE_LOSS
 
 
 # --- node loss ----------------------------------------------------------------------------------

@@ -58,7 +58,7 @@ async def sweeps_until(kube: RecordingKube, policy: Policy, *, writes: int) -> N
     [
         pytest.param(Policy(), id="defaults"),
         pytest.param(Policy(node_deletion_evidence=True, node_deletion_quarantine_seconds=300), id="node-loss"),
-        pytest.param(Policy(node_out_of_service_evidence=False, attestation_max_age_seconds=60), id="strict"),
+        pytest.param(Policy(node_out_of_service_evidence=False, absence_confirm_seconds=60), id="strict"),
     ],
 )
 def test_the_policy_is_published_before_the_first_sweep_and_with_every_sweep(policy: Policy) -> None:

@@ -40,7 +40,7 @@ def test_every_field_of_the_policy_is_published_under_its_camel_case_name() -> N
         pytest.param(Policy(node_out_of_service_evidence=False), id="no-taint"),
         pytest.param(
             Policy(
-                attestation_max_age_seconds=0,
+                absence_confirm_seconds=0,
                 pidfd_exited_window_intervals=1.5,
                 proc_absent_window_intervals=0.25,
                 boot_boundary_window_intervals=7,
@@ -72,7 +72,7 @@ def test_integers_are_numbers() -> None:
         pytest.param("[]", "not a JSON object", id="a-list"),
         pytest.param('"policy"', "not a JSON object", id="a-string"),
         pytest.param("null", "not a JSON object", id="null"),
-        pytest.param("{}", "lacks field(s) attestationMaxAgeSeconds", id="empty-object"),
+        pytest.param("{}", "lacks field(s) absenceConfirmSeconds", id="empty-object"),
         pytest.param(without("nodeDeletionEvidence"), "lacks field(s) nodeDeletionEvidence", id="missing-field"),
         pytest.param(with_(nodeLossMagic=True), "does not know (nodeLossMagic)", id="unknown-field"),
         pytest.param(with_(node_deletion_evidence=True), "does not know (node_deletion_evidence)", id="snake-case"),
@@ -90,12 +90,12 @@ def test_integers_are_numbers() -> None:
             id="nan",
         ),
         pytest.param(
-            with_().replace('"attestationMaxAgeSeconds": 600.0', '"attestationMaxAgeSeconds": 1e999'),
+            with_().replace('"absenceConfirmSeconds": 10.0', '"absenceConfirmSeconds": 1e999'),
             "not a finite number",
             id="infinity",
         ),
         pytest.param(
-            with_().replace('"attestationMaxAgeSeconds": 600.0', '"attestationMaxAgeSeconds": 1' + "0" * 400),
+            with_().replace('"absenceConfirmSeconds": 10.0', '"absenceConfirmSeconds": 1' + "0" * 400),
             "not a finite number",
             id="huge-integer",
         ),
