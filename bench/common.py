@@ -336,6 +336,97 @@ def diff_requests(after: Counter[RequestKey], before: Counter[RequestKey]) -> di
     return out
 
 
+WRITE_VERBS = ["create", "update", "patch", "delete", "deletecollection"]
+#: Request classes an Attribution tells apart, most specific first: (class, apiGroups, resources,
+#: verbs). Reviews (SelfSubjectAccessReview and the like) are `create`s that store nothing: reads.
+ATTRIBUTION_CLASSES: list[tuple[str, list[str], list[str], list[str]]] = [
+    ("registration_writes", ["coroner.dev"], ["workerregistrations", "workerregistrations/status"], WRITE_VERBS),
+    ("lease_writes", ["coordination.k8s.io"], ["leases"], WRITE_VERBS),
+    ("event_writes", ["", "events.k8s.io"], ["events"], WRITE_VERBS),
+    ("reviews", ["authorization.k8s.io", "authentication.k8s.io"], ["*"], ["create"]),
+    ("other_writes", ["*"], ["*"], WRITE_VERBS),
+    ("reads", ["*"], ["*"], ["get", "list", "watch"]),
+]
+
+
+class Attribution:
+    """Counts the API server's requests by who sent them and what they were, without an audit log:
+    one FlowSchema per (identity, request class) that matches only that ServiceAccount's requests
+    of that class, mapped to the priority level such requests use anyway (`workload-low`, where the
+    suggested `service-accounts` FlowSchema sends every ServiceAccount), with the same
+    distinguisher. The API server counts each request it dispatches under its FlowSchema
+    (`apiserver_flowcontrol_dispatched_requests_total{flow_schema=...}`), so the counts are the API
+    server's own, and the FlowSchemas change no request's priority or queueing.
+
+    `identities`: label -> (namespace, ServiceAccount name). Node-bound agent tokens are the
+    coroner-agent ServiceAccount's, so every agent (and the benchmark's emulated agents, which use
+    those tokens) counts as `agent`.
+    """
+
+    PREFIX = "bench-"
+    PRECEDENCE = 50  # after exempt (1) and probes (2), before every suggested FlowSchema (>= 100)
+    PRIORITY_LEVEL = "workload-low"
+
+    def __init__(self, admin: Http, identities: dict[str, tuple[str, str]]) -> None:
+        self.admin = admin
+        self.identities = identities
+        for label, (namespace, sa) in identities.items():
+            for i, (cls, groups, resources, verbs) in enumerate(ATTRIBUTION_CLASSES):
+                rule: dict[str, Any] = {
+                    "subjects": [{"kind": "ServiceAccount", "serviceAccount": {"name": sa, "namespace": namespace}}],
+                    "resourceRules": [
+                        {
+                            "verbs": verbs,
+                            "apiGroups": groups,
+                            "resources": resources,
+                            "clusterScope": True,
+                            "namespaces": ["*"],
+                        }
+                    ],
+                }
+                if cls == "reads":
+                    rule["nonResourceRules"] = [{"verbs": ["*"], "nonResourceURLs": ["*"]}]
+                body = {
+                    "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
+                    "kind": "FlowSchema",
+                    "metadata": {"name": self.schema(label, cls)},
+                    "spec": {
+                        "priorityLevelConfiguration": {"name": self.PRIORITY_LEVEL},
+                        "matchingPrecedence": self.PRECEDENCE + i,
+                        "distinguisherMethod": {"type": "ByUser"},
+                        "rules": [rule],
+                    },
+                }
+                status, data = admin.request("POST", "/apis/flowcontrol.apiserver.k8s.io/v1/flowschemas", body)
+                if status not in (201, 409):
+                    raise HttpError(status, data)
+
+    def schema(self, label: str, cls: str) -> str:
+        return f"{self.PREFIX}{label}-{cls.replace('_', '-')}"
+
+    def snapshot(self) -> dict[tuple[str, str], int]:
+        """(identity, class) -> requests dispatched so far."""
+        status, data = self.admin.request("GET", "/metrics")
+        if status != 200:
+            raise HttpError(status, data)
+        by_schema: Counter[str] = Counter()
+        for labels, value in parse_prometheus(data.decode(), "apiserver_flowcontrol_dispatched_requests_total"):
+            by_schema[labels.get("flow_schema", "")] += int(value)
+        return {
+            (label, cls): by_schema[self.schema(label, cls)]
+            for label in self.identities
+            for cls, *_ in ATTRIBUTION_CLASSES
+        }
+
+    @staticmethod
+    def diff(after: dict[tuple[str, str], int], before: dict[tuple[str, str], int]) -> dict[str, dict[str, int]]:
+        """identity -> class -> requests between two snapshots."""
+        out: dict[str, dict[str, int]] = {}
+        for (label, cls), value in after.items():
+            out.setdefault(label, {})[cls] = value - before.get((label, cls), 0)
+        return out
+
+
 def scrape_operator(port: int) -> dict[str, float]:
     """Counters of the operator's own /metrics (flattened 'name{label=value}' -> value)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
@@ -624,6 +715,9 @@ class Bench:
             f"--node-name={node.name}",
             f"--kubeconfig={node.kubeconfig}",
             f"--boot-id-file={node.boot_file}",
+            # A benchmark's agents are stopped among live workers (restarts, phase changes, cleanup):
+            # a restart, not a node drain, so no waiting for the node's workers to exit on SIGTERM.
+            *(["--shutdown-grace-seconds=0"] if agent_supports("--shutdown-grace-seconds") else []),
             *extra,
         ]
         component = Component(f"agent-{node.name}", argv, log_path=self.dir / "logs" / f"agent-{node.name}.log")
@@ -656,17 +750,75 @@ def tail(path: pathlib.Path, lines: int = 20) -> str:
 # --- registering workers ---------------------------------------------------------------------------
 
 
+#: What the benchmarks register without `--heartbeat` while the product still requires
+#: spec.heartbeat (before issue 14's opt-in heartbeats land): a spec no benchmark outlives, and
+#: no heartbeat is ever sent. Once `coroner.launcher.register` takes `interval_seconds=None`, no
+#: spec.heartbeat is written at all.
+STAND_IN_HEARTBEAT = (3600, 10800)
+
+
+def heartbeats_optional() -> bool:
+    """Whether this build's launcher registers without a heartbeat (issue 14: `interval_seconds`
+    and `ttl_seconds` default to None, and spec.heartbeat is written only when both are given)."""
+    import inspect
+
+    from coroner.launcher import register
+
+    params = inspect.signature(register).parameters
+    return "interval_seconds" in params and params["interval_seconds"].default is None
+
+
+def heartbeat_spec(interval: int | None, ttl: int | None) -> tuple[int | None, int | None, dict[str, Any]]:
+    """What to pass `register` for a benchmark that wants heartbeats (both given) or none (both
+    None), and a description for the result file's parameters."""
+    if interval is not None and ttl is not None:
+        return interval, ttl, {"mode": "heartbeats", "interval_seconds": interval, "ttl_seconds": ttl}
+    if heartbeats_optional():
+        return None, None, {"mode": "none", "spec_heartbeat_written": False}
+    stand_in_interval, stand_in_ttl = STAND_IN_HEARTBEAT
+    log(
+        "this build's launcher still requires a heartbeat spec (issue 14 not landed): registering with "
+        f"intervalSeconds={stand_in_interval}, ttlSeconds={stand_in_ttl} and sending no heartbeats"
+    )
+    return (
+        stand_in_interval,
+        stand_in_ttl,
+        {
+            "mode": "none",
+            "spec_heartbeat_written": True,
+            "stand_in_spec": {"intervalSeconds": stand_in_interval, "ttlSeconds": stand_in_ttl},
+            "note": "this build's launcher and CRD still require spec.heartbeat; no heartbeat was sent after "
+            "the one register() sends on creation",
+        },
+    )
+
+
+_AGENT_HELP: str | None = None
+
+
+def agent_supports(flag: str) -> bool:
+    """Whether this build's coroner-agent accepts `flag` (from its --help, read once)."""
+    global _AGENT_HELP
+    if _AGENT_HELP is None:
+        result = subprocess.run(
+            [str(BIN / "coroner-agent"), "--help"], capture_output=True, text=True, timeout=60, check=False
+        )
+        _AGENT_HELP = result.stdout + result.stderr
+    return re.search(rf"(^|\s){re.escape(flag)}([\s=,]|$)", _AGENT_HELP, re.MULTILINE) is not None
+
+
 def register_all(
     kubeconfig: pathlib.Path,
     items: Sequence[tuple[str, str, int, pathlib.Path]],
     *,
-    interval: int,
-    ttl: int,
+    interval: int | None,
+    ttl: int | None,
     threads: int = 8,
 ) -> list[tuple[str, str]]:
     """Registers each (namespace, node, pid, boot_id_file) exactly as a launcher does:
-    `coroner.launcher.probe_incarnation` + `coroner.launcher.register` (create, then one heartbeat),
-    with a client for the worker ServiceAccount. Returns (namespace, name) in input order."""
+    `coroner.launcher.probe_incarnation` + `coroner.launcher.register`, with a client for the
+    worker ServiceAccount, `threads` requests in flight. interval/ttl None: no heartbeat spec (see
+    `heartbeat_spec`; resolve them with it first). Returns (namespace, name) in input order."""
     from concurrent.futures import ThreadPoolExecutor
 
     from coroner.kube import api_client
@@ -674,6 +826,9 @@ def register_all(
 
     client = api_client(kubeconfig)
     client.rest_client.pool_manager.connection_pool_kw["maxsize"] = threads
+    if (interval is None or ttl is None) and not heartbeats_optional():
+        raise ValueError("this build's launcher requires a heartbeat spec: resolve it with heartbeat_spec() first")
+    heartbeat = {"interval_seconds": interval, "ttl_seconds": ttl}
 
     def one(item: tuple[str, str, int, pathlib.Path]) -> tuple[str, str]:
         namespace, node, pid, boot_file = item
@@ -685,8 +840,7 @@ def register_all(
             incarnation=incarnation,
             name=f"w-{node}-{pid}",
             role="bench-worker",
-            interval_seconds=interval,
-            ttl_seconds=ttl,
+            **heartbeat,
         )
         return namespace, registration.name
 
@@ -750,13 +904,16 @@ class Heartbeater:
                 self._active.add(key)
                 self.last_ok_at.setdefault(key, now)  # registered (with a heartbeat) just before
                 self._push(now + self.interval * (i + 1) / max(1, len(order)), key)
+        self._ensure_threads()
+        self._wake.set()
+
+    def _ensure_threads(self) -> None:
         if not self._threads:
             self._threads.append(threading.Thread(target=self._schedule, name="heartbeat-scheduler", daemon=True))
             for i in range(self.senders):
                 self._threads.append(threading.Thread(target=self._send_loop, name=f"heartbeat-{i}", daemon=True))
             for thread in self._threads:
                 thread.start()
-        self._wake.set()
 
     def add(self, keys: Sequence[tuple[str, str]]) -> None:
         """More registrations, each starting at a random phase (they just heartbeated on creation)."""
@@ -766,6 +923,7 @@ class Heartbeater:
                 self._active.add(key)
                 self.last_ok_at.setdefault(key, now)
                 self._push(now + random.uniform(0, self.interval), key)
+        self._ensure_threads()
         self._wake.set()
 
     def stop_one(self, key: tuple[str, str]) -> None:

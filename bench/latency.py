@@ -2,25 +2,32 @@
 against the API server's own floor.
 
     .venv/bin/python bench/latency.py                 # full: 1000 workers, 200 kills per variant
+    .venv/bin/python bench/latency.py --workers 3000 --name latency-3000   # issue 14's second size
     .venv/bin/python bench/latency.py --workers 100 --kills 20 --kill-window 20   # quick
+    .venv/bin/python bench/latency.py --heartbeat     # workers heartbeat (10 s, TTL 30 s), for comparison
 
 N real worker processes (`sleep`) on `--nodes` simulated nodes (one real coroner-agent each; node-1
 carries this machine's boot id, the others a random one), registered exactly as the launcher
 registers them (`coroner.launcher.probe_incarnation` + `coroner.launcher.register`, as a worker
-ServiceAccount bound to the ClusterRole coroner-worker) and heartbeated from a benchmark thread
-every `--heartbeat-seconds`. K of them are SIGKILLed at random moments spread over `--kill-window`
-seconds. Per kill, the figure is the time from just before `os.kill` to the moment the benchmark's
-own watch of workerregistrations delivers the object with `status.retirement` set.
+ServiceAccount bound to the ClusterRole coroner-worker). By default they do not heartbeat (issue
+14: liveness is the agent's pidfd and the agent's node Lease; no spec.heartbeat is written); with
+`--heartbeat` they carry a heartbeat spec and a benchmark thread heartbeats each every
+`--heartbeat-seconds` (TTL `--ttl`), as before issue 14. K of them are SIGKILLed at random moments
+spread over `--kill-window` seconds. Per kill, the figure is the time from just before `os.kill` to
+the moment the benchmark's own watch of workerregistrations delivers the object with
+`status.retirement` set.
 
 Variants, run one after the other on the same cluster with N live workers each:
 
 - coroner_pidfd: agents as shipped (pidfds pinned; death is an event).
-- coroner_proc_resync: agents restarted with `--no-pidfd --resync-seconds=5`: a death is found by
-  the periodic /proc resync (`ProcAbsent`) and retired only after the ProcAbsent corroboration
-  window, 2 x the heartbeat interval of silence.
+- coroner_proc_resync: agents restarted with `--no-pidfd --resync-seconds=5
+  --absence-confirm-seconds=S`: a death is found by the periodic /proc resync (`ProcAbsent`) and
+  attested Dead only after the agent re-confirmed the absence S seconds later (issue 14; with
+  `--heartbeat` and a build without that flag: retired after 2 x the heartbeat interval of silence).
 - baseline_ttl: no Coroner at all; a naive TTL reaper (in this file) lists plain registrations in
   another namespace every `--sweep-seconds` as admin and deletes those silent >= `--ttl` seconds;
-  the figure is kill -> DELETED seen on the watch.
+  the figure is kill -> DELETED seen on the watch. Its workers always heartbeat (every
+  `--heartbeat-seconds`): a TTL reaper has nothing else to go by.
 - floor: one status JSON-patch (test resourceVersion + write) as admin, from send to its watch
   event on the same watch, sampled at 4 Hz during the Coroner variants; times two (the agent's
   attestation and the operator's retirement are two such writes in sequence).
@@ -52,8 +59,22 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--kills", type=int, default=200, help="SIGKILLs per variant (K)")
     parser.add_argument("--nodes", type=int, default=10, help="simulated nodes, one agent each")
     parser.add_argument("--kill-window", type=float, default=60.0, help="kills are spread over this many seconds")
-    parser.add_argument("--heartbeat-seconds", type=int, default=10, help="heartbeat interval (all variants)")
-    parser.add_argument("--ttl", type=int, default=30, help="heartbeat TTL (registrations and the baseline reaper)")
+    parser.add_argument(
+        "--heartbeat",
+        action="store_true",
+        help="workers carry a heartbeat spec and heartbeat (as before issue 14); default: no heartbeats",
+    )
+    parser.add_argument(
+        "--heartbeat-seconds", type=int, default=10, help="heartbeat interval (--heartbeat, and the baseline)"
+    )
+    parser.add_argument("--ttl", type=int, default=30, help="heartbeat TTL (--heartbeat, and the baseline reaper)")
+    parser.add_argument(
+        "--absence-confirm-seconds",
+        type=float,
+        default=10.0,
+        help="agent --absence-confirm-seconds (all variants; the window coroner_proc_resync measures)",
+    )
+    parser.add_argument("--register-threads", type=int, default=16, help="registrations in flight during setup")
     parser.add_argument("--sweep-seconds", type=float, default=10.0, help="baseline reaper sweep period")
     parser.add_argument("--resync-seconds", type=float, default=5.0, help="agent resync for coroner_proc_resync")
     parser.add_argument("--variants", default="pidfd,proc_resync,baseline", help="comma-separated subset")
@@ -222,7 +243,11 @@ class Fleet:
             node = self.nodes[self._spawned % len(self.nodes)]
             self._spawned += 1
             items.append((namespace, f"{node_prefix}{node.name}", pid, node.boot_file))
-        keys = c.register_all(self.kubeconfig, items, interval=self.args.heartbeat_seconds, ttl=self.args.ttl)
+        if namespace == NS_TTL:  # the baseline's plain registrations always heartbeat
+            interval, ttl = self.args.heartbeat_seconds, self.args.ttl
+        else:
+            interval, ttl = self.args.spec_interval, self.args.spec_ttl
+        keys = c.register_all(self.kubeconfig, items, interval=interval, ttl=ttl, threads=self.args.register_threads)
         for key, pid in zip(keys, pids, strict=True):
             self.live[key] = pid
         return keys
@@ -290,6 +315,30 @@ def collect(
 def main() -> int:
     args = parse_args()
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if args.heartbeat:
+        args.spec_interval, args.spec_ttl, heartbeat_info = c.heartbeat_spec(args.heartbeat_seconds, args.ttl)
+    else:
+        args.spec_interval, args.spec_ttl, heartbeat_info = c.heartbeat_spec(None, None)
+    # Issue 14: the agent re-confirms a /proc absence (or a boot boundary) after this many seconds
+    # before it attests Dead. A build without the flag corroborates ProcAbsent with 2 heartbeat
+    # intervals of silence instead, which needs heartbeats.
+    absence_supported = c.agent_supports("--absence-confirm-seconds")
+    agent_extra = [f"--absence-confirm-seconds={args.absence_confirm_seconds:g}"] if absence_supported else []
+    skipped: dict[str, str] = {}
+    if "proc_resync" in variants and not absence_supported and not args.heartbeat:
+        variants.remove("proc_resync")
+        skipped["coroner_proc_resync"] = (
+            "this build's coroner-agent has no --absence-confirm-seconds and the workers do not heartbeat: "
+            "ProcAbsent would wait for 2 x the stand-in heartbeat interval; run with --heartbeat, or on a build "
+            "with issue 14's agent"
+        )
+        c.log(f"skipping coroner_proc_resync: {skipped['coroner_proc_resync']}")
+    if absence_supported:
+        proc_window = args.absence_confirm_seconds
+        proc_window_how = "the agent's --absence-confirm-seconds (re-confirmation before it attests Dead)"
+    else:
+        proc_window = 2 * args.heartbeat_seconds if args.heartbeat else None
+        proc_window_how = "2 x the heartbeat interval of silence (this build's agent has no --absence-confirm-seconds)"
     rng = random.Random(args.seed)
     random.seed(args.seed)
     c.raise_nofile()
@@ -304,18 +353,25 @@ def main() -> int:
             "kills_per_variant": args.kills,
             "nodes": args.nodes,
             "kill_window_seconds": args.kill_window,
-            "heartbeat_interval_seconds": args.heartbeat_seconds,
+            "heartbeats": heartbeat_info,
+            "heartbeat_interval_seconds": args.heartbeat_seconds if args.heartbeat else None,
             "heartbeat_ttl_seconds": args.ttl,
-            "proc_absent_window_seconds": 2 * args.heartbeat_seconds,
+            "baseline_heartbeat_interval_seconds": args.heartbeat_seconds,
+            "absence_confirm_seconds": args.absence_confirm_seconds if absence_supported else None,
+            "proc_absent_window_seconds": proc_window,
+            "proc_absent_window_how": proc_window_how,
             "agent_resync_seconds_proc_variant": args.resync_seconds,
+            "register_threads": args.register_threads,
             "baseline_sweep_seconds": args.sweep_seconds,
             "seed": args.seed,
             "operator_flags": "defaults (--workers 8, --resync-seconds 60, --permission-refresh-seconds 5), "
             f"--namespace {NS} --namespace coroner-system",
-            "agent_flags": "defaults (--resync-seconds 30) for coroner_pidfd; "
-            f"--no-pidfd --resync-seconds {args.resync_seconds:g} for coroner_proc_resync",
+            "agent_flags": f"defaults (--resync-seconds 30) {' '.join(agent_extra)} for coroner_pidfd; "
+            f"--no-pidfd --resync-seconds {args.resync_seconds:g} {' '.join(agent_extra)} for coroner_proc_resync",
         },
     }
+    if skipped:
+        result["skipped"] = skipped
     raw: dict[str, list[float]] = {}
     with c.Bench("latency", keep=args.keep) as bench:
         for ns in (NS, NS_TTL, NS_FLOOR):
@@ -337,12 +393,13 @@ def main() -> int:
             port = c.free_port()
             operator = bench.start_operator(f"--namespace={NS}", "--namespace=coroner-system", metrics_port=port)
             for node in nodes:
-                bench.start_agent(node)
-            c.log(f"registering {args.workers} workers on {args.nodes} nodes")
+                bench.start_agent(node, *agent_extra)
+            c.log(f"registering {args.workers} workers on {args.nodes} nodes ({heartbeat_info['mode']})")
             t0 = time.monotonic()
             keys = fleet.grow(args.workers, namespace=NS)
             result["parameters"]["registration_seconds"] = round(time.monotonic() - t0, 1)
-            hb.start(keys)
+            if args.heartbeat:
+                hb.start(keys)
         phase_info: dict[str, Any] = {}
         profiles: dict[str, Any] = {}
         for variant in coroner_variants:
@@ -353,10 +410,12 @@ def main() -> int:
                     assert node.agent is not None
                     bench.stop_component(node.agent)
                 for node in nodes:
-                    bench.start_agent(node, "--no-pidfd", f"--resync-seconds={args.resync_seconds:g}")
+                    bench.start_agent(node, "--no-pidfd", f"--resync-seconds={args.resync_seconds:g}", *agent_extra)
                 refill = args.workers - sum(1 for k in fleet.live if k[0] == NS)
                 if refill > 0:
-                    hb.add(fleet.grow(refill, namespace=NS))
+                    grown = fleet.grow(refill, namespace=NS)
+                    if args.heartbeat:
+                        hb.add(grown)
                 # The restarted agents relist and re-probe; give them two resyncs to be in step.
                 time.sleep(2 * args.resync_seconds + 2)
             live = [k for k in fleet.live if k[0] == NS]
@@ -379,7 +438,7 @@ def main() -> int:
             silences: list[float] = []
             t_kills = time.monotonic()
             killed = run_kills(fleet, rng, count=args.kills, window=args.kill_window, namespace=NS, silences=silences)
-            tail = 60.0 if variant == "pidfd" else 4 * args.heartbeat_seconds + 4 * args.resync_seconds + 60
+            tail = 60.0 if variant == "pidfd" else 2 * (proc_window or 0) + 4 * args.resync_seconds + 60
             tracker.wait_until(
                 lambda killed=killed: all(k in tracker.retired_at for k in killed),
                 timeout=tail,
@@ -399,10 +458,11 @@ def main() -> int:
                 "operator_status_writes_during_kills": {
                     kind: int(writes_after[kind] - writes_before[kind]) for kind in writes_after
                 },
-                "heartbeat_silence_at_kill": c.percentiles(silences),
-                "heartbeat_schedule_during_kills": hb.lag_summary(t_kills, time.monotonic()),
                 "floor_during_kills": c.percentiles([2 * x for x in floor.samples[floor_start:]]),
             }
+            if args.heartbeat:
+                result[name]["heartbeat_silence_at_kill"] = c.percentiles(silences)
+                result[name]["heartbeat_schedule_during_kills"] = hb.lag_summary(t_kills, time.monotonic())
             phase_info[name] = {"settled_before_kills": settled}
             c.log(f"{name}: {result[name]}")
         if operator is not None:
@@ -437,14 +497,16 @@ def main() -> int:
             for i, pid in enumerate(existing[: args.workers]):
                 node = nodes[i % len(nodes)]
                 items.append((NS_TTL, f"ttl-{node.name}", pid, node.boot_file))
-            keys = c.register_all(kubeconfig, items, interval=args.heartbeat_seconds, ttl=args.ttl)
+            keys = c.register_all(
+                kubeconfig, items, interval=args.heartbeat_seconds, ttl=args.ttl, threads=args.register_threads
+            )
             for key, (_, _, pid, _) in zip(keys, items, strict=True):
                 fleet.live[key] = pid
             missing = args.workers - len(keys)
             if missing > 0:
                 keys += fleet.grow(missing, namespace=NS_TTL, node_prefix="ttl-")
             assert bench_workers is not None
-            hb.add(keys)
+            hb.add(keys)  # starts the heartbeat threads if the Coroner variants ran without heartbeats
             time.sleep(args.heartbeat_seconds)  # every one heartbeats once at its own phase
             reaper = TtlReaper(bench, namespace=NS_TTL, ttl=args.ttl, sweep=args.sweep_seconds)
             bench.on_close(reaper.close)
@@ -499,10 +561,15 @@ def main() -> int:
     if pidfd.get("p50_ms") and base.get("p50_ms"):
         ratios["baseline_p50_over_coroner_pidfd_p50"] = round(base["p50_ms"] / pidfd["p50_ms"], 1)
     result["ratios"] = ratios
+    # Issue 14's goals (issue 8's, now without heartbeats): at 1,000 workers p50 <= 100 ms, p99 <=
+    # 500 ms, within 3x the floor, >= 100x faster than the TTL-30 s reaper; at 3,000 workers still
+    # p99 <= 1 s. Reported, never asserted.
     goals = {}
     if pidfd.get("n"):
         goals["pidfd_p50_le_100ms"] = {"measured_ms": pidfd["p50_ms"], "met": pidfd["p50_ms"] <= 100}
         goals["pidfd_p99_le_500ms"] = {"measured_ms": pidfd["p99_ms"], "met": pidfd["p99_ms"] <= 500}
+        if args.workers >= 3000:
+            goals["pidfd_p99_le_1s_at_3000_workers"] = {"measured_ms": pidfd["p99_ms"], "met": pidfd["p99_ms"] <= 1000}
     if "coroner_pidfd_p50_over_floor_p50" in ratios:
         value = ratios["coroner_pidfd_p50_over_floor_p50"]
         goals["pidfd_p50_within_3x_floor"] = {"measured_ratio": value, "met": value <= 3}
@@ -510,6 +577,10 @@ def main() -> int:
         value = ratios["baseline_p50_over_coroner_pidfd_p50"]
         goals["baseline_ge_100x_pidfd_at_median"] = {"measured_ratio": value, "met": value >= 100}
     result["goals"] = goals
+    result["goals_note"] = (
+        "issue 14: workers without heartbeats; the 100 ms / 500 ms / 3x / 100x goals are stated at 1,000 workers, "
+        "p99 <= 1 s at 3,000"
+    )
     result["wall_seconds"] = round(time.time() - started_wall, 1)
     result["finished"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     c.write_result(args.name, result)
@@ -540,8 +611,13 @@ def draw(plt: Any, raw: dict[str, list[float]], result: dict[str, Any]) -> None:
     params = result["parameters"]
     ax.set_title(
         f"Coroner kill-to-retirement latency: {params['workers']} workers, {params['nodes']} nodes, "
-        f"{params['kills_per_variant']} kills per variant\n(heartbeat {params['heartbeat_interval_seconds']} s; "
-        "shared 2-core machine)",
+        f"{params['kills_per_variant']} kills per variant\n("
+        + (
+            f"heartbeat {params['heartbeat_interval_seconds']} s"
+            if params.get("heartbeat_interval_seconds")
+            else "no heartbeats"
+        )
+        + "; shared 2-core machine)",
         fontsize=10,
     )
     ax.grid(True, which="both", alpha=0.3)
