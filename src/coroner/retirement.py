@@ -90,8 +90,13 @@ def event_body(
     now: datetime.datetime,
     suffix: str,
     event_type: str = "Normal",
+    count: int = 1,
+    first_time: datetime.datetime | None = None,
 ) -> dict[str, Any]:
-    """A core/v1 Event about a WorkerRegistration (the object as written), named `<name>.<suffix>`."""
+    """A core/v1 Event about a WorkerRegistration (the object as written), named `<name>.<suffix>`.
+
+    `count` > 1 (with `first_time`) is an aggregate: that many similar Events combined into one
+    (coroner_operator.eventcorrelator), shown by kubectl as "(x<count> over <first..now>)"."""
     meta = involved.get("metadata") or {}
     stamp = model.format_time(now)
     return {
@@ -112,7 +117,7 @@ def event_body(
         "source": {"component": component},
         "reportingComponent": component,
         "reportingInstance": instance[:128],
-        "firstTimestamp": stamp,
+        "firstTimestamp": stamp if first_time is None else model.format_time(first_time),
         "lastTimestamp": stamp,
-        "count": 1,
+        "count": max(1, count),
     }

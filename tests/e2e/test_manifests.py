@@ -79,7 +79,10 @@ def test_can_i_answers_as_documented(plan_only: Cluster) -> None:
     assert can_i(plan_only, "retire", resource, who=AGENT) == "no"
     assert can_i(plan_only, "patch", resource, who=AGENT, subresource="status") == "yes"
     assert can_i(plan_only, "create", resource, who=AGENT) == "no"
-    assert can_i(plan_only, "delete", resource, who=OPERATOR) == "no"
+    # Deleting terminal registrations after their retention (preconditioned on uid and resourceVersion).
+    assert can_i(plan_only, "delete", resource, who=OPERATOR) == "yes"
+    assert can_i(plan_only, "delete", resource, who=AGENT) == "no"
+    assert can_i(plan_only, "delete", "leases.coordination.k8s.io", who=OPERATOR) == "no"
     apply_overlay(plan_only, "production")
     try:
         assert can_i(plan_only, "retire", resource, who=OPERATOR) == "yes"

@@ -38,3 +38,14 @@ def test_long_texts_are_cut_to_what_the_api_accepts(field: str, limit: int) -> N
     )  # fmt: skip
     assert len(event[field]) == limit
     assert event["type"] == "Warning"
+
+
+def test_an_aggregate_carries_its_count_and_first_time() -> None:
+    first = NOW - datetime.timedelta(seconds=42)
+    event = event_body(
+        involved=WRITTEN, reason="Retired", message="PidfdExited: 12 more", component="c", instance="i", now=NOW,
+        suffix="s", count=12, first_time=first,
+    )  # fmt: skip
+    assert (event["count"], event["firstTimestamp"], event["lastTimestamp"]) == (
+        12, "2026-11-30T23:59:16Z", "2026-11-30T23:59:58Z",
+    )  # fmt: skip

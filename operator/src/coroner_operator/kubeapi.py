@@ -77,8 +77,15 @@ class KubeApi:
             "PATCH", registrations_path(namespace, name) + "/status", body=ops, content_type=JSON_PATCH
         )
 
-    async def delete_registration(self, *, namespace: str, name: str, resource_version: str) -> None:
-        options = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"resourceVersion": resource_version}}
+    async def delete_registration(self, *, namespace: str, name: str, uid: str, resource_version: str) -> None:
+        """Deletes exactly the registration as read: the server refuses (409) if another object now
+        has the name (uid) or this one changed since (resourceVersion), so nothing is deleted on a
+        stale read. A 404 propagates too (already gone)."""
+        options = {
+            "kind": "DeleteOptions",
+            "apiVersion": "v1",
+            "preconditions": {"uid": uid, "resourceVersion": resource_version},
+        }
         await self._request("DELETE", registrations_path(namespace, name), body=options)
 
     async def list_leases(self, *, namespace: str) -> list[dict[str, Any]]:
@@ -103,7 +110,10 @@ class KubeApi:
         message: str,
         event_type: str = "Normal",
         component: str = "coroner-operator",
+        count: int = 1,
+        first_time: datetime.datetime | None = None,
     ) -> None:
+        """Creates one core/v1 Event about `body`; `count` > 1 is an aggregate of that many."""
         event = retirement.event_body(
             involved=body,
             reason=reason,
@@ -113,6 +123,8 @@ class KubeApi:
             now=datetime.datetime.now(datetime.UTC),
             suffix=uuid.uuid4().hex[:12],
             event_type=event_type,
+            count=count,
+            first_time=first_time,
         )
         namespace = (body.get("metadata") or {}).get("namespace")
         await self._request("POST", f"/api/v1/namespaces/{namespace}/events", body=event)

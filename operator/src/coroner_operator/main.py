@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import datetime
 import logging
+import math
 import os
 import pathlib
 import signal
@@ -20,10 +21,12 @@ from coroner import api, policy_json
 from coroner.decision import Policy
 from coroner.rest import Rest
 from coroner.world import World
+from coroner_operator.eventcorrelator import DEFAULT_BURST, DEFAULT_WINDOW_SECONDS
 from coroner_operator.handlers import Runtime, configure, register
 from coroner_operator.kubeapi import KubeApi
 from coroner_operator.metrics import Metrics
 from coroner_operator.reconciler import OperatorSettings, Reconciler, utcnow
+from coroner_operator.retention import DEFAULT_TERMINAL_RETENTION_SECONDS
 
 logger = logging.getLogger("coroner.operator")
 
@@ -64,7 +67,12 @@ def build_registry(
             identity=identity,
         )
         runtime.reconciler = reconciler
-        loops = [reconciler.run_scheduler(), reconciler.run_permission_refresh(), reconciler.run_sweeps()]
+        loops = [
+            reconciler.run_scheduler(),
+            reconciler.run_permission_refresh(),
+            reconciler.run_sweeps(),
+            reconciler.run_event_aggregation(),
+        ]
         loops += [reconciler.run_worker() for _ in range(settings_.workers)]
         loops += [reconciler.run_event_poster() for _ in range(settings_.event_posters)]
         if metrics_port is not None:
@@ -147,6 +155,13 @@ async def _serve_http(address: str, port: int, metrics: Metrics, reconciler: Rec
         await runner.cleanup()
 
 
+def _finite(param: click.Parameter, value: float) -> float:
+    """FloatRange lets NaN through (every comparison with it is False); refuse it here."""
+    if math.isnan(value):
+        raise click.BadParameter("must be a number, not NaN", param=param)
+    return value
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--kubeconfig", type=click.Path(exists=True, dir_okay=False), default=None)
 @click.option("--namespace", "namespaces", multiple=True, help="Serve only these namespaces (repeatable; globs).")
@@ -181,7 +196,32 @@ async def _serve_http(address: str, port: int, metrics: Metrics, reconciler: Rec
     show_default=True,
     help="How long a Node must have been NotFound before --node-deletion-evidence counts it.",
 )
-@click.option("--retired-ttl-seconds", type=float, default=None, help="Delete retired registrations after this long.")
+@click.option(
+    "--terminal-retention-seconds",
+    type=click.FloatRange(min=0, max=10 * 365 * 86400),
+    default=DEFAULT_TERMINAL_RETENTION_SECONDS,
+    callback=lambda _ctx, param, value: _finite(param, value),
+    show_default=True,
+    help="Delete terminal (Retired or Released) registrations this long after they became terminal "
+    "(status.retirement.retiredTime, else the Retired or Released condition's lastTransitionTime), at the next "
+    "sweep; 0 keeps them forever. Deletes carry uid and resourceVersion preconditions.",
+)
+@click.option(
+    "--event-burst",
+    type=click.IntRange(min=0),
+    default=DEFAULT_BURST,
+    show_default=True,
+    help="Retirement Events posted one by one per namespace per --event-window-seconds; past it, similar ones "
+    "(same reason and evidence) are combined into one aggregate Event per window.",
+)
+@click.option(
+    "--event-window-seconds",
+    type=click.FloatRange(min=0, min_open=True, max=3600),
+    default=DEFAULT_WINDOW_SECONDS,
+    callback=lambda _ctx, param, value: _finite(param, value),
+    show_default=True,
+    help="The Event aggregation window; an aggregate Event is posted when its window ends.",
+)
 @click.option("--system-namespace", default=api.SYSTEM_NAMESPACE, show_default=True)
 @click.option("--verbose", "-v", is_flag=True)
 def main(
@@ -195,7 +235,9 @@ def main(
     permission_refresh_seconds: float,
     node_deletion_evidence: bool,
     node_quarantine_seconds: float,
-    retired_ttl_seconds: float | None,
+    terminal_retention_seconds: float,
+    event_burst: int,
+    event_window_seconds: float,
     system_namespace: str,
     verbose: bool,
 ) -> None:
@@ -216,7 +258,9 @@ def main(
         workers=workers,
         resync_seconds=resync_seconds,
         permission_refresh_seconds=permission_refresh_seconds,
-        retired_ttl_seconds=retired_ttl_seconds,
+        terminal_retention_seconds=terminal_retention_seconds,
+        event_burst=event_burst,
+        event_window_seconds=event_window_seconds,
         system_namespace=system_namespace,
     )
     runtime = Runtime()

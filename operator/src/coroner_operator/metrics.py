@@ -51,3 +51,36 @@ class Metrics:
             ["kind"],
             registry=self.registry,
         )
+        self.terminal_deletions = Counter(
+            "coroner_terminal_deletions",
+            "Terminal registrations deleted after --terminal-retention-seconds, by what made them terminal "
+            "(Retired or Released).",
+            ["terminal"],
+            registry=self.registry,
+        )
+        self.registration_objects = Gauge(
+            "coroner_registration_objects",
+            "WorkerRegistration objects the operator sees, active or terminal (kept until their retention "
+            "ends), as of the last sweep: the object count the cluster holds.",
+            ["state"],
+            registry=self.registry,
+        )
+        self.events_posted = Counter(
+            "coroner_events_posted",
+            "Event writes by kind: individual (one retirement) or aggregate (several similar ones combined).",
+            ["reason", "kind"],
+            registry=self.registry,
+        )
+        self.events_aggregated = Counter(
+            "coroner_events_aggregated",
+            "Events combined into an aggregate Event instead of written one by one (each counted once, "
+            "when its aggregate is posted).",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.event_failures = Counter(
+            "coroner_event_failures",
+            "Event writes that failed (the retirement stands; the write is logged, not retried).",
+            ["reason"],
+            registry=self.registry,
+        )

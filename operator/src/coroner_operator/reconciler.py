@@ -27,7 +27,9 @@ from coroner.reasons import EventReason, Reason
 from coroner.rest import ApiError
 from coroner.workqueue import KeyedQueue
 from coroner.world import Key, World, lease_facts
+from coroner_operator import retention as retention_mod
 from coroner_operator import status as status_mod
+from coroner_operator.eventcorrelator import DEFAULT_BURST, DEFAULT_WINDOW_SECONDS, EventCorrelator, Outgoing
 from coroner_operator.freshread import FreshRead
 from coroner_operator.kubeapi import KubeApi
 from coroner_operator.metrics import Metrics
@@ -45,8 +47,10 @@ class OperatorSettings:
     """A full re-decision of every cached registration (no API reads) as a safety net."""
     permission_refresh_seconds: float = 5.0
     """How often the `retire` capability is re-checked per namespace; a flip re-queues the namespace."""
-    retired_ttl_seconds: float | None = None
-    """Delete retired registrations this long after retirement; None (default) keeps them forever."""
+    terminal_retention_seconds: float = retention_mod.DEFAULT_TERMINAL_RETENTION_SECONDS
+    """Delete terminal (Retired or Released) registrations this long after they became terminal, at
+    the first reconcile after that (the sweep, within `resync_seconds`); 0 keeps them forever.
+    See `coroner_operator.retention` for the rule."""
     error_backoff: tuple[float, ...] = (1, 2, 4, 8, 16, 30, 60)
     """Delays before retrying a registration whose reconcile failed unexpectedly (never a hot loop)."""
     system_namespace: str = api.SYSTEM_NAMESPACE
@@ -55,6 +59,10 @@ class OperatorSettings:
     moves on once the compare-and-swap write has landed)."""
     event_backlog: int = 10000
     """Events waiting to be posted before reconciles that retire wait for room (never dropped)."""
+    event_burst: int = DEFAULT_BURST
+    """Events posted one by one per namespace per window; past it similar ones are combined."""
+    event_window_seconds: float = DEFAULT_WINDOW_SECONDS
+    """The aggregation window (see `coroner_operator.eventcorrelator`)."""
 
 
 def utcnow() -> datetime.datetime:
@@ -93,7 +101,10 @@ class Reconciler:
         self._sweep_failures: Counter[str] = Counter()
         self._sweep_errors: dict[str, str] = {}
         self.last_sweep: dict[str, Any] | None = None
-        self._events: asyncio.Queue[tuple[dict[str, Any], str, str]] = asyncio.Queue(settings.event_backlog)
+        self._events: asyncio.Queue[Outgoing] = asyncio.Queue(settings.event_backlog)
+        self.correlator = EventCorrelator(burst=settings.event_burst, window_seconds=settings.event_window_seconds)
+        # Terminal registrations kept for lack of a parsable time, by the resourceVersion last logged.
+        self._kept_logged: dict[Key, str | None] = {}
         # Right before a retirement: the namespace-wide capability and the Lease fence, each read
         # once for every retirement in the namespace decided before the read started.
         self.permission_reads: FreshRead[str, bool] = FreshRead(lambda ns: self.kube.can_retire(namespace=ns))
@@ -187,7 +198,10 @@ class Reconciler:
         await self._queue.join()
 
     async def drain_events(self) -> None:
-        """Waits until every Event of a retirement so far is posted (or failed and logged)."""
+        """Waits until every Event of a retirement so far is posted (or failed and logged),
+        aggregates whose window has not ended included (tests and shutdown)."""
+        for outgoing in self.correlator.flush():
+            await self._events.put(outgoing)
         await self._events.join()
 
     # --- the reconcile -------------------------------------------------------------------------
@@ -202,6 +216,8 @@ class Reconciler:
         now = utcnow()
         if registration.terminal:
             self._set_reason(key, None)
+            if await self._collect_garbage(key, registration, now=now):
+                return None  # deleted (or tried and refused): no condition write for it
             if not status_mod.reads_terminal(registration):
                 # Released by the worker, or retired by a human's `kubectl coroner apply` (which may
                 # not write Retirable): say so once in Retirable (AlreadyTerminal), so the printer
@@ -210,7 +226,6 @@ class Reconciler:
                 facts = self.world.facts_for(key, now=now)
                 final = decide(registration=registration, facts=facts, policy=self.policy, now=now)
                 await self._write_conditions(key, body, registration, final, now=now)
-            await self._collect_garbage(key, registration, now=now)
             return None
         namespace = key[0]
         if namespace not in self.world.retire_permission:
@@ -376,7 +391,14 @@ class Reconciler:
             registration.resource_version,
             self.identity,
         )
-        await self._events.put((patched, EventReason.RETIRED.value, f"{evidence}: {fenced.detail}"))
+        for outgoing in self.correlator.observe(
+            involved=patched,
+            reason=EventReason.RETIRED.value,
+            evidence=evidence,
+            message=f"{evidence}: {fenced.detail}",
+            now=utcnow(),
+        ):
+            await self._events.put(outgoing)
 
     async def _reread(self, key: Key) -> None:
         fresh = await self.kube.get_registration(namespace=key[0], name=key[1])
@@ -394,23 +416,52 @@ class Reconciler:
         if cached is None or _rv(body) >= _rv(cached):
             self.world.put_registration(body)
 
-    async def _collect_garbage(self, key: Key, registration: model.Registration, *, now: datetime.datetime) -> None:
-        ttl = self.settings.retired_ttl_seconds
-        retirement = registration.retirement
-        if ttl is None or retirement is None or retirement.retired_time is None:
-            return
-        due = retirement.retired_time + datetime.timedelta(seconds=ttl)
-        if due > now:
-            self.schedule(key, due)
-            return
+    async def _collect_garbage(self, key: Key, registration: model.Registration, *, now: datetime.datetime) -> bool:
+        """Deletes a terminal registration whose retention has ended; True if a delete was sent.
+
+        Called only from the reconcile of a terminal registration, on the object as read (cache):
+        the delete's preconditions (uid and resourceVersion) make the server refuse it if the
+        object changed since, so only what was read terminal is ever deleted. Not yet due: nothing
+        is scheduled; the periodic sweep reconciles every registration and brings it back."""
+        seconds = self.settings.terminal_retention_seconds
+        verdict = retention_mod.deletion_due(registration, retention_seconds=seconds)
+        if verdict.due is None:
+            unreadable = seconds > 0 and verdict.terminal is not None and verdict.since is None
+            if unreadable and self._kept_logged.get(key, "") != registration.resource_version:
+                self._kept_logged[key] = registration.resource_version
+                logger.warning(
+                    "terminal workerregistration kept namespace=%s name=%s resourceVersion=%s: %s",
+                    key[0], key[1], registration.resource_version, verdict.why,
+                )  # fmt: skip
+            return False
+        if verdict.due > now or not registration.terminal:
+            return False
+        if registration.uid is None or registration.resource_version is None:
+            return False  # the API always sets both; without them there is no precondition to send
         try:
             await self.kube.delete_registration(
-                namespace=key[0], name=key[1], resource_version=str(registration.resource_version)
+                namespace=key[0], name=key[1], uid=registration.uid, resource_version=registration.resource_version
             )
         except ApiError as exc:
-            if exc.status not in (404, 409):
-                raise
-        logger.info("deleted retired workerregistration=%s/%s retiredTime=%s", key[0], key[1], retirement.retired_time)
+            if exc.status == 404:
+                return True  # already gone; its watch event forgets it
+            if exc.status == 409:
+                # Changed (or replaced) since it was read: left alone. The change's own watch event
+                # brings the new version back here, decided again from what it says.
+                logger.info(
+                    "terminal workerregistration not deleted namespace=%s name=%s resourceVersion=%s: it changed "
+                    "since it was read (%s)",
+                    key[0], key[1], registration.resource_version, exc.message,
+                )  # fmt: skip
+                return True
+            raise
+        self.metrics.terminal_deletions.labels(verdict.terminal).inc()
+        logger.info(
+            "deleted terminal workerregistration=%s/%s terminal=%s since=%s retentionSeconds=%g uid=%s resourceVersion=%s",
+            key[0], key[1], verdict.terminal, model.format_time(verdict.since) if verdict.since else None, seconds,
+            registration.uid, registration.resource_version,
+        )  # fmt: skip
+        return True
 
     def _set_reason(self, key: Key, reason: Reason | None) -> None:
         old = self._reasons.pop(key, None)
@@ -425,20 +476,41 @@ class Reconciler:
     async def run_event_poster(self) -> None:
         """Posts the Events of retirements (a few posters: about, not exactly, in the order they landed)."""
         while True:
-            body, reason, message = await self._events.get()
+            outgoing = await self._events.get()
+            kind = "aggregate" if outgoing.aggregated else "individual"
+            if outgoing.aggregated:
+                self.metrics.events_aggregated.labels(outgoing.reason).inc(outgoing.count)
             try:
-                await self.kube.post_event(body=body, reason=reason, message=message)
+                await self.kube.post_event(
+                    body=dict(outgoing.involved),
+                    reason=outgoing.reason,
+                    message=outgoing.message,
+                    count=outgoing.count,
+                    first_time=outgoing.first_time if outgoing.aggregated else None,
+                )
+                self.metrics.events_posted.labels(outgoing.reason, kind).inc()
             except Exception as exc:  # the retirement stands; its Event is best effort, and said so
-                meta = body.get("metadata") or {}
+                self.metrics.event_failures.labels(outgoing.reason).inc()
+                meta = outgoing.involved.get("metadata") or {}
                 logger.warning(
-                    "event not posted workerregistration=%s/%s reason=%s error=%s",
+                    "event not posted workerregistration=%s/%s reason=%s kind=%s count=%s error=%s",
                     meta.get("namespace"),
                     meta.get("name"),
-                    reason,
+                    outgoing.reason,
+                    kind,
+                    outgoing.count,
                     describe(exc),
                 )
             finally:
                 self._events.task_done()
+
+    async def run_event_aggregation(self, *, tick_seconds: float = 1.0) -> None:
+        """Hands the aggregates of ended windows to the posters (one check a second: cheap, and
+        an aggregate is posted at most a tick after its window ends)."""
+        while True:
+            await asyncio.sleep(min(tick_seconds, self.settings.event_window_seconds))
+            for outgoing in self.correlator.flush(now=utcnow()):
+                await self._events.put(outgoing)
 
     async def run_permission_refresh(self) -> None:
         """Re-checks `retire` per namespace; a flip re-queues that namespace (grant or revoke)."""
@@ -468,6 +540,9 @@ class Reconciler:
                 self.enqueue(key)
             await self.drain()
             by_reason = Counter(r.value for r in self._reasons.values())
+            terminal = sum(1 for r in self.world.parsed.values() if r.terminal)
+            self.metrics.registration_objects.labels("terminal").set(terminal)
+            self.metrics.registration_objects.labels("active").set(len(self.world.parsed) - terminal)
             self.last_sweep = {
                 "time": model.format_time(utcnow()),
                 "startedTime": model.format_time(started),
@@ -506,6 +581,7 @@ class Reconciler:
         if deleted:
             self.world.forget_registration(key)
             self._set_reason(key, None)
+            self._kept_logged.pop(key, None)
         else:
             cached = self.world.bodies.get(key)
             # Numeric resourceVersion order is only an optimisation here (skip an event older than
