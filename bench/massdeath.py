@@ -2,6 +2,7 @@
 Retired, how many API requests each retirement costs, and that no survivor is touched.
 
     .venv/bin/python bench/massdeath.py                       # full: 3000 workers, 2000 killed
+    .venv/bin/python bench/massdeath.py --heartbeat           # survivors heartbeat (before issue 14)
     .venv/bin/python bench/massdeath.py --workers 300 --killed 200   # quick
 
 W real worker processes (`sleep`) on `--nodes` simulated nodes, each with a real coroner-agent
@@ -21,7 +22,8 @@ Figures:
   attributed by verb and resource. Status PATCHes are split using counts the benchmark knows
   exactly (its own heartbeats) and the operator's own `coroner_status_writes_total`:
   attestation patches = status PATCHes - heartbeats - operator status writes.
-  writes = attestation patches + retirement patches + operator condition patches + Event creates and updates (a burst's Events may be aggregated);
+  writes = attestation patches + retirement patches + operator condition patches + Event creates
+  and updates (a burst's Events may be aggregated);
   reads = SelfSubjectAccessReviews + Lease LISTs (the operator's checks right before each write).
 - registration_writes_per_retirement: writes to registration objects (creates, updates, patches
   of workerregistrations and their status) during the same window by the agents, the operator and

@@ -58,13 +58,21 @@ def header(result: dict[str, Any], name: str) -> list[str]:
     return lines
 
 
+def heartbeats(p: dict[str, Any]) -> str:
+    """How the workers of a run heartbeated (results from before issue 14 have no `heartbeats`)."""
+    mode = (p.get("heartbeats") or {}).get("mode")
+    if mode == "none":
+        return "no heartbeats"
+    return f"heartbeat every {p.get('heartbeat_interval_seconds')} s"
+
+
 def latency(result: dict[str, Any]) -> list[str]:
     p = result.get("parameters", {})
-    lines = header(result, "latency")
+    lines = header(result, result.get("_name", "latency"))
     lines += [
         f"{p.get('workers')} workers on {p.get('nodes')} nodes, {p.get('kills_per_variant')} SIGKILLs per variant over "
-        f"{p.get('kill_window_seconds')} s, heartbeat every {p.get('heartbeat_interval_seconds')} s "
-        f"(ProcAbsent window {p.get('proc_absent_window_seconds')} s, baseline TTL {p.get('heartbeat_ttl_seconds')} s "
+        f"{p.get('kill_window_seconds')} s, {heartbeats(p)} "
+        f"(ProcAbsent window {fmt(p.get('proc_absent_window_seconds'), ' s')}, baseline TTL {p.get('heartbeat_ttl_seconds')} s "
         f"swept every {p.get('baseline_sweep_seconds')} s).",
         "",
         "| kill → Retired | p50 | p90 | p99 | max | n |",
@@ -92,6 +100,7 @@ def latency(result: dict[str, Any]) -> list[str]:
             )
     ratios = result.get("ratios", {})
     lines += [
+        *[f"\n{key} not run: {why}." for key, why in (result.get("skipped") or {}).items()],
         "",
         f"Ratios: coroner_pidfd p50 / floor p50 = {fmt(ratios.get('coroner_pidfd_p50_over_floor_p50'))}; "
         f"baseline_ttl p50 / coroner_pidfd p50 = {fmt(ratios.get('baseline_p50_over_coroner_pidfd_p50'))}.",
@@ -101,20 +110,43 @@ def latency(result: dict[str, Any]) -> list[str]:
 
 
 def massdeath(result: dict[str, Any]) -> list[str]:
-    lines = header(result, "massdeath")
+    lines = header(result, result.get("_name", "massdeath"))
     b = result.get("breakdown", {})
     per = b.get("per_retirement", {})
+    floor = result.get("floor") or {}
+    writes = (result.get("registration_writes") or {}).get("by_identity") or {}
     lines += [
         f"{result.get('workers_killed')} workers SIGKILLed at once on {result.get('parameters', {}).get('lost_nodes')} "
-        f"nodes, {result.get('survivors')} survivors on the others.",
+        f"nodes, {result.get('survivors')} survivors on the others, {heartbeats(result.get('parameters', {}))}.",
         "",
         "| figure | value |",
         "| --- | ---: |",
         f"| seconds to all retired | {fmt(result.get('seconds_to_all_retired'), ' s')} |",
         f"| seconds to all attested Dead | {fmt(result.get('seconds_to_all_attested_dead'), ' s')} |",
+        *(
+            [
+                f"| floor: the same API server absorbing 2 conditional status patches per death (same run) | "
+                f"{fmt(result.get('floor_seconds'), ' s')} ({fmt(floor.get('writes_per_second'))} writes/s, "
+                f"{fmt(floor.get('connections'))} in flight) |",
+                f"| seconds to all retired / floor | {fmt(result.get('seconds_to_all_retired_over_floor'))} |",
+            ]
+            if floor
+            else []
+        ),
+        *(
+            [
+                f"| registration writes per retirement (API server, per identity) | "
+                f"{fmt(result.get('registration_writes_per_retirement'))} (agents {fmt(writes.get('agent'))}, "
+                f"operator {fmt(writes.get('operator'))}, workers {fmt(writes.get('worker'))}) |"
+            ]
+            if "registration_writes_per_retirement" in result
+            else []
+        ),
         f"| API writes per retirement | {fmt(result.get('api_writes_per_retirement'))} "
         f"(attestation {fmt(per.get('attestation_patches'))} + retirement {fmt(per.get('retirement_patches'))} + "
-        f"conditions {fmt(per.get('operator_condition_patches'))} + Event {fmt(per.get('event_creates'))}) |",
+        f"conditions {fmt(per.get('operator_condition_patches'))} + Event {fmt(per.get('event_creates'))}"
+        + (f" + Event update {fmt(per.get('event_updates'))}" if per.get("event_updates") else "")
+        + ") |",
         f"| API reads per retirement | {fmt(result.get('api_reads_per_retirement'))} "
         f"(SelfSubjectAccessReview {fmt(per.get('selfsubjectaccessreviews'))} + Lease LIST {fmt(per.get('lease_lists'))}) |",
         f"| live_retired (survivors retired) | {fmt(result.get('live_retired'))} of {fmt(result.get('survivors'))} "
@@ -128,11 +160,20 @@ def steady(result: dict[str, Any]) -> list[str]:
     lines = header(result, result.get("_name", "steady"))
     req = result.get("apiserver_requests", {})
     hb = result.get("heartbeats", {})
+    p = result.get("parameters", {})
+    setup = result.get("setup") or {}
+    writes = result.get("coroner_writes") or {}
+    if (p.get("heartbeats") or {}).get("mode") == "none":
+        what = "registrations, no heartbeats"
+    else:
+        what = (
+            f"registrations heartbeating every {p.get('heartbeat_interval_seconds')} s (intended "
+            f"{fmt(hb.get('intended_per_second'))}/s, achieved {fmt(hb.get('achieved_per_second'))}/s)"
+        )
     lines += [
-        f"{fmt(result.get('registrations'))} registrations heartbeating every "
-        f"{result.get('parameters', {}).get('heartbeat_interval_seconds')} s (intended "
-        f"{fmt(hb.get('intended_per_second'))}/s, achieved {fmt(hb.get('achieved_per_second'))}/s), "
-        f"{fmt(result.get('parameters', {}).get('window_seconds'))} s window.",
+        f"{fmt(result.get('registrations'))} {what}, {fmt(p.get('window_seconds'))} s window"
+        + (f"; setup (register, create, attest, settle) {fmt(setup.get('total_seconds'), ' s')}" if setup else "")
+        + ".",
         "",
         "| figure | value |",
         "| --- | ---: |",
@@ -144,6 +185,17 @@ def steady(result: dict[str, Any]) -> list[str]:
         f"| agent RSS / fds with no workers | {fmt(result.get('agent_rss_mb_with_no_workers'), ' MiB')} / "
         f"{fmt(result.get('agent_fds_with_no_workers'))} |",
         f"| agent CPU | {fmt(result.get('agent_cpu_cores'), ' cores')} |",
+        *(
+            [
+                f"| Coroner writes per worker per hour, nothing changing | "
+                f"{fmt(result.get('coroner_writes_per_worker_per_hour'))} (in the window: "
+                f"{writes.get('per_worker_writes')}) |",
+                f"| Coroner writes per node per second | {fmt(result.get('coroner_writes_per_node_per_second'))} "
+                f"({writes.get('per_node_writes_per_second_by_identity')}) |",
+            ]
+            if writes
+            else []
+        ),
         f"| API server requests/s caused by Coroner | {fmt(result.get('apiserver_requests_per_second_by_coroner'))} "
         f"(total {fmt(req.get('total_per_second'))}, heartbeats {fmt(req.get('benchmark_heartbeats_per_second'))}, "
         f"idle background {fmt(req.get('idle_background_per_second'))}) |",
@@ -156,10 +208,10 @@ def goals(result: dict[str, Any]) -> list[str]:
     items = result.get("goals") or {}
     if not items:
         return []
-    lines = ["| goal (issue 8) | measured | |", "| --- | ---: | --- |"]
+    lines = ["| goal | issue | measured | |", "| --- | --- | ---: | --- |"]
     for name, goal in items.items():
         measured = next((v for k, v in goal.items() if k.startswith("measured")), None)
-        lines.append(f"| {name} | {fmt(measured)} | {met(goal.get('met'))} |")
+        lines.append(f"| {name} | {goal.get('issue', 8)} | {fmt(measured)} | {met(goal.get('met'))} |")
     return [*lines, ""]
 
 
