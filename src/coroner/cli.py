@@ -103,8 +103,19 @@ def dev_cluster_token(directory: pathlib.Path, service_account: str, node: str |
 @click.option("--name", default=None, help="Registration name (default: ROLE-<random>).")
 @click.option("--role", default="", help="Free-text role recorded in spec.role (default: the command's name).")
 @click.option("--kubeconfig", default=None, type=click.Path(exists=True, dir_okay=False))
-@click.option("--interval-seconds", default=10, show_default=True, type=click.IntRange(1, 86400))
-@click.option("--ttl-seconds", default=30, show_default=True, type=click.IntRange(1, 604800))
+@click.option(
+    "--interval-seconds",
+    default=None,
+    type=click.IntRange(1, 86400),
+    help="Opt into heartbeats every N seconds (with --ttl-seconds): a second, worker-side witness "
+    "next to the node agent's. Default: none; the agent's pidfd and node Lease are the liveness.",
+)
+@click.option(
+    "--ttl-seconds",
+    default=None,
+    type=click.IntRange(1, 604800),
+    help="With --interval-seconds: silence this long counts toward expiry.",
+)
 @click.option("--boot-id-file", default="/proc/sys/kernel/random/boot_id", show_default=True, hidden=True)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run_command(
@@ -113,15 +124,17 @@ def run_command(
     name: str | None,
     role: str,
     kubeconfig: str | None,
-    interval_seconds: int,
-    ttl_seconds: int,
+    interval_seconds: int | None,
+    ttl_seconds: int | None,
     boot_id_file: str,
     command: tuple[str, ...],
 ) -> None:
-    """Launch COMMAND as a registered worker: heartbeat while it runs, release on a clean exit."""
+    """Launch COMMAND as a registered worker: register once, release on a clean exit."""
     from coroner.launcher import RegistrationError, run
 
-    if ttl_seconds < interval_seconds:
+    if (interval_seconds is None) != (ttl_seconds is None):
+        raise click.BadParameter("heartbeats need both --interval-seconds and --ttl-seconds (or neither)")
+    if interval_seconds is not None and ttl_seconds is not None and ttl_seconds < interval_seconds:
         raise click.BadParameter("--ttl-seconds must be at least --interval-seconds")
     try:
         status = run(

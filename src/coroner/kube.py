@@ -30,6 +30,7 @@ def api_client(kubeconfig: str | os.PathLike[str] | None = None) -> ApiClient:
 
 JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
 
 
 def patch_registration_status(

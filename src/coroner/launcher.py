@@ -1,10 +1,12 @@
-"""The worker side: register an incarnation, heartbeat while it lives, release it on a clean exit.
+"""The worker side: register an incarnation once, release it on a clean exit, nothing in between.
 
 `coroner run -- CMD` launches CMD as a child and registers the child's own incarnation, probed from
 its /proc entries; `registered()` registers the calling process itself (the Python API). Both
-create the WorkerRegistration with a fresh launcher-minted `inst-` clientInstanceId, heartbeat with
-merge patches that touch only status.lastHeartbeatTime, and mark `Released` with a JSON patch that
-tests the resourceVersion (a merge patch would replace the whole conditions list).
+create the WorkerRegistration with a fresh launcher-minted `inst-` clientInstanceId and mark
+`Released` with one server-side apply of that condition (see `retirement.release_apply`).
+Liveness is the node agent's: it pins the incarnation with a pidfd and renews one Lease per node.
+A worker that wants a second, worker-side witness opts into heartbeats (``spec.heartbeat``): merge
+patches that touch only status.lastHeartbeatTime, every interval.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from coroner import api, conditions, model, procfs, retirement
-from coroner.kube import api_client, patch_registration_status
+from coroner.kube import APPLY_PATCH, api_client, patch_registration_status
 from coroner.reasons import ConditionType
 
 logger = logging.getLogger("coroner.launcher")
@@ -81,12 +83,13 @@ def _dns_name(text: str) -> str:
 
 @dataclasses.dataclass(slots=True, kw_only=True)
 class Registration:
-    """A live registration this process made; heartbeats until released or stopped."""
+    """A live registration this process made; heartbeats (where opted in) until released or stopped."""
 
     client: k8s.ApiClient
     namespace: str
     name: str
-    interval_seconds: int
+    interval_seconds: int | None
+    """The opted-in heartbeat interval; None: no heartbeats (the default)."""
     body: dict[str, Any]
     _stop: threading.Event = dataclasses.field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -100,8 +103,12 @@ class Registration:
         self.heartbeats += 1
 
     def start_heartbeats(self) -> None:
+        if self.interval_seconds is None:
+            return
+        interval = self.interval_seconds
+
         def loop() -> None:
-            while not self._stop.wait(self.interval_seconds):
+            while not self._stop.wait(interval):
                 try:
                     self.heartbeat()
                 except ApiException as exc:
@@ -121,43 +128,46 @@ class Registration:
             self._thread.join(timeout=5)
 
     def release(self, *, message: str) -> None:
-        """Marks Released=True (the worker said goodbye) under compare-and-swap; retries on conflict.
+        """Marks Released=True (the worker said goodbye): one server-side apply, no read first.
 
-        The first attempt writes against the body of the last heartbeat when it has conditions, so a
-        clean exit costs one request: the same exit is racing through the agent's Dead attestation
-        and the operator's retirement, and a worker that said goodbye should read Released, not
-        Retired. A conflict (a condition changed since) re-reads and tries again; a retirement that
-        won the race ends it (the registration is terminal)."""
-        custom = k8s.CustomObjectsApi(self.client)
-        # The goodbye tests the conditions it replaces (retirement.release_ops): a body without any
-        # (the creation's, when no heartbeat came back since) is read once more first.
-        body: dict[str, Any] | None = self.body if (self.body.get("status") or {}).get("conditions") else None
-        for _ in range(10):
-            if body is None:
-                body = custom.get_namespaced_custom_object(
-                    api.GROUP, api.VERSION, self.namespace, api.PLURAL, self.name
-                )
-            parsed = model.parse_registration(body)
-            if parsed.terminal:
-                return
-            updated = conditions.set_condition(
-                list(parsed.conditions),
-                type=ConditionType.RELEASED,
-                status=True,
+        The same exit is racing through the agent's Dead attestation and the operator's
+        retirement; one request that needs no read is what lets a worker that said goodbye read
+        Released, not Retired. If the retirement won (the API server refuses Released on a retired
+        registration), the registration is terminal and true either way."""
+        condition = conditions.render_condition(
+            model.Condition(
+                type=ConditionType.RELEASED.value,
+                status="True",
                 reason=RELEASED_REASON,
                 message=message,
-                observed_generation=parsed.generation,
-                now=datetime.datetime.now(datetime.UTC),
+                last_transition_time=datetime.datetime.now(datetime.UTC).replace(microsecond=0),
+                observed_generation=model.parse_registration(self.body).generation,
             )
-            ops = retirement.release_ops(body=body, conditions=conditions.render_conditions(updated))
-            try:
-                patch_registration_status(self.client, namespace=self.namespace, name=self.name, body=ops)
+        )
+        body = retirement.release_apply(name=self.name, namespace=self.namespace, condition=condition)
+        try:
+            k8s.CustomObjectsApi(self.client).patch_namespaced_custom_object_status(
+                api.GROUP,
+                api.VERSION,
+                self.namespace,
+                api.PLURAL,
+                self.name,
+                body,
+                field_manager=retirement.RELEASE_FIELD_MANAGER,
+                force=True,
+                _content_type=APPLY_PATCH,
+            )
+        except ApiException as exc:
+            if exc.status == 422 and model.parse_registration(self._read()).retired:
+                logger.info("retired before its goodbye landed workerregistration=%s/%s", self.namespace, self.name)
                 return
-            except ApiException as exc:
-                if exc.status not in (409, 422):
-                    raise
-            body = None
-        raise RegistrationError(f"could not mark {self.namespace}/{self.name} Released: it kept changing")
+            raise
+
+    def _read(self) -> dict[str, Any]:
+        body: dict[str, Any] = k8s.CustomObjectsApi(self.client).get_namespaced_custom_object(
+            api.GROUP, api.VERSION, self.namespace, api.PLURAL, self.name
+        )
+        return body
 
 
 def register(
@@ -170,19 +180,25 @@ def register(
     role: str = "",
     session_id: str = "",
     generation_id: str = "",
-    interval_seconds: int = 10,
-    ttl_seconds: int = 30,
+    interval_seconds: int | None = None,
+    ttl_seconds: int | None = None,
     node_uid: str | None = None,
 ) -> Registration:
-    """Creates the registration (idempotent on retry with the same name and incarnation)."""
+    """Creates the registration (idempotent on retry with the same name and incarnation).
+
+    ``spec.heartbeat`` is written only when both `interval_seconds` and `ttl_seconds` are given:
+    heartbeats are the worker's opt-in, not the liveness signal."""
+    if (interval_seconds is None) != (ttl_seconds is None):
+        raise RegistrationError("heartbeats need both an interval and a TTL (or neither)")
     instance = f"{api.CLIENT_INSTANCE_PREFIX}{uuid.uuid4()}"
     name = name or f"{_dns_name(role or 'worker')}-{uuid.uuid4().hex[:8]}"
     spec: dict[str, Any] = {
         "nodeName": node_name,
         "incarnation": incarnation.spec(),
         "clientInstanceId": instance,
-        "heartbeat": {"intervalSeconds": interval_seconds, "ttlSeconds": ttl_seconds},
     }
+    if interval_seconds is not None:
+        spec["heartbeat"] = {"intervalSeconds": interval_seconds, "ttlSeconds": ttl_seconds}
     for key, value in (
         ("role", role),
         ("sessionId", session_id),
@@ -228,7 +244,8 @@ def register(
     registration = Registration(
         client=client, namespace=namespace, name=name, interval_seconds=interval_seconds, body=created
     )
-    registration.heartbeat()
+    if interval_seconds is not None:
+        registration.heartbeat()
     return registration
 
 
@@ -240,13 +257,13 @@ def registered(
     kubeconfig: str | None = None,
     name: str | None = None,
     role: str = "",
-    interval_seconds: int = 10,
-    ttl_seconds: int = 30,
+    interval_seconds: int | None = None,
+    ttl_seconds: int | None = None,
 ) -> Iterator[Registration]:
     """Registers the calling process for the duration of the block; released on a clean exit.
 
-    An exception leaving the block is not a clean exit: the registration stays active, stops
-    heartbeating, and is retired once the agent confirms the process is gone.
+    An exception leaving the block is not a clean exit: the registration stays active (and stops
+    heartbeating, where opted in), and is retired once the agent confirms the process is gone.
     """
     client = api_client(kubeconfig)
     incarnation = probe_incarnation(os.getpid(), node_name=node_name)
@@ -283,12 +300,12 @@ def run(
     kubeconfig: str | None = None,
     name: str | None = None,
     role: str = "",
-    interval_seconds: int = 10,
-    ttl_seconds: int = 30,
+    interval_seconds: int | None = None,
+    ttl_seconds: int | None = None,
     proc_root: str = "/proc",
     boot_id_file: str = "/proc/sys/kernel/random/boot_id",
 ) -> int:
-    """`coroner run`: launch, register, heartbeat, forward signals, release on clean exit; returns
+    """`coroner run`: launch, register, forward signals, release on clean exit; returns
     the exit status to exit with (the child's, or 128 + signal number)."""
     client = api_client(kubeconfig)
     forwarded: list[int] = []

@@ -1,11 +1,11 @@
-"""The compare-and-swap status writes, shared by the operator, `kubectl coroner apply` and the launcher.
+"""The status writes of the operator, `kubectl coroner apply` and the launcher.
 
-Every status write Coroner makes is a JSON patch that first `test`s the resourceVersion it decided
-from (and, for a retirement, the attestation it relied on, verbatim): if anything moved, the
-server answers 422 and the writer re-reads and decides again. Never a blind write, never a merge
-patch (which would replace the whole conditions list and could erase what another writer added).
-One write tests the field it replaces instead of the resourceVersion: the launcher's goodbye
-(`release_ops`, which says why).
+Every status write the operator and `apply` make is a JSON patch that first `test`s the
+resourceVersion it decided from (and, for a retirement, the attestation it relied on, verbatim):
+if anything moved, the server answers 422 and the writer re-reads and decides again. Never a blind
+write, never a merge patch (which would replace the whole conditions list and could erase what
+another writer added). The one exception is the launcher's goodbye (`release_apply`), a
+server-side apply of its own condition that the API server keeps off retired registrations.
 """
 
 from __future__ import annotations
@@ -59,25 +59,27 @@ def status_ops(
     return ops
 
 
-def release_ops(*, body: Mapping[str, Any], conditions: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The worker's goodbye (Released): sets status.conditions only if they are exactly as read.
+#: The field manager of the launcher's goodbye; it owns exactly the Released condition.
+RELEASE_FIELD_MANAGER = "coroner-launcher"
 
-    The one status write guarded by the field it replaces rather than by the resourceVersion, on
-    purpose: the agent's Dead attestation of the very exit the worker is reporting lands in the same
-    milliseconds and changes only status.attestation, so a resourceVersion test would lose the
-    goodbye to that attestation (and then, one round trip later, to the retirement it allows). A
-    retirement always changes the conditions (it sets Retired), so it still makes this write fail;
-    so does any other condition written since the read. Without conditions yet: the resourceVersion.
+
+def release_apply(*, name: str, namespace: str, condition: Mapping[str, object]) -> dict[str, Any]:
+    """The worker's goodbye: a server-side apply of the Released condition alone, one request.
+
+    ``status.conditions`` is a list-map keyed by ``type``, so the apply merges this one entry and
+    leaves every other condition as it is: no read first, no precondition, and so no race with the
+    agent's Dead attestation of the very exit being reported (a compare-and-swap goodbye had to
+    read first and then lost to the attestation and the retirement it allows). What keeps it off a
+    retired registration is the API server itself: the CRD refuses Released on a registration
+    whose status.retirement is set (a transition rule), and a retirement's compare-and-swap fails
+    on a registration whose goodbye landed first.
     """
-    status = body.get("status")
-    if isinstance(status, Mapping) and isinstance(status.get("conditions"), list) and status["conditions"]:
-        return [
-            {"op": "test", "path": "/status/conditions", "value": status["conditions"]},
-            {"op": "replace", "path": "/status/conditions", "value": conditions},
-        ]
-    return status_ops(
-        body=body, resource_version=str((body.get("metadata") or {}).get("resourceVersion")), conditions=conditions
-    )
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "metadata": {"name": name, "namespace": namespace},
+        "status": {"conditions": [dict(condition)]},
+    }
 
 
 def event_body(

@@ -251,10 +251,12 @@ def test_a_reused_registration_is_dead_within_a_second_of_the_reusers_exit(
     reuser = pid_namespace.ask("spawn")
     assert reuser["pid"] == number  # premise: another process holds the number now
     # A resync that cannot be what catches the transition.
-    agent.start("--resync-seconds=600")
+    # The Reused sighting is the agent's first look at this incarnation's absence; the reuser's exit
+    # is the confirming one once --absence-confirm-seconds have passed since (issue 14).
+    agent.start("--resync-seconds=600", "--absence-confirm-seconds=1")
     kube.wait_for(lambda: verdict(admin, namespace, "old") == "Reused", timeout=30, what="Reused")
     assert attestation(admin, namespace, "old")["evidence"] == "StartTimeDiffers"
-    time.sleep(0.5)
+    time.sleep(1.2)
     exited = time.monotonic()
     pid_namespace.ask("kill", number)  # the reuser exits (and its parent reaps it)
     kube.wait_for(lambda: verdict(admin, namespace, "old") == "Dead", timeout=5, interval=0.01, what="Dead")

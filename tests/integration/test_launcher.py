@@ -122,3 +122,60 @@ def test_python_api_registers_the_calling_process(coroner_api: Cluster, admin: k
         assert kube.get_registration(admin, namespace, "inproc")["spec"]["incarnation"]["pid"] == os.getpid()
         assert registration.name == "inproc"
     assert released(admin, namespace, "inproc")
+
+
+def test_by_default_a_worker_is_written_once_and_says_goodbye_once(
+    coroner_api: Cluster, admin: k8s.ApiClient, namespace: str
+) -> None:
+    # Issue 14: no heartbeats unless asked; the creation and the goodbye are the worker's writes.
+    argv = [CORONER, "run", "-n", namespace, "--node-name=node-a", "--name=quiet",
+            f"--kubeconfig={coroner_api.kubeconfig}", "--", "sh", "-c", "sleep 2"]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert finish(proc, 60) == 0
+    body = kube.get_registration(admin, namespace, "quiet")
+    assert "heartbeat" not in body["spec"]
+    assert "lastHeartbeatTime" not in body.get("status", {})
+    assert released(admin, namespace, "quiet")
+    managers = {entry["manager"] for entry in body["metadata"]["managedFields"]}
+    assert "coroner-launcher" in managers, "the goodbye is the launcher's own server-side apply"
+
+
+def test_the_goodbye_lands_whatever_was_written_since_and_never_on_a_retired_registration(
+    coroner_api: Cluster, admin: k8s.ApiClient, namespace: str
+) -> None:
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        incarnation = launcher.probe_incarnation(sleeper.pid, node_name="node-a")
+        moved = launcher.register(
+            client=admin, namespace=namespace, node_name="node-a", incarnation=incarnation, name="moved"
+        )
+        # Something else wrote since the launcher's last read (as the agent's attestation does).
+        kube.patch_status(admin, namespace, "moved", {"status": {"lastHeartbeatTime": components.now_text()}})
+        moved.release(message="clean")
+        assert released(admin, namespace, "moved")
+
+        retired = launcher.register(
+            client=admin, namespace=namespace, node_name="node-a", incarnation=incarnation, name="retired"
+        )
+        kube.patch_status(
+            admin,
+            namespace,
+            "retired",
+            {"status": {"retirement": {"retiredTime": components.now_text(), "retiredBy": "admin", "reason": "Test"}}},
+        )
+        retired.release(message="too late")  # refused by the API server; the retirement stands
+        assert not released(admin, namespace, "retired")
+        with pytest.raises(k8s.ApiException) as refused:
+            kube.patch_status(
+                admin,
+                namespace,
+                "retired",
+                {"status": {"conditions": [
+                    {"type": "Released", "status": "True", "reason": "CleanExit", "message": "m",
+                     "lastTransitionTime": components.now_text()[:19] + "Z"}
+                ]}},
+            )  # fmt: skip
+        assert "cannot be Released" in str(refused.value.body)
+    finally:
+        sleeper.kill()
+        sleeper.wait()

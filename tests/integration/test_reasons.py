@@ -84,8 +84,15 @@ def _host(s: Scene) -> None:
 
 
 def _stale(s: Scene) -> None:
+    # The agent now runs on another boot than the one it attested from (an attestation never ages).
     s.register("w")
-    s.attest("w", observedTime=components.now_text(-3600))
+    s.attest("w", bootId=str(uuid.uuid4()))
+
+
+def _death_unconfirmed(s: Scene) -> None:
+    # No heartbeats, and a death read from /proc that the agent saw only once.
+    s.register("w", interval=None, ttl=None)
+    s.attest("w", evidence="ProcAbsent")
 
 
 def _heartbeat_after(s: Scene) -> None:
@@ -145,6 +152,7 @@ SCENARIOS: list[Any] = [
     pytest.param(_mismatch, Reason.ATTESTATION_MISMATCH, id="AttestationMismatch"),
     pytest.param(_host, Reason.HOST_BINDING_UNPROVEN, id="HostBindingUnproven"),
     pytest.param(_stale, Reason.ATTESTATION_STALE, id="AttestationStale"),
+    pytest.param(_death_unconfirmed, Reason.DEATH_UNCONFIRMED, id="DeathUnconfirmed"),
     pytest.param(_heartbeat_after, Reason.HEARTBEAT_AFTER_ATTESTATION, id="HeartbeatAfterAttestation"),
     pytest.param(_reused, Reason.PID_REUSE_DETECTED, id="PidReuseDetected"),
     pytest.param(_unknown_verdict, Reason.LIVENESS_UNKNOWN, id="LivenessUnknown"),
@@ -179,7 +187,8 @@ def test_deleted_node_is_evidence_only_after_a_live_get_and_the_quarantine(scene
     node = f"node-{uuid.uuid4().hex[:6]}"
     ensure_node(scene.cluster, name=node, boot_id=BOOT)
     scene.register("w", node=node)
-    kube.wait_for(lambda: scene.reason("w") == Reason.ATTESTATION_MISSING.value, what="unattested")
+    # No agent ever published a Lease for this node: nothing attested, and nothing can be.
+    kube.wait_for(lambda: scene.reason("w") == Reason.AGENT_UNAVAILABLE.value, what="unattested")
     k8s.CoreV1Api(scene.admin).delete_node(node)
     kube.wait_for(lambda: components.retired(scene.admin, scene.namespace, "w"), timeout=30, what="retirement")
     assert kube.get_registration(scene.admin, scene.namespace, "w")["status"]["retirement"]["reason"] == "NodeDeleted"
@@ -189,7 +198,8 @@ def test_out_of_service_taint_is_a_human_statement_of_death(scene: Scene) -> Non
     node = f"node-{uuid.uuid4().hex[:6]}"
     ensure_node(scene.cluster, name=node, boot_id=BOOT)
     scene.register("w", node=node)
-    kube.wait_for(lambda: scene.reason("w") == Reason.ATTESTATION_MISSING.value, what="unattested")
+    # No agent ever published a Lease for this node: nothing attested, and nothing can be.
+    kube.wait_for(lambda: scene.reason("w") == Reason.AGENT_UNAVAILABLE.value, what="unattested")
     kube.kubectl(scene.cluster, "taint", "node", node, "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute")
     kube.wait_for(lambda: components.retired(scene.admin, scene.namespace, "w"), timeout=30, what="retirement")
     reason = kube.get_registration(scene.admin, scene.namespace, "w")["status"]["retirement"]["reason"]

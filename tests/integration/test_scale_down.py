@@ -8,8 +8,9 @@ operator against the real API server (issue 13).
   (NodeDeleted after the quarantine);
 - a Node deleted and recreated by a kubelet that never stopped: nothing is retired.
 
-Timings are small on purpose (agent Lease 4 s, TTL 6 s, quarantine 3 s) but never zero: every
-shape still has to outlast a real Lease expiry and a real heartbeat TTL.
+Workers are registered as `coroner run` does by default: once, with no heartbeats (issue 14).
+Timings are small on purpose (agent Lease 4 s, quarantine 3 s) but never zero: every shape still
+has to outlast a real Lease expiry.
 """
 
 from __future__ import annotations
@@ -240,7 +241,7 @@ def test_abrupt_loss_without_the_component_is_preserved_and_reported_honestly(
         message = str(found["message"])
         assert lease in message and "attests the process is alive" not in message, message
         assert "node-loss component" in message, message
-    time.sleep(8)  # past every TTL: without node-level evidence nothing is retired, ever
+    time.sleep(8)  # without node-level evidence nothing is retired, ever
     for worker in workers:
         assert terminal(admin, namespace, worker.name) is None
     assert_untouched(admin, namespace, survivor)
@@ -281,7 +282,7 @@ def test_abrupt_loss_with_the_component_retires_after_the_quarantine(
             what=f"{worker.name} retired by NodeDeleted",
         )
     took = time.monotonic() - deleted_at
-    # Bounded below by the agent Lease (4 s), the quarantine (3 s) and the TTL (6 s from the last beat).
+    # Bounded below by the quarantine (3 s, from when the operator saw the deletion).
     assert took >= QUARANTINE, took
     print(f"abrupt loss with the node-loss component: all retired {took:.1f}s after the Node was deleted")
     assert_untouched(admin, namespace, survivor)
@@ -300,7 +301,7 @@ def test_a_node_deleted_and_recreated_by_a_running_kubelet_retires_nothing(
     delete_node(admin, doomed)
     time.sleep(1)
     ensure_node(doomed.cluster, name=doomed.name, boot_id=doomed.boot_id)  # a new UID, the same boot
-    time.sleep(QUARANTINE + 8)  # past the quarantine and every TTL
+    time.sleep(QUARANTINE + 8)  # well past the quarantine
     for worker in (*workers, survivor):
         assert terminal(admin, namespace, worker.name) is None
         assert retirable(admin, namespace, worker.name)["reason"] == "PidAlive"

@@ -84,10 +84,11 @@ def launch(
     name: str,
     node: Node,
     command: tuple[str, ...] = ("sleep", "600"),
-    interval: int = 2,
-    ttl: int = 6,
+    heartbeat: tuple[int, int] | None = None,
 ) -> Worker:
-    """`coroner run` a worker on `node` under the worker's own ServiceAccount token."""
+    """`coroner run` a worker on `node` under the worker's own ServiceAccount token; with `heartbeat`
+    (interval, TTL) it opts into heartbeats, by default it sends none (registered once)."""
+    beats = [] if heartbeat is None else [f"--interval-seconds={heartbeat[0]}", f"--ttl-seconds={heartbeat[1]}"]
     argv = [
         str(components.BIN / "coroner"),
         "run",
@@ -96,8 +97,7 @@ def launch(
         f"--node-name={node.name}",
         f"--name={name}",
         f"--kubeconfig={kubeconfig}",
-        f"--interval-seconds={interval}",
-        f"--ttl-seconds={ttl}",
+        *beats,
         f"--boot-id-file={node.boot_file}",
         "--",
         *command,

@@ -73,12 +73,12 @@ def registration_body(
     pid_namespace: str = str(api.ROOT_PID_NAMESPACE_INODE),
     host_id: str = "0f2e7a1c9d8b4e6f8a7b6c5d4e3f2a1b",
     client_instance_id: str | None = None,
-    interval: int = 10,
-    ttl: int = 30,
+    interval: int | None = 10,
+    ttl: int | None = 30,
     labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """A raw WorkerRegistration as the launcher would create it."""
-    return {
+    """A raw WorkerRegistration as the launcher would create it (with heartbeats unless interval is None)."""
+    body = {
         "apiVersion": api.API_VERSION,
         "kind": api.KIND,
         "metadata": {"name": name, "labels": labels if labels is not None else {api.NODE_LABEL: node}},
@@ -92,9 +92,10 @@ def registration_body(
                 "hostId": host_id,
             },
             "clientInstanceId": client_instance_id or f"inst-{name}",
-            "heartbeat": {"intervalSeconds": interval, "ttlSeconds": ttl},
+            **({} if interval is None else {"heartbeat": {"intervalSeconds": interval, "ttlSeconds": ttl}}),
         },
     }
+    return body
 
 
 def custom(client: k8s.ApiClient) -> k8s.CustomObjectsApi:

@@ -1,4 +1,4 @@
-"""The agent writes an attestation only when it says something new (or a Dead one needs freshness)."""
+"""The agent writes an attestation only when it says something new: never a periodic refresh."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def _check(verdict: str, evidence: str, *, observed: datetime.datetime) -> bool:
     current = registration.attestation
     assert current is not None
     new = dict(current.raw)
-    return needs_write(current, new, last_heartbeat_raw=registration.last_heartbeat_raw, now=NOW, refresh_seconds=240)
+    return needs_write(current, new, last_heartbeat_raw=registration.last_heartbeat_raw)
 
 
 def test_an_unchanged_live_verdict_is_never_rewritten_however_old() -> None:
@@ -29,6 +29,15 @@ def test_an_unchanged_live_verdict_is_never_rewritten_however_old() -> None:
     assert not _check("Reused", "StartTimeDiffers", observed=NOW - HOUR)
 
 
-def test_a_dead_verdict_is_refreshed_so_it_never_ages_into_attestation_stale() -> None:
-    assert _check("Dead", "ProcAbsent", observed=NOW - HOUR)
-    assert not _check("Dead", "ProcAbsent", observed=NOW - datetime.timedelta(seconds=10))
+def test_an_unchanged_dead_verdict_is_never_rewritten_however_old() -> None:
+    # Issue 14: a death is final and current while the agent's Lease is live on its boot.
+    assert not _check("Dead", "ProcAbsent", observed=NOW - HOUR)
+    assert not _check("Dead", "PidfdExited", observed=NOW - datetime.timedelta(seconds=10))
+
+
+def test_a_confirmed_death_is_written_over_one_recorded_without_its_first_look() -> None:
+    registration = parse_registration(make_registration(evidence="ProcAbsent"))
+    current = registration.attestation
+    assert current is not None
+    new = dict(current.raw) | {"firstObservedTime": "2026-11-30T17:59:30.000000Z"}
+    assert needs_write(current, new, last_heartbeat_raw=registration.last_heartbeat_raw)

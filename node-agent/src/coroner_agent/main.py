@@ -50,6 +50,14 @@ logger = logging.getLogger("coroner.agent")
     show_default=True,
     help="Bound of the final re-probe of every registration after the wait.",
 )
+@click.option(
+    "--absence-confirm-seconds",
+    type=click.FloatRange(min=0),
+    default=10.0,
+    show_default=True,
+    help="A death read from /proc (ProcAbsent, BootBoundary) is attested once seen again this long after it "
+    "was first seen; at least the operator's policy absenceConfirmSeconds. A pidfd death needs no wait.",
+)
 @click.option("--verbose", "-v", is_flag=True)
 def main(
     node_name: str,
@@ -66,6 +74,7 @@ def main(
     max_pidfds: int,
     shutdown_grace_seconds: float,
     shutdown_sweep_seconds: float,
+    absence_confirm_seconds: float,
     verbose: bool,
 ) -> None:
     """Attest the death (or life) of this node's registered worker incarnations."""
@@ -81,6 +90,7 @@ def main(
         resync_seconds=resync_seconds,
         shutdown_grace_seconds=shutdown_grace_seconds,
         shutdown_sweep_seconds=shutdown_sweep_seconds,
+        absence_confirm_seconds=absence_confirm_seconds,
     )
     prober_options = {
         "node_name": node_name,

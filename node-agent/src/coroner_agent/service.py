@@ -62,9 +62,10 @@ class AgentSettings:
     renew_seconds: float = 10.0
     resync_seconds: float = 30.0
     """Full re-probe of every registration of this node (the safety net under pidfd events)."""
-    refresh_seconds: float = 240.0
-    """Re-attest an unchanged Dead verdict this often, so it never ages into AttestationStale (a
-    retirement waiting for the grant); other verdicts are rewritten only when they change."""
+    absence_confirm_seconds: float = 10.0
+    """A death read from /proc (ProcAbsent, BootBoundary) is attested only once it is seen again this
+    long after it was first seen; the attestation records both looks (firstObservedTime,
+    observedTime). Must be at least the operator's Policy.absence_confirm_seconds."""
     workers: int = 4
     shutdown_grace_seconds: float = 40.0
     """On SIGTERM, how long to keep serving while waiting for this node's registrations that are not
@@ -108,15 +109,23 @@ def _incarnation_record(registration: model.Registration) -> dict[str, Any]:
     return record
 
 
-def needs_write(
-    current: model.Attestation | None,
-    new: dict[str, Any],
-    *,
-    last_heartbeat_raw: str | None,
-    now: datetime.datetime,
-    refresh_seconds: float,
-) -> bool:
-    """Level-based: write only what changes the record, plus a periodic refresh."""
+#: Deaths read from /proc: attested only once seen twice, `absence_confirm_seconds` apart.
+CONFIRMED_EVIDENCE = frozenset({Evidence.PROC_ABSENT.value, Evidence.BOOT_BOUNDARY.value})
+#: What each look says of the incarnation: a pid number held by another process (StartTimeDiffers)
+#: and a number held by nobody (ProcAbsent) are both looks at an incarnation that is not there.
+_ABSENCE = {
+    Evidence.PROC_ABSENT.value: "absent",
+    Evidence.START_TIME_DIFFERS.value: "absent",
+    Evidence.BOOT_BOUNDARY.value: "boot-over",
+}
+
+
+def needs_write(current: model.Attestation | None, new: dict[str, Any], *, last_heartbeat_raw: str | None) -> bool:
+    """Level-based: write only what changes the record — never a periodic refresh (issue 14).
+
+    A verdict is current while the agent's Lease is live on the boot it attested from, so nothing
+    is rewritten to keep it fresh: an Alive is written once when the incarnation is pinned, a Dead
+    once when it is seen."""
     if current is None:
         return True
     if (
@@ -129,12 +138,9 @@ def needs_write(
     ):
         return True
     if new["verdict"] == Verdict.DEAD.value and current.heartbeat_seen != (last_heartbeat_raw or ""):
-        return True  # a heartbeat landed after the Dead attestation: confirm again with what is seen now
-    if new["verdict"] != Verdict.DEAD.value:
-        return False  # only a Dead verdict is judged on its age; any other preserves at any age
-    if current.observed_time is None:
-        return True
-    return (now - current.observed_time).total_seconds() >= refresh_seconds
+        return True  # an opted-in heartbeat landed after the Dead attestation: confirm with what is seen now
+    # A confirmed death over one recorded without its first look (an older agent's): say both.
+    return "firstObservedTime" in new and current.first_observed_time is None
 
 
 class Agent:
@@ -155,6 +161,8 @@ class Agent:
         """Set whenever a registration body changes or goes: what the shutdown wait waits on."""
         self._dirty: set[Key] | None = None
         """During the shutdown wait: the keys changed since it last looked (None: not waiting)."""
+        self._first_seen: dict[Key, tuple[str, datetime.datetime]] = {}
+        """Deaths read from /proc awaiting their confirming look: key -> (evidence, first seen)."""
 
     # --- inputs --------------------------------------------------------------------------------
 
@@ -188,6 +196,7 @@ class Agent:
 
     def _forget(self, key: Key) -> None:
         self.bodies.pop(key, None)
+        self._first_seen.pop(key, None)
         self.prober.forget(key=key)
         self._touched(key)
 
@@ -202,6 +211,7 @@ class Agent:
         registration = model.parse_registration(body)
         if registration.terminal:
             self.prober.forget(key=key)
+            self._first_seen.pop(key, None)
             return None
         if registration.node_name != self.settings.node_name:
             # The label selector said this node; the spec disagrees. Never speak for another node.
@@ -240,14 +250,9 @@ class Agent:
         if prepared is None:
             return
         registration, attestation = prepared
-        now = datetime.datetime.now(datetime.UTC)
-        if not needs_write(
-            registration.attestation,
-            attestation,
-            last_heartbeat_raw=registration.last_heartbeat_raw,
-            now=now,
-            refresh_seconds=self.settings.refresh_seconds,
-        ):
+        if not self._confirmed(key, attestation):
+            return
+        if not needs_write(registration.attestation, attestation, last_heartbeat_raw=registration.last_heartbeat_raw):
             return
         try:
             written = await asyncio.to_thread(self.kube.write_attestation, body, attestation)
@@ -277,6 +282,35 @@ class Agent:
             registration.incarnation.pid,
             self.settings.node_name,
         )
+
+    def _confirmed(self, key: Key, attestation: dict[str, Any]) -> bool:
+        """Whether `attestation` may be written now; a death read from /proc needs a second look.
+
+        The first sighting is only remembered and the registration re-probed after the window; if
+        it is still Dead by the same evidence then, the attestation carries both looks. A Reused
+        sighting counts as a first look at the same absence (the number was held by another
+        process, so this incarnation was already gone), which keeps a reuser's exit as fast as a
+        death. Anything else seen in between starts over. A pidfd's readability is the kernel's
+        word: no wait."""
+        evidence = attestation["evidence"]
+        look = _ABSENCE.get(evidence) if attestation["verdict"] in (Verdict.DEAD.value, Verdict.REUSED.value) else None
+        if look is None:
+            self._first_seen.pop(key, None)
+            return True
+        now = model.parse_time(attestation["observedTime"])
+        assert now is not None
+        seen = self._first_seen.get(key)
+        if seen is None or seen[0] != look:
+            seen = self._first_seen[key] = (look, now)
+        if evidence not in CONFIRMED_EVIDENCE:
+            return True  # Reused is written as it is seen; it is only the first look at an absence
+        window = datetime.timedelta(seconds=self.settings.absence_confirm_seconds)
+        remaining = (seen[1] + window - now).total_seconds()
+        if remaining > 0:
+            asyncio.get_running_loop().call_later(remaining, self.enqueue, key)
+            return False
+        attestation["firstObservedTime"] = model.format_time(seen[1], fraction=True)
+        return True
 
     async def run_worker(self) -> None:
         while True:

@@ -1,0 +1,133 @@
+"""A death read from /proc is attested only once the agent has seen it twice (issue 14).
+
+Without heartbeats there is no worker-side witness, so a ProcAbsent or BootBoundary verdict is
+corroborated by the agent's own repeated observation: first seen, remembered, re-probed after
+`absence_confirm_seconds`, and written once, with both looks — never over silence that cannot
+happen. A pidfd death is the kernel's word and is written at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from coroner import model
+from coroner.reasons import Evidence, Verdict
+from coroner_agent.service import Agent, AgentSettings, Key, Outcome
+from unit.test_agent_shutdown import BOOT, NODE, FakeKube, registration
+
+pytestmark = pytest.mark.unit
+
+
+class ScriptedProber:
+    """Answers each probe of a key from a script (the last answer repeats)."""
+
+    def __init__(self, script: list[tuple[Verdict, Evidence]]) -> None:
+        self.script = script
+        self.probes = 0
+
+    def boot_id(self) -> str | None:
+        return BOOT
+
+    def host_id(self) -> str:
+        return "host-a"
+
+    def rescan(self) -> None:
+        pass
+
+    def probe(self, *, key: Key, registration: model.Registration) -> Outcome:
+        verdict, evidence = self.script[min(self.probes, len(self.script) - 1)]
+        self.probes += 1
+        return Outcome(verdict=verdict, evidence=evidence, detail="scripted")
+
+    def forget(self, *, key: Key) -> None:
+        pass
+
+
+ABSENT = (Verdict.DEAD, Evidence.PROC_ABSENT)
+REUSED = (Verdict.REUSED, Evidence.START_TIME_DIFFERS)
+ALIVE = (Verdict.ALIVE, Evidence.PIDFD_PINNED)
+EXITED = (Verdict.DEAD, Evidence.PIDFD_EXITED)
+KEY = ("jobs", "w")
+
+
+async def _run(script: list[tuple[Verdict, Evidence]], *, confirm: float, settle: float) -> FakeKube:
+    kube = FakeKube([registration("w", pid=42)])
+    prober = ScriptedProber(script)
+    agent = Agent(
+        kube=kube,  # type: ignore[arg-type]
+        prober=prober,
+        settings=AgentSettings(node_name=NODE, absence_confirm_seconds=confirm),
+        identity="agent",
+    )
+    agent.on_relist([kube.bodies[KEY]])
+    worker = asyncio.create_task(agent.run_worker())
+    await asyncio.sleep(settle)
+    worker.cancel()
+    await asyncio.gather(worker, return_exceptions=True)
+    return kube
+
+
+def _attestation(kube: FakeKube) -> dict[str, Any]:
+    return dict(kube.bodies[KEY]["status"].get("attestation") or {})
+
+
+def test_a_proc_absence_is_written_once_confirmed_with_both_looks() -> None:
+    kube = asyncio.run(_run([ABSENT, ABSENT], confirm=0.2, settle=0.6))
+    assert [w[1] for w in kube.writes] == ["Dead"], "one write, after the confirming look"
+    written = _attestation(kube)
+    first = model.parse_time(written["firstObservedTime"])
+    last = model.parse_time(written["observedTime"])
+    assert first is not None and last is not None
+    assert (last - first).total_seconds() >= 0.2
+
+
+def test_nothing_is_written_before_the_window() -> None:
+    kube = asyncio.run(_run([ABSENT, ABSENT], confirm=5.0, settle=0.3))
+    assert kube.writes == []
+
+
+def test_a_different_answer_on_the_second_look_starts_over() -> None:
+    # Absent, then alive (a /proc glitch, or the record was wrong): the absence is never written.
+    kube = asyncio.run(_run([ABSENT, ALIVE], confirm=0.1, settle=0.5))
+    assert [w[1] for w in kube.writes] == ["Alive"]
+    assert "firstObservedTime" not in _attestation(kube)
+
+
+def test_a_pidfd_death_is_written_at_once() -> None:
+    kube = asyncio.run(_run([EXITED], confirm=60.0, settle=0.2))
+    assert [w[1] for w in kube.writes] == ["Dead"]
+    assert _attestation(kube)["evidence"] == "PidfdExited"
+
+
+def test_a_reused_sighting_is_the_first_look_at_the_absence() -> None:
+    # Issue 13's "as fast as a death": the number was held by another process (Reused) before it
+    # was held by none, so the absence was first seen then; its confirmation counts from there.
+    async def scenario() -> FakeKube:
+        kube = FakeKube([registration("w", pid=42)])
+        prober = ScriptedProber([REUSED, REUSED, ABSENT])
+        agent = Agent(
+            kube=kube,  # type: ignore[arg-type]
+            prober=prober,
+            settings=AgentSettings(node_name=NODE, absence_confirm_seconds=0.3),
+            identity="agent",
+        )
+        agent.on_relist([kube.bodies[KEY]])
+        worker = asyncio.create_task(agent.run_worker())
+        await asyncio.sleep(0.35)
+        agent.enqueue(KEY)  # the holder of the number exits (its pidfd event): still Reused here
+        await asyncio.sleep(0.05)
+        agent.enqueue(KEY)  # and now absent: written at once, the first look was the Reused one
+        await asyncio.sleep(0.05)
+        worker.cancel()
+        await asyncio.gather(worker, return_exceptions=True)
+        return kube
+
+    kube = asyncio.run(scenario())
+    assert [w[1] for w in kube.writes] == ["Reused", "Dead"]
+    written = _attestation(kube)
+    first = model.parse_time(written["firstObservedTime"])
+    last = model.parse_time(written["observedTime"])
+    assert first is not None and last is not None and (last - first).total_seconds() >= 0.3

@@ -1,0 +1,23 @@
+"""The launcher's goodbye is one server-side apply of its own condition, nothing else."""
+
+from __future__ import annotations
+
+import pytest
+
+from coroner import api
+from coroner.retirement import release_apply
+
+pytestmark = pytest.mark.unit
+
+RELEASED = {"type": "Released", "status": "True", "reason": "CleanExit", "message": "m", "lastTransitionTime": "t"}
+
+
+def test_it_applies_exactly_the_released_condition() -> None:
+    body = release_apply(name="w", namespace="jobs", condition=RELEASED)
+    assert body == {
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "metadata": {"name": "w", "namespace": "jobs"},
+        "status": {"conditions": [RELEASED]},
+    }
+    assert "resourceVersion" not in body["metadata"], "no precondition: the API server guards it"
