@@ -731,6 +731,12 @@ def _what_releases(*, known: _Known, registration: Registration, node: NodeFacts
     """The end of an AgentUnavailable detail: what would let this registration be decided."""
     name = known.node_name
     human = f"or `kubectl coroner apply --node-deletion-evidence` by a holder of the {api.RETIRE_VERB} verb"
+    if node is not None and node.exists is False:
+        # The CLI counts the quarantine from its own live GET: a human states "gone for good" with 0.
+        human = (
+            f"or `kubectl coroner plan/apply --node-deletion-evidence --node-quarantine-seconds=0` by a holder "
+            f"of the {api.RETIRE_VERB} verb"
+        )
     if node is not None and node.out_of_service and not policy.node_out_of_service_evidence:
         return (
             f"node {name} is tainted out-of-service, but this policy does not accept NodeOutOfService; "

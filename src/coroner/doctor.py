@@ -645,9 +645,13 @@ def _releases(
             )
     retirable = sum(1 for key in item.keys if _decide(world, key, policy=policy.policy, now=now).retirable)
     counts["applyNow"] = retirable
+    stated = ""
+    if item.node_state == "deleted":
+        # The CLI counts the quarantine from its own live GET of the Node: 0 is the human's statement.
+        stated = " --node-deletion-evidence --node-quarantine-seconds=0"
     sentences.append(
-        f"a human holding {api.RETIRE_VERB}: `kubectl coroner plan` then `kubectl coroner apply` retires the rows "
-        f"the plan shows {Reason.ELIGIBLE_STALE_ORPHAN} ({retirable} of {n} now)."
+        f"a human holding {api.RETIRE_VERB}: `kubectl coroner plan{stated}` then `kubectl coroner apply{stated}` "
+        f"retires the rows the plan shows {Reason.ELIGIBLE_STALE_ORPHAN} ({retirable} of {n} now)."
     )
     return {"sentences": sentences, "counts": counts}
 

@@ -16,6 +16,7 @@ cluster; 3 apply aborted on drift (nothing written) or a row moved under its wri
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import math
@@ -346,6 +347,25 @@ def gather(
     )
 
 
+def confirm_gone_nodes(
+    session: Session, listing: planning.Listing, *, policy: Policy, now: datetime.datetime
+) -> planning.Listing:
+    """Where policy accepts node-deletion evidence: a live GET of each Node that registrations name
+    and the LIST lacks, as the operator does; NotFound counts as gone from `now` (the quarantine
+    counts from there, so `--node-quarantine-seconds 0` is a human's statement that it is gone for
+    good). Anything but NotFound leaves the Node unknown."""
+    if not policy.node_deletion_evidence:
+        return listing
+    listed = {str((node.get("metadata") or {}).get("name") or "") for node in listing.nodes}
+    named = {str((body.get("spec") or {}).get("nodeName") or "") for body in listing.registrations}
+    gone: dict[str, datetime.datetime] = {}
+    for name in sorted(named - listed - {""}):
+        found = session.read(k8s.CoreV1Api(session.client).read_node, name, what=f"get Node {name}")
+        if found is None:
+            gone[name] = now
+    return dataclasses.replace(listing, nodes_gone=gone)
+
+
 def context_namespace(kubeconfig: str | None) -> str:
     """The namespace of the kubeconfig's current context, as kubectl picks it; else ``default``."""
     try:
@@ -507,6 +527,7 @@ def plan_command(
     choice = _listed_policy(
         listing, node_deletion_evidence=node_deletion_evidence, node_quarantine_seconds=node_quarantine_seconds
     )
+    listing = confirm_gone_nodes(session, listing, policy=choice.policy, now=now)
     plan = planning.decide_all(world=planning.build_world(listing), policy=choice.policy, now=now)
     if output == "table":
         planning.render_plan(
@@ -570,8 +591,10 @@ def apply_command(
         listing, node_deletion_evidence=node_deletion_evidence, node_quarantine_seconds=node_quarantine_seconds
     )
     policy = choice.policy
+    now = _utcnow()
+    listing = confirm_gone_nodes(session, listing, policy=policy, now=now)
     world = planning.build_world(listing)
-    plan = planning.decide_all(world=world, policy=policy, now=_utcnow())
+    plan = planning.decide_all(world=world, policy=policy, now=now)
     assessment = planning.assess_apply(
         plan=plan,
         names=keys,

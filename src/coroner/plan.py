@@ -77,6 +77,9 @@ class Listing:
     retire_permission: Mapping[str, bool | None]
     """Per namespace: whether the deciding identity holds ``retire``; None is unknown (not granted)."""
     system_namespace: str = api.SYSTEM_NAMESPACE
+    nodes_gone: Mapping[str, datetime.datetime] = dataclasses.field(default_factory=dict)
+    """Nodes named by registrations, absent from the LIST, that a live GET answered NotFound for,
+    and when: the node-deletion quarantine counts from there (asked only where policy accepts it)."""
 
 
 def build_world(listing: Listing) -> World:
@@ -87,6 +90,7 @@ def build_world(listing: Listing) -> World:
     # A complete LIST is what "synced" means to the operator: from here a node that is absent is
     # "not seen", which is still not deleted (only a live GET past the quarantine can say that).
     world.nodes_synced = True
+    world.nodes_gone.update(listing.nodes_gone)
     for lease in listing.leases:
         world.put_lease(lease)
     for body in listing.registrations:

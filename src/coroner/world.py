@@ -99,6 +99,9 @@ class World:
     nodes: dict[str, NodeFacts] = dataclasses.field(default_factory=dict)
     nodes_synced: bool = False
     node_missing_since: dict[str, datetime.datetime] = dataclasses.field(default_factory=dict)
+    nodes_gone: dict[str, datetime.datetime] = dataclasses.field(default_factory=dict)
+    """Nodes a live GET answered NotFound for, and when (the CLI's view; the operator confirms its
+    own per decision, after the quarantine). Only these read exists=False."""
     leases: dict[str, dict[str, LeaseFacts]] = dataclasses.field(default_factory=lambda: defaultdict(dict))
     retire_permission: dict[str, bool | None] = dataclasses.field(default_factory=dict)
     by_instance: dict[tuple[str, str], set[Key]] = dataclasses.field(default_factory=lambda: defaultdict(set))
@@ -232,6 +235,7 @@ class World:
         name = str((body.get("metadata") or {}).get("name") or "")
         self.nodes[name] = node_facts(body)
         self.node_missing_since.pop(name, None)
+        self.nodes_gone.pop(name, None)
         return name
 
     def forget_node(self, name: str, *, now: datetime.datetime) -> None:
@@ -243,6 +247,8 @@ class World:
         only a live GET (done by the reconciler) may turn that into exists=False."""
         if name in self.nodes:
             return self.nodes[name]
+        if name in self.nodes_gone:
+            return NodeFacts(exists=False, missing_since=self.nodes_gone[name])
         since = self.node_missing_since.setdefault(name, now) if self.nodes_synced else None
         return NodeFacts(exists=None, uid=None, boot_id=None, out_of_service=False, missing_since=since)
 

@@ -148,6 +148,18 @@ def delete_node(admin: k8s.ApiClient, node: Node) -> float:
     return time.monotonic()
 
 
+def plugin(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    """`kubectl coroner ARGS` as the cluster's admin (a human holding retire)."""
+    return subprocess.run(
+        [str(components.BIN / "kubectl-coroner"), *args, f"--kubeconfig={cluster.kubeconfig}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
 def assert_untouched(admin: k8s.ApiClient, namespace: str, survivor: Worker) -> None:
     assert terminal(admin, namespace, survivor.name) is None
     assert attestation(admin, namespace, survivor.name)["verdict"] == "Alive"
@@ -246,20 +258,44 @@ def test_abrupt_loss_without_the_component_is_preserved_and_reported_honestly(
         assert terminal(admin, namespace, worker.name) is None
     assert_untouched(admin, namespace, survivor)
     # doctor is never green while something is stuck: it names the node and what would release it.
-    result = subprocess.run(
-        [str(components.BIN / "kubectl-coroner"), "doctor", "-o", "json", f"--kubeconfig={cluster.kubeconfig}"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env={**os.environ, "COLUMNS": "200"},
-    )
+    result = plugin(cluster, "doctor", "-o", "json")
     assert result.returncode == 1, result.stdout + result.stderr
     checks = {check["name"]: check for check in json.loads(result.stdout)["checks"]}
     loss = checks["node-loss"]
     assert loss["status"] == "FAIL"
     assert loss["facts"]["nodes"][doomed.name]["count"] == 3, loss
     assert "node-loss" in loss["summary"] and doomed.name in loss["summary"]
+    assert "--node-quarantine-seconds=0" in loss["summary"], "the human path for a deleted Node"
+
+    # A human holding retire states the Node is gone for good, under their own verb: plan, apply.
+    statement = ("--node-deletion-evidence", "--node-quarantine-seconds=0")
+    plan = plugin(cluster, "plan", "-n", namespace, "-o", "json", *statement)
+    assert plan.returncode == 0, plan.stderr
+    document = json.loads(plan.stdout)
+    rows = {row["name"]: row for row in document["registrations"]}
+    assert {rows[w.name]["reason"] for w in workers} == {"EligibleStaleOrphan"}, rows
+    assert rows[survivor.name]["reason"] == "PidAlive"
+    applied = plugin(
+        cluster,
+        "apply",
+        "-n",
+        namespace,
+        f"--registry-fingerprint={document['registryFingerprint']}",
+        f"--candidate-fingerprint={document['candidateFingerprint']}",
+        "--yes",
+        *statement,
+        *(w.name for w in workers),
+    )
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    for worker in workers:
+        assert terminal(admin, namespace, worker.name) == "Retired (NodeDeleted)"
+        # ...and the operator makes the human's retirement read terminal everywhere (issue 13).
+        kube.wait_for(
+            lambda w=worker: retirable(admin, namespace, w.name).get("reason") == "AlreadyTerminal",
+            timeout=15,
+            what=f"{worker.name} AlreadyTerminal",
+        )
+    assert_untouched(admin, namespace, survivor)
 
 
 def test_abrupt_loss_with_the_component_retires_after_the_quarantine(

@@ -823,7 +823,8 @@ class TestDecisionContents:
         assert "coroner-agent-node-a expired at 2026-11-30T17:59:00" in decision.detail
         assert "no longer speaks for the process" in decision.detail
         # Node gone, no opt-in: the detail names what would release it.
-        assert "node-loss component" in decision.detail and "kubectl coroner apply" in decision.detail
+        assert "node-loss component" in decision.detail and "kubectl coroner plan/apply" in decision.detail
+        assert "--node-quarantine-seconds=0" in decision.detail
         assert "out-of-service" not in decision.detail, "a deleted Node cannot be tainted"
         assert decision.relied_on is not None and decision.death_evidence is None
 

@@ -7,6 +7,7 @@ instant `NOW`; the integration tests drive the same code through the real API se
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime
 import io
 import json
@@ -23,7 +24,7 @@ from coroner import api, doctor, plan
 from coroner.decision import Policy
 from coroner.kubectl_plugin import main
 from coroner.model import format_time
-from coroner.reasons import ApplyAbort, Reason
+from coroner.reasons import ApplyAbort, Evidence, Reason
 from unit.builders import BOOT, HOST, NAMESPACE, NODE, NODE_UID, NOW, OTHER_BOOT, condition, make_registration
 
 pytestmark = pytest.mark.unit
@@ -162,6 +163,26 @@ class TestFacts:
         policy = Policy(node_deletion_evidence=True)
         result = plan.decide_all(world=world, policy=policy, now=NOW)
         assert reasons(result) == {"a": Reason.ATTESTATION_MISSING}
+
+    @pytest.mark.parametrize(
+        ("quarantine", "expected"),
+        [
+            pytest.param(0.0, Reason.ELIGIBLE_STALE_ORPHAN, id="a-human-states-it-gone-for-good"),
+            pytest.param(300.0, Reason.AGENT_UNAVAILABLE, id="the-quarantine-counts-from-the-live-get"),
+        ],
+    )
+    def test_a_node_a_live_get_found_gone_is_deleted_from_then(self, quarantine: float, expected: Reason) -> None:
+        # Issue 13: the human path after an abrupt loss; the Alive its dead agent wrote is no bar.
+        lost = worker("a", verdict="Alive", evidence="PidfdPinned")
+        expired = agent_lease(renewed_at=NOW - 600 * S)
+        world = plan.build_world(
+            dataclasses.replace(listing([lost], nodes=[], leases=[expired]), nodes_gone={NODE: NOW})
+        )
+        policy = Policy(node_deletion_evidence=True, node_deletion_quarantine_seconds=quarantine)
+        result = plan.decide_all(world=world, policy=policy, now=NOW)
+        assert reasons(result) == {"a": expected}
+        if expected is Reason.ELIGIBLE_STALE_ORPHAN:
+            assert result.entries[0].decision.death_evidence is Evidence.NODE_DELETED
 
     def test_peers_within_the_namespace_conflict(self) -> None:
         live = worker("b", verdict="Alive", evidence="PidfdPinned", client_instance_id="inst-a")
