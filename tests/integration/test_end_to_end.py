@@ -7,10 +7,7 @@ files (two simulated nodes on one machine), and the operator holds the retire gr
 
 from __future__ import annotations
 
-import os
 import pathlib
-import signal
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -21,6 +18,8 @@ from kubernetes import client as k8s
 from coroner.devcluster.cluster import Cluster
 from coroner.devcluster.identities import ensure_node, mint_token
 from support import components, kube
+from support.fleet import Node, Worker
+from support.fleet import launch as launch_worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.procs]
 
@@ -35,31 +34,6 @@ def plane(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         components.operator_argv(components.operator_kubeconfig(cluster)), log=logs / "operator.log"
     ):
         yield cluster
-
-
-class Node:
-    def __init__(self, cluster: Cluster, directory: pathlib.Path, name: str, boot_id: str) -> None:
-        self.cluster = cluster
-        self.name = name
-        self.boot_id = boot_id
-        self.boot_file = directory / f"{name}.boot_id"
-        self.boot_file.write_text(boot_id + "\n")
-        self.log = directory / f"agent-{name}.log"
-        ensure_node(cluster, name=name, boot_id=boot_id)
-        self.kubeconfig = components.agent_kubeconfig(cluster, name)
-        self.agent: subprocess.Popen[bytes] | None = None
-
-    def start_agent(self, *extra: str) -> None:
-        argv = components.agent_argv(
-            self.kubeconfig, node=self.name, boot_id_file=self.boot_file, extra=("--resync-seconds=2", *extra)
-        )
-        with open(self.log, "ab") as out:
-            self.agent = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-
-    def stop_agent(self) -> None:
-        if self.agent is not None:
-            components.stop(self.agent)
-            self.agent = None
 
 
 @pytest.fixture
@@ -91,50 +65,28 @@ def worker_config(plane: Cluster, namespace: str) -> pathlib.Path:
     return mint_token(plane, service_account=f"{namespace}/worker")
 
 
-class Worker:
-    def __init__(self, launcher: subprocess.Popen[bytes], name: str) -> None:
-        self.launcher = launcher
-        self.name = name
-
-    @property
-    def child(self) -> int:
-        children = pathlib.Path(f"/proc/{self.launcher.pid}/task/{self.launcher.pid}/children").read_text().split()
-        return int(children[0])
-
-    def kill(self) -> None:
-        os.kill(self.child, signal.SIGKILL)
-        self.launcher.wait(timeout=10)
-
-
 @pytest.fixture
 def launch(namespace: str, worker_config: pathlib.Path, tmp_path: pathlib.Path) -> Iterator[object]:
-    started: list[subprocess.Popen[bytes]] = []
+    """`coroner run` on a node, with heartbeats (interval 2 s, TTL 6 s): these tests cover the opt-in."""
+    started: list[Worker] = []
 
     def start(name: str, node: Node, *command: str, interval: int = 2, ttl: int = 6) -> Worker:
-        argv = [
-            str(components.BIN / "coroner"),
-            "run",
-            "-n",
-            namespace,
-            f"--node-name={node.name}",
-            f"--name={name}",
-            f"--kubeconfig={worker_config}",
-            f"--interval-seconds={interval}",
-            f"--ttl-seconds={ttl}",
-            f"--boot-id-file={node.boot_file}",
-            "--",
-            *(command or ("sleep", "600")),
-        ]
-        with open(tmp_path / f"worker-{name}.log", "ab") as out:
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        started.append(proc)
-        return Worker(proc, name)
+        worker = launch_worker(
+            namespace=namespace,
+            kubeconfig=worker_config,
+            directory=tmp_path,
+            name=name,
+            node=node,
+            command=command or ("sleep", "600"),
+            heartbeat=(interval, ttl),
+        )
+        started.append(worker)
+        return worker
 
     yield start
-    for proc in started:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    for worker in started:
+        if worker.launcher.poll() is None:
+            worker.vanish()
 
 
 def _attestation(admin: k8s.ApiClient, namespace: str, name: str) -> dict[str, str]:
