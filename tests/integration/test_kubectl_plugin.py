@@ -783,7 +783,8 @@ def test_doctor_fails_for_registrations_stranded_on_a_deleted_node_and_names_the
     assert f"{lost_node}: 2 registration(s); Node {lost_node} is deleted (no Node object)" in summary
     assert f"Lease coroner-system/coroner-agent-{lost_node} expired at" in summary
     assert "add the manifests/components/node-loss component" in summary
-    assert "`kubectl coroner apply`" in summary
+    # A deleted Node: the human's statement is the flags (the CLI counts the quarantine from its GET).
+    assert "`kubectl coroner apply --node-deletion-evidence --node-quarantine-seconds=0`" in summary
     # The agents check no longer passes on "every Ready node (0)": the node holds registrations.
     problem = agent_problem(checks, lost_node)
     assert problem is not None and "expired at" in problem and "no Node object" in problem

@@ -160,6 +160,15 @@ def plugin(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def lose_abruptly(admin: k8s.ApiClient, node: Node, workers: list[Worker]) -> float:
+    """A spot reclaim: the agent goes first (so it cannot attest what follows), then every worker
+    with its launcher, then the Node object. Returns when the Node was deleted (monotonic)."""
+    node.kill_agent()
+    for worker in workers:
+        worker.vanish()
+    return delete_node(admin, node)
+
+
 def assert_untouched(admin: k8s.ApiClient, namespace: str, survivor: Worker) -> None:
     assert terminal(admin, namespace, survivor.name) is None
     assert attestation(admin, namespace, survivor.name)["verdict"] == "Alive"
@@ -239,10 +248,7 @@ def test_abrupt_loss_without_the_component_is_preserved_and_reported_honestly(
     operator()
     workers, survivor = start_fleet(nodes, fleet, admin, namespace, doomed=3)
     doomed = nodes["doomed"]
-    doomed.kill_agent()  # the machine goes: the agent first, so that it cannot attest what follows
-    for worker in workers:
-        worker.vanish()
-    delete_node(admin, doomed)
+    lose_abruptly(admin, doomed, workers)
     lease = f"coroner-agent-{doomed.name} expired at"
     for worker in workers:
         found = kube.wait_for(
@@ -307,10 +313,7 @@ def test_abrupt_loss_with_the_component_retires_after_the_quarantine(
 ) -> None:
     operator("--node-deletion-evidence", f"--node-quarantine-seconds={QUARANTINE}")
     workers, survivor = start_fleet(nodes, fleet, admin, namespace, doomed=3)
-    nodes["doomed"].kill_agent()
-    for worker in workers:
-        worker.vanish()
-    deleted_at = delete_node(admin, nodes["doomed"])
+    deleted_at = lose_abruptly(admin, nodes["doomed"], workers)
     for worker in workers:
         kube.wait_for(
             lambda w=worker: terminal(admin, namespace, w.name) == "Retired (NodeDeleted)",
