@@ -17,6 +17,7 @@ from coroner.devcluster.cluster import Cluster
 from coroner.devcluster.identities import mint_token
 from coroner.kube import api_client
 from support import components, kube
+from support.fleet import worker_kubeconfig
 
 pytestmark = pytest.mark.e2e
 
@@ -129,17 +130,7 @@ def test_an_agent_token_without_node_binding_cannot_attest(
 def test_worker_cannot_attest_or_retire_but_can_heartbeat_and_release(
     plan_only: Cluster, admin: k8s.ApiClient, namespace: str
 ) -> None:
-    kube.kubectl(
-        plan_only,
-        "create",
-        "rolebinding",
-        "worker",
-        "--clusterrole=coroner-worker",
-        f"--serviceaccount={namespace}:worker",
-        "-n",
-        namespace,
-    )
-    worker_config = mint_token(plan_only, service_account=f"{namespace}/worker")
+    worker_config = worker_kubeconfig(plan_only, namespace)
     with api_client(worker_config) as worker:
         created = kube.wait_for(
             lambda: _try_create(worker, namespace, kube.registration_body(name="w1")), what="worker RBAC"

@@ -16,9 +16,9 @@ import pytest
 from kubernetes import client as k8s
 
 from coroner.devcluster.cluster import Cluster
-from coroner.devcluster.identities import ensure_node, mint_token
+from coroner.devcluster.identities import ensure_node
 from support import components, kube
-from support.fleet import Node, Worker
+from support.fleet import Node, Worker, attestation, worker_kubeconfig
 from support.fleet import launch as launch_worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.procs]
@@ -52,17 +52,7 @@ def nodes(plane: Cluster, tmp_path: pathlib.Path) -> Iterator[dict[str, Node]]:
 
 @pytest.fixture
 def worker_config(plane: Cluster, namespace: str) -> pathlib.Path:
-    kube.kubectl(
-        plane,
-        "create",
-        "rolebinding",
-        "worker",
-        "--clusterrole=coroner-worker",
-        f"--serviceaccount={namespace}:worker",
-        "-n",
-        namespace,
-    )
-    return mint_token(plane, service_account=f"{namespace}/worker")
+    return worker_kubeconfig(plane, namespace)
 
 
 @pytest.fixture
@@ -89,12 +79,6 @@ def launch(namespace: str, worker_config: pathlib.Path, tmp_path: pathlib.Path) 
             worker.vanish()
 
 
-def _attestation(admin: k8s.ApiClient, namespace: str, name: str) -> dict[str, str]:
-    if not kube.exists(admin, namespace, name):
-        return {}
-    return dict((kube.get_registration(admin, namespace, name).get("status") or {}).get("attestation") or {})
-
-
 def test_kill_9_is_retired_by_pidfd_and_a_live_worker_is_not(
     nodes: dict[str, Node], launch: object, admin: k8s.ApiClient, namespace: str
 ) -> None:
@@ -104,7 +88,7 @@ def test_kill_9_is_retired_by_pidfd_and_a_live_worker_is_not(
     launch("survivor", node)  # type: ignore[operator]
     for name in ("victim", "survivor"):
         kube.wait_for(
-            lambda n=name: _attestation(admin, namespace, n).get("verdict") == "Alive", timeout=30, what=f"{name} Alive"
+            lambda n=name: attestation(admin, namespace, n).get("verdict") == "Alive", timeout=30, what=f"{name} Alive"
         )
     victim.kill()  # how fast is bench/attestation.py's and bench/latency.py's business, not a test's
     kube.wait_for(lambda: components.retired(admin, namespace, "victim"), timeout=10, interval=0.02, what="retirement")
@@ -112,7 +96,7 @@ def test_kill_9_is_retired_by_pidfd_and_a_live_worker_is_not(
     assert body["status"]["retirement"]["reason"] == "PidfdExited"
     time.sleep(8)  # longer than the survivor's TTL: heartbeats and Alive keep it
     assert not components.retired(admin, namespace, "survivor")
-    assert _attestation(admin, namespace, "survivor")["verdict"] == "Alive"
+    assert attestation(admin, namespace, "survivor")["verdict"] == "Alive"
 
 
 def test_agent_started_after_the_death_attests_proc_absent(
@@ -150,10 +134,10 @@ def test_two_simulated_nodes_never_attest_each_others_registrations(
     launch("on-b", nodes["b"])  # type: ignore[operator]
     kube.wait_for(lambda: kube.exists(admin, namespace, "on-b"), what="registration")
     time.sleep(4)  # two resyncs of node a's agent
-    assert _attestation(admin, namespace, "on-b") == {}
+    assert attestation(admin, namespace, "on-b") == {}
     nodes["b"].start_agent()
-    kube.wait_for(lambda: _attestation(admin, namespace, "on-b").get("verdict") == "Alive", timeout=30, what="Alive")
-    assert _attestation(admin, namespace, "on-b")["agent"]["nodeName"] == nodes["b"].name  # type: ignore[index]
+    kube.wait_for(lambda: attestation(admin, namespace, "on-b").get("verdict") == "Alive", timeout=30, what="Alive")
+    assert attestation(admin, namespace, "on-b")["agent"]["nodeName"] == nodes["b"].name  # type: ignore[index]
 
 
 def test_clean_exit_is_released_not_retired(

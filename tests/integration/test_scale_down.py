@@ -28,9 +28,9 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from coroner.devcluster.cluster import Cluster
-from coroner.devcluster.identities import ensure_node, mint_token
+from coroner.devcluster.identities import ensure_node
 from support import components, kube
-from support.fleet import Node, Worker, launch
+from support.fleet import Node, Worker, attestation, launch, worker_kubeconfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.procs]
 
@@ -82,17 +82,7 @@ def nodes(installed: Cluster, admin: k8s.ApiClient, tmp_path: pathlib.Path) -> I
 
 @pytest.fixture
 def fleet(installed: Cluster, namespace: str, tmp_path: pathlib.Path) -> Iterator[Callable[[str, Node], Worker]]:
-    kube.kubectl(
-        installed,
-        "create",
-        "rolebinding",
-        "worker",
-        "--clusterrole=coroner-worker",
-        f"--serviceaccount={namespace}:worker",
-        "-n",
-        namespace,
-    )
-    config = mint_token(installed, service_account=f"{namespace}/worker")
+    config = worker_kubeconfig(installed, namespace)
     started: list[Worker] = []
 
     def start(name: str, node: Node) -> Worker:
@@ -104,12 +94,6 @@ def fleet(installed: Cluster, namespace: str, tmp_path: pathlib.Path) -> Iterato
     for worker in started:
         if worker.launcher.poll() is None:
             worker.vanish()
-
-
-def attestation(admin: k8s.ApiClient, namespace: str, name: str) -> dict[str, object]:
-    if not kube.exists(admin, namespace, name):
-        return {}
-    return dict((kube.get_registration(admin, namespace, name).get("status") or {}).get("attestation") or {})
 
 
 def retirable(admin: k8s.ApiClient, namespace: str, name: str) -> dict[str, object]:

@@ -11,10 +11,13 @@ import os
 import pathlib
 import signal
 import subprocess
+from typing import Any
+
+from kubernetes import client as k8s
 
 from coroner.devcluster.cluster import Cluster
-from coroner.devcluster.identities import ensure_node
-from support import components
+from coroner.devcluster.identities import ensure_node, mint_token
+from support import components, kube
 
 
 class Node:
@@ -105,3 +108,26 @@ def launch(
     with open(directory / f"worker-{name}.log", "ab") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     return Worker(proc, name)
+
+
+def worker_kubeconfig(cluster: Cluster, namespace: str) -> pathlib.Path:
+    """A token of the ServiceAccount `worker` in `namespace`, bound to ClusterRole coroner-worker there
+    (what a cluster admin does for a worker's namespace)."""
+    kube.kubectl(
+        cluster,
+        "create",
+        "rolebinding",
+        "worker",
+        "--clusterrole=coroner-worker",
+        f"--serviceaccount={namespace}:worker",
+        "-n",
+        namespace,
+    )
+    return mint_token(cluster, service_account=f"{namespace}/worker")
+
+
+def attestation(admin: k8s.ApiClient, namespace: str, name: str) -> dict[str, Any]:
+    """status.attestation of a registration; {} while it does not exist or is unattested."""
+    if not kube.exists(admin, namespace, name):
+        return {}
+    return dict((kube.get_registration(admin, namespace, name).get("status") or {}).get("attestation") or {})
