@@ -35,10 +35,11 @@ sys.path.insert(0, str(REPO / "tests"))
 
 import common  # noqa: E402  (bench/common.py: machine facts and versions, shared by every bench)
 
-from coroner import api, launcher  # noqa: E402
-from coroner.devcluster import cluster as cluster_mod  # noqa: E402
-from coroner.devcluster.identities import ensure_node, mint_token  # noqa: E402
-from coroner.kube import api_client  # noqa: E402
+from coroner import launcher  # noqa: E402
+from coroner.client.kube import api_client  # noqa: E402
+from coroner.core import api  # noqa: E402
+from coroner_dev.devcluster import cluster as cluster_mod  # noqa: E402
+from coroner_dev.devcluster.identities import ensure_node, mint_token  # noqa: E402
 
 BIN = pathlib.Path(sys.executable).parent
 NODE = "bench-node"

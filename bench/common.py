@@ -40,10 +40,10 @@ from typing import Any
 
 import psutil
 
-from coroner import api, model
-from coroner.devcluster import binaries as binaries_mod
-from coroner.devcluster import cluster as cluster_mod
-from coroner.devcluster.identities import ensure_node, mint_token
+from coroner.core import api, model
+from coroner_dev.devcluster import binaries as binaries_mod
+from coroner_dev.devcluster import cluster as cluster_mod
+from coroner_dev.devcluster.identities import ensure_node, mint_token
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -821,7 +821,7 @@ def register_all(
     `heartbeat_spec`; resolve them with it first). Returns (namespace, name) in input order."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from coroner.kube import api_client
+    from coroner.client.kube import api_client
     from coroner.launcher import probe_incarnation, register
 
     client = api_client(kubeconfig)

@@ -46,7 +46,7 @@ from typing import Any
 
 import common as c
 
-from coroner import model
+from coroner.core import model
 
 NS = "bench"
 NS_TTL = "bench-ttl"

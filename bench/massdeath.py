@@ -58,7 +58,7 @@ from typing import Any
 import common as c
 import psutil
 
-from coroner import api, procfs
+from coroner.core import api, procfs
 
 NS = "bench"
 NS_FLOOR = "bench-floor"
@@ -489,7 +489,7 @@ def measure_floor(
 ) -> dict[str, Any]:
     """The same-run floor: 2 conditional status patches per death, as fast as a tuned client can
     get this API server to take them, on copies of the victims nobody else touches."""
-    from coroner.devcluster.identities import mint_token
+    from coroner_dev.devcluster.identities import mint_token
 
     floor_nodes = [c.Node(bench, f"floor-node-{i}", real_boot=False) for i in range(1, lost_nodes + 1)]
     agent_http = {n.name: c.Http(c.Endpoint.from_token_kubeconfig(bench.cluster, n.kubeconfig)) for n in floor_nodes}

@@ -27,8 +27,8 @@ from typing import Any
 
 import common as c
 
-from coroner import api
-from coroner.devcluster.identities import mint_token
+from coroner.core import api
+from coroner_dev.devcluster.identities import mint_token
 
 NS = "bench-patchcost"
 KINDS = ("json_patch_test_rv", "merge_patch_rv", "json_patch_unconditional")

@@ -56,7 +56,7 @@ from typing import Any
 import common as c
 import psutil
 
-from coroner import api
+from coroner.core import api
 from coroner.launcher import probe_incarnation
 from coroner_agent.kube import attestation_ops
 

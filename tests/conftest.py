@@ -14,9 +14,9 @@ from collections.abc import Iterator
 import pytest
 from kubernetes import client as k8s
 
-from coroner.devcluster import cluster as cluster_mod
-from coroner.devcluster.cluster import Cluster
-from coroner.kube import api_client
+from coroner.client.kube import api_client
+from coroner_dev.devcluster import cluster as cluster_mod
+from coroner_dev.devcluster.cluster import Cluster
 from support import kube
 
 

@@ -29,9 +29,10 @@ from typing import Any
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from coroner import api, conditions, model, procfs, retirement
-from coroner.kube import APPLY_PATCH, api_client, patch_registration_status
-from coroner.reasons import ConditionType
+from coroner.client.kube import APPLY_PATCH, api_client, patch_registration_status
+from coroner.core import api, conditions, model, procfs
+from coroner.core import wire as retirement
+from coroner.core.reasons import ConditionType
 
 logger = logging.getLogger("coroner.launcher")
 

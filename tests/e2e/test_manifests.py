@@ -12,10 +12,10 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from coroner import api
-from coroner.devcluster.cluster import Cluster
-from coroner.devcluster.identities import mint_token
-from coroner.kube import api_client
+from coroner.client.kube import api_client
+from coroner.core import api
+from coroner_dev.devcluster.cluster import Cluster
+from coroner_dev.devcluster.identities import mint_token
 from support import components, kube
 from support.fleet import worker_kubeconfig
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from coroner.devcluster.cluster import Cluster
+from coroner_dev.devcluster.cluster import Cluster
 from coroner_operator.main import main as operator_main
 from support import kube
 

@@ -31,11 +31,11 @@ from typing import Any
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from coroner import api
-from coroner.devcluster import cluster as cluster_mod
-from coroner.devcluster.cluster import Cluster
-from coroner.devcluster.identities import ensure_node, mint_token
-from coroner.kube import api_client
+from coroner.client.kube import api_client
+from coroner.core import api
+from coroner_dev.devcluster import cluster as cluster_mod
+from coroner_dev.devcluster.cluster import Cluster
+from coroner_dev.devcluster.identities import ensure_node, mint_token
 from faults.proxy import ApiProxy
 from support import components, kube
 

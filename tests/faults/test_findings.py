@@ -14,7 +14,7 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from coroner import api
+from coroner.core import api
 from faults import runner
 from faults.plane import Plane
 from faults.trial import BOUND, Trial

@@ -40,7 +40,7 @@ from typing import Any
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from coroner import api
+from coroner.core import api
 from faults import plane as plane_mod
 from faults.plane import AGENT_SA, LEASE_SECONDS, OPERATOR_SA, Plane, proxied_kubeconfig
 from faults.workers import (

@@ -33,8 +33,9 @@ from typing import Any
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from coroner import api, launcher, model
-from coroner.kube import patch_registration_status
+from coroner import launcher
+from coroner.client.kube import patch_registration_status
+from coroner.core import api, model
 
 SYSTEM_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 #: A process whose main thread calls pthread_exit while a second thread sleeps: /proc shows `Z`

@@ -22,8 +22,8 @@ import psutil
 import pytest
 from kubernetes import client as k8s
 
-from coroner.devcluster.cluster import Cluster
-from coroner.devcluster.identities import ensure_node, mint_token
+from coroner_dev.devcluster.cluster import Cluster
+from coroner_dev.devcluster.identities import ensure_node, mint_token
 from integration.test_probe_real import NAMESPACE_HELPER, PidNamespace
 from support import components, kube
 

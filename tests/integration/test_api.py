@@ -6,9 +6,9 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from coroner import api
-from coroner.devcluster.cluster import Cluster
-from coroner.kube import api_client
+from coroner.client.kube import api_client
+from coroner.core import api
+from coroner_dev.devcluster.cluster import Cluster
 from support import components, kube
 
 pytestmark = pytest.mark.integration

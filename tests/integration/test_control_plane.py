@@ -16,11 +16,11 @@ from kubernetes import client as k8s
 from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
 
-from coroner import api
-from coroner.devcluster.binaries import K8S_VERSION
-from coroner.devcluster.cluster import Cluster
-from coroner.devcluster.identities import mint_token
-from coroner.kube import api_client
+from coroner.client.kube import api_client
+from coroner.core import api
+from coroner_dev.devcluster.binaries import K8S_VERSION
+from coroner_dev.devcluster.cluster import Cluster
+from coroner_dev.devcluster.identities import mint_token
 from support import kube
 
 pytestmark = pytest.mark.integration

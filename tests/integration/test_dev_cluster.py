@@ -10,12 +10,12 @@ import sys
 
 import pytest
 
-from coroner.devcluster import cluster as cluster_mod
-from coroner.devcluster.cluster import Cluster
+from coroner_dev.devcluster import cluster as cluster_mod
+from coroner_dev.devcluster.cluster import Cluster
 
 pytestmark = pytest.mark.integration
 
-CORONER = [sys.executable, "-m", "coroner.cli"]
+CORONER = [sys.executable, "-m", "coroner.cli.main"]
 
 
 def _coroner(*args: str) -> subprocess.CompletedProcess[str]:

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 import pytest
 from kubernetes import client as k8s
 
-from coroner.devcluster.cluster import Cluster
-from coroner.devcluster.identities import ensure_node
+from coroner_dev.devcluster.cluster import Cluster
+from coroner_dev.devcluster.identities import ensure_node
 from support import components, kube
 from support.fleet import Node, Worker, attestation, worker_kubeconfig
 from support.fleet import launch as launch_worker

@@ -22,11 +22,11 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from coroner import api
-from coroner.devcluster import cluster as cluster_mod
-from coroner.devcluster.cluster import Cluster, write_kubeconfig
-from coroner.devcluster.identities import ensure_node, mint_token, user_kubeconfig
-from coroner.kube import api_client
+from coroner.client.kube import api_client
+from coroner.core import api
+from coroner_dev.devcluster import cluster as cluster_mod
+from coroner_dev.devcluster.cluster import Cluster, write_kubeconfig
+from coroner_dev.devcluster.identities import ensure_node, mint_token, user_kubeconfig
 from support import components, kube
 
 pytestmark = pytest.mark.integration

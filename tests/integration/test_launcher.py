@@ -13,7 +13,7 @@ import pytest
 from kubernetes import client as k8s
 
 from coroner import launcher
-from coroner.devcluster.cluster import Cluster
+from coroner_dev.devcluster.cluster import Cluster
 from support import components, kube
 
 pytestmark = [pytest.mark.integration, pytest.mark.procs]

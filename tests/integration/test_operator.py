@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import pytest
 from kubernetes import client as k8s
 
-from coroner.devcluster.cluster import Cluster
-from coroner.kube import api_client
-from coroner.model import parse_time
+from coroner.client.kube import api_client
+from coroner.core.model import parse_time
+from coroner_dev.devcluster.cluster import Cluster
 from support import components, kube
 
 pytestmark = pytest.mark.integration
@@ -326,7 +326,7 @@ def test_a_delete_whose_preconditions_moved_leaves_the_registration_alone(
     since it was read (resourceVersion) or is another object under the same name (uid)."""
     import asyncio
 
-    from coroner.rest import ApiError, Rest
+    from coroner.client.rest import ApiError, Rest
     from coroner_operator.kubeapi import KubeApi
 
     _register(admin, namespace, "w1")

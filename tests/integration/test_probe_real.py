@@ -26,9 +26,9 @@ from typing import Any
 import psutil
 import pytest
 
-from coroner import api, procfs
-from coroner.procfs import IncarnationKey
-from coroner.reasons import Evidence, Verdict
+from coroner.core import api, procfs
+from coroner.core.procfs import IncarnationKey
+from coroner.core.reasons import Evidence, Verdict
 from coroner_agent.probe import (
     HostProcReader,
     NodeFacts,

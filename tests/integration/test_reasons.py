@@ -15,10 +15,10 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from coroner.devcluster.cluster import Cluster
-from coroner.devcluster.identities import ensure_node
-from coroner.kube import api_client
-from coroner.reasons import Reason
+from coroner.client.kube import api_client
+from coroner.core.reasons import Reason
+from coroner_dev.devcluster.cluster import Cluster
+from coroner_dev.devcluster.identities import ensure_node
 from support import components, kube
 
 pytestmark = pytest.mark.integration

@@ -14,11 +14,11 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from coroner import api
-from coroner import rest as rest_mod
-from coroner.devcluster.cluster import Cluster
-from coroner.rest import ApiError, Rest, registrations_path
+from coroner.client import rest as rest_mod
+from coroner.client.rest import ApiError, Rest, registrations_path
+from coroner.core import api
 from coroner_agent.kube import AgentApi
+from coroner_dev.devcluster.cluster import Cluster
 from support import components, kube
 
 pytestmark = pytest.mark.integration

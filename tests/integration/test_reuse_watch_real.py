@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from coroner import model
-from coroner.procfs import IncarnationKey
-from coroner.reasons import Evidence, Verdict
+from coroner.core import model
+from coroner.core.procfs import IncarnationKey
+from coroner.core.reasons import Evidence, Verdict
 from coroner_agent.prober import ProcProber
 from coroner_agent.service import Key
 from integration.test_probe_real import NAMESPACE_HELPER, REAL_BOOT, Node, PidNamespace, needs_root, needs_unshare

@@ -27,8 +27,8 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from coroner.devcluster.cluster import Cluster
-from coroner.devcluster.identities import ensure_node
+from coroner_dev.devcluster.cluster import Cluster
+from coroner_dev.devcluster.identities import ensure_node
 from support import components, kube
 from support.fleet import Node, Worker, attestation, launch, worker_kubeconfig
 

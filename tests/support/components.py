@@ -15,9 +15,9 @@ from typing import Any
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from coroner import api, model
-from coroner.devcluster.cluster import Cluster
-from coroner.devcluster.identities import mint_token
+from coroner.core import api, model
+from coroner_dev.devcluster.cluster import Cluster
+from coroner_dev.devcluster.identities import mint_token
 from support import kube
 
 BIN = pathlib.Path(sys.executable).parent

@@ -15,8 +15,8 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from coroner.devcluster.cluster import Cluster
-from coroner.devcluster.identities import ensure_node, mint_token
+from coroner_dev.devcluster.cluster import Cluster
+from coroner_dev.devcluster.identities import ensure_node, mint_token
 from support import components, kube
 
 

@@ -12,9 +12,9 @@ from typing import Any, TypeVar
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from coroner import api
-from coroner.devcluster.cluster import Cluster
-from coroner.kube import patch_registration_status
+from coroner.client.kube import patch_registration_status
+from coroner.core import api
+from coroner_dev.devcluster.cluster import Cluster
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "manifests"

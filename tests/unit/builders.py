@@ -13,8 +13,8 @@ import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from coroner.decision import AgentFacts, Decision, Facts, LeaseFacts, NodeFacts, Policy, decide
-from coroner.model import Registration, format_time, parse_registration
+from coroner.core.decision import AgentFacts, Decision, Facts, LeaseFacts, NodeFacts, Policy, decide
+from coroner.core.model import Registration, format_time, parse_registration
 
 UTC: Final = datetime.UTC
 NOW: Final = datetime.datetime(2026, 11, 30, 18, 0, 0, tzinfo=UTC)

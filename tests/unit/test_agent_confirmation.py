@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from coroner import model
-from coroner.reasons import Evidence, Verdict
+from coroner.core import model
+from coroner.core.reasons import Evidence, Verdict
 from coroner_agent.service import Agent, AgentSettings, Key, Outcome
 from unit.test_agent_shutdown import BOOT, NODE, FakeKube, registration
 

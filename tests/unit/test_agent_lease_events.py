@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from coroner import api
-from coroner.decision import Policy
-from coroner.model import format_time
-from coroner.world import World
+from coroner.core import api
+from coroner.core.decision import Policy
+from coroner.core.model import format_time
+from coroner.core.world import World
 from coroner_operator.metrics import Metrics
 from coroner_operator.reconciler import OperatorSettings, Reconciler
 from unit.builders import BOOT, HOST, NODE, make_registration

@@ -20,8 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coroner import model
-from coroner.reasons import ConditionType, Evidence, Verdict
+from coroner.core import model
+from coroner.core.reasons import ConditionType, Evidence, Verdict
 from coroner_agent.service import Agent, AgentSettings, Key, Outcome
 
 pytestmark = pytest.mark.unit

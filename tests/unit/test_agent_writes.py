@@ -6,7 +6,7 @@ import datetime
 
 import pytest
 
-from coroner.model import parse_registration
+from coroner.core.model import parse_registration
 from coroner_agent.service import needs_write
 from unit.builders import NOW, make_registration
 

@@ -6,9 +6,9 @@ import datetime
 
 import pytest
 
-from coroner.conditions import ConditionStatus, find_condition, render_condition, render_conditions, set_condition
-from coroner.model import Condition, parse_registration
-from coroner.reasons import ConditionType
+from coroner.core.conditions import ConditionStatus, find_condition, render_condition, render_conditions, set_condition
+from coroner.core.model import Condition, parse_registration
+from coroner.core.reasons import ConditionType
 from unit.builders import NOW, make_registration
 
 pytestmark = pytest.mark.unit

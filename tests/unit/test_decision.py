@@ -18,9 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coroner.decision import AgentFacts, Decision, Facts, NodeFacts, Policy, decide, lease_expiry
-from coroner.model import Registration, parse_registration
-from coroner.reasons import Evidence, Reason
+from coroner.core.decision import AgentFacts, Decision, Facts, NodeFacts, Policy, decide, lease_expiry
+from coroner.core.model import Registration, parse_registration
+from coroner.core.reasons import Evidence, Reason
 from unit.builders import (
     CLIENT_INSTANCE,
     DELETE,

@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 
-from coroner import api, doctor, plan, policy_json
-from coroner.decision import Policy
-from coroner.policy_json import PolicyUnreadable
+from coroner.cli import doctor, plan
+from coroner.core import api, policy_json
+from coroner.core.decision import Policy
+from coroner.core.policy_json import PolicyUnreadable
 from unit.builders import BOOT, NAMESPACE, NODE, NODE_UID, NOW, OTHER_BOOT
 from unit.test_plan import S, agent_lease, listing, node, worker
 

@@ -6,8 +6,8 @@ import datetime
 
 import pytest
 
-from coroner import api
-from coroner.retirement import event_body
+from coroner.core import api
+from coroner.core.wire import event_body
 
 pytestmark = pytest.mark.unit
 

@@ -10,16 +10,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coroner.decision import Policy, decide
-from coroner.fingerprint import (
+from coroner.core.decision import Policy, decide
+from coroner.core.fingerprint import (
     PlanRow,
     candidate_fingerprint,
     plan_row,
     plan_rows,
     registry_fingerprint,
 )
-from coroner.model import Registration, parse_registration
-from coroner.reasons import Reason
+from coroner.core.model import Registration, parse_registration
+from coroner.core.reasons import Reason
 from unit.builders import NOW, make_facts, make_registration
 
 pytestmark = pytest.mark.unit

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coroner.model import (
+from coroner.core.model import (
     Attestation,
     Incarnation,
     Registration,
@@ -20,7 +20,7 @@ from coroner.model import (
     parse_registration,
     parse_time,
 )
-from coroner.reasons import Evidence, Verdict
+from coroner.core.reasons import Evidence, Verdict
 from unit.builders import (
     BOOT,
     CLIENT_INSTANCE,

@@ -1,5 +1,5 @@
 """The operator publishes the policy it decides with on its own Lease: before the first sweep, and
-with every sweep, next to the sweep record, in the one shape `coroner.policy_json` reads back."""
+with every sweep, next to the sweep record, in the one shape `coroner.core.policy_json` reads back."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from coroner import api, policy_json
-from coroner.decision import Policy
-from coroner.world import World
+from coroner.core import api, policy_json
+from coroner.core.decision import Policy
+from coroner.core.world import World
 from coroner_operator.metrics import Metrics
 from coroner_operator.reconciler import OperatorSettings, Reconciler
 

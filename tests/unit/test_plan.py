@@ -20,11 +20,12 @@ import yaml
 from click.testing import CliRunner
 from rich.console import Console
 
-from coroner import api, doctor, plan
-from coroner.decision import Policy
-from coroner.kubectl_plugin import main
-from coroner.model import format_time
-from coroner.reasons import ApplyAbort, Evidence, Reason
+from coroner.cli.kubectl import main
+from coroner.cli import doctor, plan
+from coroner.core import api
+from coroner.core.decision import Policy
+from coroner.core.model import format_time
+from coroner.core.reasons import ApplyAbort, Evidence, Reason
 from unit.builders import BOOT, HOST, NAMESPACE, NODE, NODE_UID, NOW, OTHER_BOOT, condition, make_registration
 
 pytestmark = pytest.mark.unit

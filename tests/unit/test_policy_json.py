@@ -1,4 +1,4 @@
-"""`coroner.policy_json`: the policy the operator publishes, read back exactly or not at all."""
+"""`coroner.core.policy_json`: the policy the operator publishes, read back exactly or not at all."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from coroner import policy_json
-from coroner.decision import Policy
-from coroner.policy_json import PolicyUnreadable, dump_policy, parse_policy
+from coroner.core import policy_json
+from coroner.core.decision import Policy
+from coroner.core.policy_json import PolicyUnreadable, dump_policy, parse_policy
 
 pytestmark = pytest.mark.unit
 

@@ -22,9 +22,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coroner import api
-from coroner.procfs import IncarnationKey
-from coroner.reasons import Evidence, Verdict
+from coroner.core import api
+from coroner.core.procfs import IncarnationKey
+from coroner.core.reasons import Evidence, Verdict
 from coroner_agent.probe import (
     NodeFacts,
     PidfdTable,
@@ -235,7 +235,7 @@ def expect(result: ProbeResult, verdict: Verdict, evidence: Evidence) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Recorded:
-    """What `coroner.model.Incarnation` carries: strings of digits, an int pid, any of them junk."""
+    """What `coroner.core.model.Incarnation` carries: strings of digits, an int pid, any of them junk."""
 
     boot_id: object = BOOT
     pid_namespace: object = str(ROOT)

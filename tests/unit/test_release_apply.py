@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from coroner import api
-from coroner.retirement import release_apply
+from coroner.core import api
+from coroner.core.wire import release_apply
 
 pytestmark = pytest.mark.unit
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from coroner.model import format_time, parse_registration
+from coroner.core.model import format_time, parse_registration
 from coroner_operator.retention import DEFAULT_TERMINAL_RETENTION_SECONDS, deletion_due, terminal_since
 from unit.builders import NOW, make_registration
 

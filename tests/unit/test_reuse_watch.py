@@ -18,8 +18,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coroner import model
-from coroner.reasons import Evidence, Verdict
+from coroner.core import model
+from coroner.core.reasons import Evidence, Verdict
 from coroner_agent import prober as prober_module
 from coroner_agent.probe import PidfdTable
 from coroner_agent.prober import ProcProber

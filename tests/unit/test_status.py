@@ -6,8 +6,8 @@ import datetime
 
 import pytest
 
-from coroner.decision import Policy, decide
-from coroner.model import parse_registration
+from coroner.core.decision import Policy, decide
+from coroner.core.model import parse_registration
 from coroner_operator import status
 from unit.builders import NOW, make_facts, make_registration
 

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from coroner import api
-from coroner.decision import Policy
-from coroner.model import format_time
-from coroner.rest import ApiError
-from coroner.world import World
+from coroner.client.rest import ApiError
+from coroner.core import api
+from coroner.core.decision import Policy
+from coroner.core.model import format_time
+from coroner.core.world import World
 from coroner_operator.eventcorrelator import EventCorrelator
 from coroner_operator.metrics import Metrics
 from coroner_operator.reconciler import OperatorSettings, Reconciler

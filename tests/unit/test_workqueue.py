@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from coroner.workqueue import KeyedQueue
+from coroner.runtime.workqueue import KeyedQueue
 
 pytestmark = pytest.mark.unit
 

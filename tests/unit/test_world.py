@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from coroner.world import World
+from coroner.core.world import World
 from unit.builders import make_registration
 
 pytestmark = pytest.mark.unit

@@ -1,6 +1,6 @@
 """The agent's API side: its node Lease, the watch of its node's registrations, attestation writes.
 
-Blocking HTTP calls (`coroner.rest`, not the kubernetes package: see there why) run in
+Blocking HTTP calls (`coroner.client.rest`, not the kubernetes package: see there why) run in
 threads; watch events are handed to the event loop. An API outage delays attestations; it never
 produces one (unknown is never dead).
 """
@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from coroner import api
-from coroner.rest import JSON_PATCH, ApiError, Rest, registrations_path, upsert_lease
+from coroner.client.rest import JSON_PATCH, ApiError, Rest, registrations_path, upsert_lease
+from coroner.core import api
 
 logger = logging.getLogger("coroner.agent")
 

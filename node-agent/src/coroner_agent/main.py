@@ -12,8 +12,8 @@ from typing import Any
 
 import click
 
-from coroner import api
-from coroner.rest import Rest
+from coroner.client.rest import Rest
+from coroner.core import api
 from coroner_agent.kube import AgentApi
 from coroner_agent.prober import ProcProber
 from coroner_agent.service import Agent, AgentSettings

@@ -54,9 +54,9 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Final, Protocol
 
-from coroner import api, procfs
-from coroner.procfs import IncarnationKey, ParseError, ProcessView
-from coroner.reasons import Evidence, Verdict
+from coroner.core import api, procfs
+from coroner.core.procfs import IncarnationKey, ParseError, ProcessView
+from coroner.core.reasons import Evidence, Verdict
 
 ROOT_PID_NAMESPACE: Final = api.ROOT_PID_NAMESPACE_INODE
 BOOT_ID_FILE: Final = "/proc/sys/kernel/random/boot_id"
@@ -518,7 +518,7 @@ class PidfdWatcher(PidfdTable):
 
 
 class RecordedIncarnation(Protocol):
-    """The incarnation fields of a registration (`coroner.model.Incarnation`, or an IncarnationKey)."""
+    """The incarnation fields of a registration (`coroner.core.model.Incarnation`, or an IncarnationKey)."""
 
     @property
     def boot_id(self) -> object: ...

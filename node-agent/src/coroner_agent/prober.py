@@ -19,8 +19,8 @@ import logging
 from collections import defaultdict
 from collections.abc import Callable
 
-from coroner import model, procfs
-from coroner.procfs import IncarnationKey, ParseError
+from coroner.core import model, procfs
+from coroner.core.procfs import IncarnationKey, ParseError
 from coroner_agent import probe as probes
 from coroner_agent.service import Key, Outcome
 

@@ -22,11 +22,11 @@ import logging
 import threading
 from typing import Any, Protocol
 
-from coroner import api, model
-from coroner.reasons import Evidence, Verdict
-from coroner.rest import ApiError
-from coroner.workqueue import KeyedQueue
-from coroner.world import slim
+from coroner.client.rest import ApiError
+from coroner.core import api, model
+from coroner.core.reasons import Evidence, Verdict
+from coroner.core.world import slim
+from coroner.runtime.workqueue import KeyedQueue
 from coroner_agent.kube import AgentApi
 
 logger = logging.getLogger("coroner.agent")

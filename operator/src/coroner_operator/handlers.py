@@ -14,7 +14,7 @@ from typing import Any
 
 import kopf
 
-from coroner import api
+from coroner.core import api
 from coroner_operator.reconciler import Reconciler
 
 logger = logging.getLogger("coroner.operator")

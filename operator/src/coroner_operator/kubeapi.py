@@ -1,6 +1,6 @@
 """The operator's only door to the API server besides kopf's watches.
 
-Blocking HTTP calls (`coroner.rest`, JSON over urllib3: see there why not the kubernetes package)
+Blocking HTTP calls (`coroner.client.rest`, JSON over urllib3: see there why not the kubernetes package)
 run in a bounded thread pool so that the event loop (and with it every watch) never stalls on one
 slow request. Each method is one API request; the reconciler composes them.
 """
@@ -16,8 +16,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from coroner import api, retirement
-from coroner.rest import JSON_PATCH, ApiError, Rest, leases_path, registrations_path, upsert_lease
+from coroner.client.rest import JSON_PATCH, ApiError, Rest, leases_path, registrations_path, upsert_lease
+from coroner.core import api
+from coroner.core import wire as retirement
 
 T = TypeVar("T")
 

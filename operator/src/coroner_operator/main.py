@@ -17,10 +17,10 @@ import kopf
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from coroner import api, policy_json
-from coroner.decision import Policy
-from coroner.rest import Rest
-from coroner.world import World
+from coroner.client.rest import Rest
+from coroner.core import api, policy_json
+from coroner.core.decision import Policy
+from coroner.core.world import World
 from coroner_operator.eventcorrelator import DEFAULT_BURST, DEFAULT_WINDOW_SECONDS
 from coroner_operator.handlers import Runtime, configure, register
 from coroner_operator.kubeapi import KubeApi

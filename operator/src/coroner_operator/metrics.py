@@ -1,4 +1,4 @@
-"""Prometheus metrics of the operator. Label values are the reason codes of coroner.reasons, so a
+"""Prometheus metrics of the operator. Label values are the reason codes of coroner.core.reasons, so a
 reason reads the same in a metric, a condition, an Event and a log line."""
 
 from __future__ import annotations

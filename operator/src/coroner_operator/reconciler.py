@@ -21,12 +21,12 @@ import time
 from collections import Counter
 from typing import Any
 
-from coroner import api, model, policy_json
-from coroner.decision import Decision, NodeFacts, Policy, decide, lease_expiry
-from coroner.reasons import EventReason, Reason
-from coroner.rest import ApiError
-from coroner.workqueue import KeyedQueue
-from coroner.world import Key, World, lease_facts
+from coroner.client.rest import ApiError
+from coroner.core import api, model, policy_json
+from coroner.core.decision import Decision, NodeFacts, Policy, decide, lease_expiry
+from coroner.core.reasons import EventReason, Reason
+from coroner.core.world import Key, World, lease_facts
+from coroner.runtime.workqueue import KeyedQueue
 from coroner_operator import retention as retention_mod
 from coroner_operator import status as status_mod
 from coroner_operator.eventcorrelator import DEFAULT_BURST, DEFAULT_WINDOW_SECONDS, EventCorrelator, Outgoing
@@ -39,7 +39,7 @@ logger = logging.getLogger("coroner.operator")
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class OperatorSettings:
-    """How the operator runs; the decision's own knobs live in `coroner.decision.Policy`."""
+    """How the operator runs; the decision's own knobs live in `coroner.core.decision.Policy`."""
 
     workers: int = 8
     """Concurrent reconciles (distinct registrations; one registration is never reconciled twice at once)."""

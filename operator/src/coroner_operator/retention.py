@@ -25,9 +25,9 @@ from __future__ import annotations
 import dataclasses
 import datetime
 
-from coroner import model
-from coroner.conditions import find_condition
-from coroner.reasons import ConditionType
+from coroner.core import model
+from coroner.core.conditions import find_condition
+from coroner.core.reasons import ConditionType
 
 DEFAULT_TERMINAL_RETENTION_SECONDS = 86400.0
 """24 h: long enough to read a night's retirements in the morning, short enough to bound the object count."""

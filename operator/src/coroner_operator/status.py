@@ -10,10 +10,11 @@ import datetime
 from collections.abc import Mapping
 from typing import Any
 
-from coroner import conditions as cond
-from coroner import model, retirement
-from coroner.decision import Decision
-from coroner.reasons import ConditionType, Reason, Verdict
+from coroner.core import conditions as cond
+from coroner.core import model
+from coroner.core import wire as retirement
+from coroner.core.decision import Decision
+from coroner.core.reasons import ConditionType, Reason, Verdict
 
 #: Reason of the Retired condition while a registration is active.
 ACTIVE = "Active"
@@ -118,7 +119,7 @@ def retired_conditions(
 def conditions_ops(
     body: Mapping[str, Any], conditions: list[model.Condition], *, resource_version: str
 ) -> list[dict[str, Any]]:
-    """A compare-and-swap JSON patch that sets status.conditions (see coroner.retirement)."""
+    """A compare-and-swap JSON patch that sets status.conditions (see coroner.core.wire)."""
     return retirement.status_ops(
         body=body, resource_version=resource_version, conditions=cond.render_conditions(conditions)
     )

@@ -22,10 +22,10 @@ from typing import Any
 from kubernetes import client as k8s
 from rich.console import Console
 
-from coroner import api
-from coroner.devcluster import cluster as cluster_mod
-from coroner.devcluster import identities
-from coroner.kube import api_client
+from coroner.client.kube import api_client
+from coroner.core import api
+from coroner_dev.devcluster import cluster as cluster_mod
+from coroner_dev.devcluster import identities
 
 NAMESPACE = "demo"
 REPO = pathlib.Path(__file__).resolve().parents[2]

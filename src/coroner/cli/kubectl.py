@@ -8,7 +8,7 @@ operator's compare-and-swap patch, so the human path can be no less safe than th
 
 This module is the I/O shell only: it reads the API, writes the retirements and Events, and turns
 every failure into one sentence and an exit code. What to conclude from the reads lives in the
-pure `coroner.plan`.
+pure `coroner.cli.plan`.
 
 Exit codes: 0 ok; 1 a doctor check failed; 2 usage error, bad input, refusal or unreachable
 cluster; 3 apply aborted on drift (nothing written) or a row moved under its write.
@@ -34,14 +34,15 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config import ConfigException
 from rich.console import Console
 
-from coroner import api, model, retirement
-from coroner import doctor as diagnosis
-from coroner import plan as planning
-from coroner.decision import Policy, decide
-from coroner.fingerprint import Plan, PlanEntry
-from coroner.kube import api_client, patch_registration_status
-from coroner.reasons import EventReason
-from coroner.world import Key, World, lease_facts
+from coroner.cli import doctor as diagnosis
+from coroner.cli import plan as planning
+from coroner.client.kube import api_client, patch_registration_status
+from coroner.core import api, model
+from coroner.core import wire as retirement
+from coroner.core.decision import Policy, decide
+from coroner.core.fingerprint import Plan, PlanEntry
+from coroner.core.reasons import EventReason
+from coroner.core.world import Key, World, lease_facts
 
 EXIT_OK: Final = 0
 EXIT_CHECK_FAILED: Final = 1

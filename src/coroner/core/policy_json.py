@@ -1,9 +1,9 @@
 """The decision `Policy` as JSON: the one shape the operator publishes and the CLI reads.
 
 The operator publishes the policy it decides with on its own Lease (annotation
-``coroner.dev/policy``, `coroner.api.POLICY_ANNOTATION`), so that ``kubectl coroner plan``,
+``coroner.dev/policy``, `coroner.core.api.POLICY_ANNOTATION`), so that ``kubectl coroner plan``,
 ``apply`` and ``doctor`` decide with exactly that policy instead of asking a person to repeat the
-operator's flags. The shape is one JSON object holding every field of `coroner.decision.Policy`
+operator's flags. The shape is one JSON object holding every field of `coroner.core.decision.Policy`
 under its camelCase name (``node_deletion_quarantine_seconds`` → ``nodeDeletionQuarantineSeconds``),
 with nothing else.
 
@@ -23,7 +23,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, Final
 
-from coroner.decision import Policy
+from coroner.core.decision import Policy
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

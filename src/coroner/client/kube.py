@@ -1,6 +1,6 @@
 """Kubernetes client construction for the launcher, the CLI, the demo and the tests.
 
-The operator and the agent use the lighter `coroner.rest` instead (see there why).
+The operator and the agent use the lighter `coroner.client.rest` instead (see there why).
 
 Pure modules never import this. Clients are built from an explicit kubeconfig when given, from the
 in-cluster ServiceAccount when running in a pod, else from the default kubeconfig.
@@ -14,7 +14,7 @@ from typing import Any
 import kubernetes
 from kubernetes.client import ApiClient
 
-from coroner import api
+from coroner.core import api
 
 
 def api_client(kubeconfig: str | os.PathLike[str] | None = None) -> ApiClient:

@@ -18,9 +18,9 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Final, TypeAlias
 
-from coroner import api
-from coroner.model import Attestation, Registration, format_time
-from coroner.reasons import Evidence, Reason, Verdict
+from coroner.core import api
+from coroner.core.model import Attestation, Registration, format_time
+from coroner.core.reasons import Evidence, Reason, Verdict
 
 JSONValue: TypeAlias = "str | int | float | bool | list[JSONValue] | dict[str, JSONValue] | None"
 

@@ -29,7 +29,7 @@ from typing import Any
 import urllib3
 import yaml
 
-from coroner import api, model
+from coroner.core import api, model
 
 #: Where a pod finds its ServiceAccount credentials (a test points it elsewhere).
 SERVICE_ACCOUNT_DIR = pathlib.Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -131,7 +131,7 @@ class Rest:
 
     @classmethod
     def default(cls, kubeconfig: str | os.PathLike[str] | None, **options: Any) -> Rest:
-        """Like `coroner.kube.api_client`: the given kubeconfig, else in-cluster, else ~/.kube/config."""
+        """Like `coroner.client.kube.api_client`: the given kubeconfig, else in-cluster, else ~/.kube/config."""
         if kubeconfig:
             return cls.from_kubeconfig(kubeconfig, **options)
         if os.environ.get("KUBERNETES_SERVICE_HOST"):

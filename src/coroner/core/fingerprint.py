@@ -18,9 +18,9 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final, TypeAlias
 
-from coroner.decision import Decision, Facts, Policy, decide
-from coroner.model import Registration, parse_pid
-from coroner.reasons import Reason
+from coroner.core.decision import Decision, Facts, Policy, decide
+from coroner.core.model import Registration, parse_pid
+from coroner.core.reasons import Reason
 
 FINGERPRINT_VERSION: Final = "v1"
 

@@ -21,10 +21,10 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from coroner import procfs
-from coroner.devcluster import pki as pki_mod
-from coroner.devcluster.binaries import Binaries, ensure_binaries
-from coroner.devcluster.errors import DevClusterError
+from coroner.core import procfs
+from coroner_dev.devcluster import pki as pki_mod
+from coroner_dev.devcluster.binaries import Binaries, ensure_binaries
+from coroner_dev.devcluster.errors import DevClusterError
 
 STATE_FILE = "cluster.json"
 SERVICE_CIDR = "10.0.0.0/24"

@@ -22,7 +22,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 
-from coroner.devcluster.errors import DevClusterError
+from coroner_dev.devcluster.errors import DevClusterError
 
 K8S_VERSION = "v1.37.2"
 ETCD_VERSION = "v3.7.0"

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from coroner.devcluster.errors import DevClusterError
+from coroner_dev.devcluster.errors import DevClusterError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -39,7 +39,7 @@ def _fail(exc: DevClusterError) -> None:
 @click.option("--no-controller-manager", is_flag=True, help="Do not start kube-controller-manager.")
 def dev_cluster_up(directory: pathlib.Path, no_controller_manager: bool) -> None:
     """Build (cached) and start the control plane; idempotent; returns once the API is ready."""
-    from coroner.devcluster import cluster
+    from coroner_dev.devcluster import cluster
 
     try:
         started = cluster.up(directory, controller_manager=not no_controller_manager, progress=click.echo)
@@ -53,7 +53,7 @@ def dev_cluster_up(directory: pathlib.Path, no_controller_manager: bool) -> None
 @dev_cluster.command("build")
 def dev_cluster_build() -> None:
     """Build (or find cached, or take from KUBEBUILDER_ASSETS) the control plane binaries."""
-    from coroner.devcluster.binaries import ensure_binaries
+    from coroner_dev.devcluster.binaries import ensure_binaries
 
     try:
         binaries = ensure_binaries(progress=click.echo)
@@ -67,7 +67,7 @@ def dev_cluster_build() -> None:
 @_dir_option
 def dev_cluster_down(directory: pathlib.Path) -> None:
     """Stop what `up` started in DIR, and nothing else."""
-    from coroner.devcluster import cluster
+    from coroner_dev.devcluster import cluster
 
     try:
         stopped = cluster.down(directory)
@@ -83,7 +83,7 @@ def dev_cluster_down(directory: pathlib.Path) -> None:
 @click.option("--node", default=None, help="Bind the token to this Node (created if missing).")
 def dev_cluster_token(directory: pathlib.Path, service_account: str, node: str | None) -> None:
     """Mint a ServiceAccount token and print the path of a kubeconfig that uses it."""
-    from coroner.devcluster import cluster, identities
+    from coroner_dev.devcluster import cluster, identities
 
     try:
         running = cluster.Cluster.load(directory.resolve())
@@ -166,7 +166,7 @@ def run_command(
 @click.option("--keep", is_flag=True, help="Leave the control plane running afterwards.")
 def demo(directory: pathlib.Path, keep: bool) -> None:
     """Run the main job on a local control plane, start to finish, and explain what happens."""
-    from coroner.demo import run_demo
+    from coroner_dev.demo import run_demo
 
     try:
         run_demo(directory=directory, keep=keep)

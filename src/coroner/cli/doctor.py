@@ -3,8 +3,8 @@
 Each check reads raw objects as the API returned them (or `Unreadable` where a read failed) and
 the instant `now`, and says PASS, FAIL or UNKNOWN in one line that names the failing objects and
 the fix. UNKNOWN is a fact that could not be read; it is never shown as zero, and never as a pass.
-Registrations are decided exactly as `coroner.plan` decides them, with the policy the operator
-publishes. The I/O shell is `coroner.kubectl_plugin`.
+Registrations are decided exactly as `coroner.cli.plan` decides them, with the policy the operator
+publishes. The I/O shell is `coroner.cli.kubectl`.
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from coroner import api, model
-from coroner.decision import AgentFacts, Decision, NodeFacts, Policy, decide, lease_expiry
-from coroner.fingerprint import Plan, PlanEntry
-from coroner.plan import OPERATOR_LEASE, PolicyChoice, Unreadable, display, key_of
-from coroner.plan import names_text as _names
-from coroner.reasons import Evidence, Reason
-from coroner.world import Key, World, agent_facts_from_lease, lease_facts, node_facts
+from coroner.cli.plan import OPERATOR_LEASE, PolicyChoice, Unreadable, display, key_of
+from coroner.cli.plan import names_text as _names
+from coroner.core import api, model
+from coroner.core.decision import AgentFacts, Decision, NodeFacts, Policy, decide, lease_expiry
+from coroner.core.fingerprint import Plan, PlanEntry
+from coroner.core.reasons import Evidence, Reason
+from coroner.core.world import Key, World, agent_facts_from_lease, lease_facts, node_facts
 
 __all__ = ["OPERATOR_LEASE", "Unreadable"]
 

@@ -14,8 +14,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from coroner import api, model
-from coroner.decision import AgentFacts, Facts, LeaseFacts, NodeFacts, lease_expiry
+from coroner.core import api, model
+from coroner.core.decision import AgentFacts, Facts, LeaseFacts, NodeFacts, lease_expiry
 
 Key = tuple[str, str]  # (namespace, name)
 

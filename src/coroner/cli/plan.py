@@ -1,12 +1,12 @@
 """``kubectl coroner plan | apply | doctor`` without the I/O: facts, decisions, fingerprints, output.
 
 A human's plan must reach the operator's verdict from the operator's facts, or approving it would
-mean nothing. So this module fills the operator's own cache (`coroner.world.World`) from LISTed
-objects and asks the shared `coroner.decision.decide`, and fingerprints rows exactly as
-`coroner.fingerprint` defines them. Nothing here talks to the API or reads a clock (callers pass
+mean nothing. So this module fills the operator's own cache (`coroner.core.world.World`) from LISTed
+objects and asks the shared `coroner.core.decision.decide`, and fingerprints rows exactly as
+`coroner.core.fingerprint` defines them. Nothing here talks to the API or reads a clock (callers pass
 `now`), so the replay rules of ``apply``, the retirement patch and the choice of policy are each a
-unit test away. The ``doctor`` checks live in `coroner.doctor`; the I/O shell is
-`coroner.kubectl_plugin`.
+unit test away. The ``doctor`` checks live in `coroner.cli.doctor`; the I/O shell is
+`coroner.cli.kubectl`.
 """
 
 from __future__ import annotations
@@ -25,16 +25,17 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from coroner import api, conditions, fingerprint, model, policy_json, retirement
-from coroner.decision import Decision, Policy, decide
-from coroner.fingerprint import Plan, PlanEntry, PlanRow
-from coroner.policy_json import PolicyUnreadable
-from coroner.reasons import ApplyAbort, ConditionType, Reason
-from coroner.world import Key, World
+from coroner.core import api, conditions, fingerprint, model, policy_json
+from coroner.core import wire as retirement
+from coroner.core.decision import Decision, Policy, decide
+from coroner.core.fingerprint import Plan, PlanEntry, PlanRow
+from coroner.core.policy_json import PolicyUnreadable
+from coroner.core.reasons import ApplyAbort, ConditionType, Reason
+from coroner.core.world import Key, World
 
 #: The operator's own Lease in the system namespace; it renews it after every sweep.
 OPERATOR_LEASE: Final = api.OPERATOR_LEASE
-#: Annotation on that Lease holding the decision policy the operator runs with (`coroner.policy_json`).
+#: Annotation on that Lease holding the decision policy the operator runs with (`coroner.core.policy_json`).
 POLICY_ANNOTATION: Final = api.POLICY_ANNOTATION
 #: The command-line flags that set a Policy field, by field name; every other field is the operator's.
 POLICY_FLAGS: Final = {
@@ -50,7 +51,7 @@ _SHOWN_NAMES: Final = 10
 
 
 def valid_fingerprint(value: str) -> bool:
-    """The shape `coroner.fingerprint` produces; anything else was mistyped or cut off."""
+    """The shape `coroner.core.fingerprint` produces; anything else was mistyped or cut off."""
     return _FINGERPRINT.fullmatch(value) is not None
 
 

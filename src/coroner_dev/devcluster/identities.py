@@ -12,10 +12,10 @@ import pathlib
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from coroner.devcluster import pki as pki_mod
-from coroner.devcluster.cluster import Cluster, write_kubeconfig
-from coroner.devcluster.errors import DevClusterError
-from coroner.kube import api_client
+from coroner.client.kube import api_client
+from coroner_dev.devcluster import pki as pki_mod
+from coroner_dev.devcluster.cluster import Cluster, write_kubeconfig
+from coroner_dev.devcluster.errors import DevClusterError
 
 TOKEN_SECONDS = 24 * 3600
 

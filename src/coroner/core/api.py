@@ -41,6 +41,6 @@ OPERATOR_LEASE: Final = "coroner-operator"
 #: Annotation on OPERATOR_LEASE holding the last sweep's outcome (JSON, per-namespace failures).
 LAST_SWEEP_ANNOTATION: Final = f"{GROUP}/last-sweep"
 #: Annotation on OPERATOR_LEASE holding the decision Policy the operator runs with (JSON, every
-#: field of coroner.decision.Policy under its camelCase name; see coroner.policy_json). Written at
+#: field of coroner.core.decision.Policy under its camelCase name; see coroner.core.policy_json). Written at
 #: startup and with every sweep; `kubectl coroner plan|apply|doctor` decide with it.
 POLICY_ANNOTATION: Final = f"{GROUP}/policy"

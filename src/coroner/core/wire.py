@@ -14,8 +14,8 @@ import datetime
 from collections.abc import Mapping
 from typing import Any
 
-from coroner import api, model
-from coroner.decision import Decision
+from coroner.core import api, model
+from coroner.core.decision import Decision
 
 
 def retirement_record(

@@ -24,7 +24,7 @@ import re
 from collections.abc import Mapping
 from typing import Final
 
-from coroner import api
+from coroner.core import api
 
 #: Largest integer any parsed field may hold: the kernel prints these as 64-bit unsigned at most.
 U64_MAX: Final = 2**64 - 1

@@ -21,8 +21,8 @@ import types
 from collections.abc import Mapping, Sequence
 from typing import Final, TypeAlias, TypeVar
 
-from coroner import api
-from coroner.reasons import ConditionType, Evidence, Verdict
+from coroner.core import api
+from coroner.core.reasons import ConditionType, Evidence, Verdict
 
 #: One parse problem: the field path (dotted, as in docs/api.md) and what is wrong with it.
 Problem: TypeAlias = tuple[str, str]

@@ -14,8 +14,8 @@ import datetime
 import enum
 from collections.abc import Sequence
 
-from coroner.model import Condition, format_time
-from coroner.reasons import ConditionType
+from coroner.core.model import Condition, format_time
+from coroner.core.reasons import ConditionType
 
 
 class ConditionStatus(enum.StrEnum):
