@@ -17,6 +17,7 @@ demo: $(BIN)/.installed
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 	$(BIN)/hadolint images/operator.Dockerfile images/agent.Dockerfile

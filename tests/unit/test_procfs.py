@@ -435,7 +435,16 @@ def test_recorded_incarnation_never_raises_anything_else(
 # --- purity ---------------------------------------------------------------------------------------
 
 #: procfs is shared by the agent and the launcher, and both rely on it doing no I/O.
-ALLOWED_IMPORTS = {"__future__", "collections.abc", "dataclasses", "re", "typing", "coroner", "coroner.core", "coroner.core.api"}
+ALLOWED_IMPORTS = {
+    "__future__",
+    "collections.abc",
+    "dataclasses",
+    "re",
+    "typing",
+    "coroner",
+    "coroner.core",
+    "coroner.core.api",
+}
 
 
 def test_procfs_imports_only_computation() -> None:
@@ -447,7 +456,9 @@ def test_procfs_imports_only_computation() -> None:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             imported.add(base)
-            imported |= {f"{base}.{alias.name}" for alias in node.names if base in {"coroner", "coroner.core", "coroner.client"}}
+            imported |= {
+                f"{base}.{alias.name}" for alias in node.names if base in {"coroner", "coroner.core", "coroner.client"}
+            }
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
             assert node.func.id not in {"open", "print", "eval", "exec", "__import__"}, node.func.id
     assert imported <= ALLOWED_IMPORTS, sorted(imported - ALLOWED_IMPORTS)

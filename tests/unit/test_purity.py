@@ -57,7 +57,9 @@ def imports_of(tree: ast.AST) -> set[str]:
             base = node.module or ""
             found.add(base)
             # `from coroner.core import api` imports the module coroner.core.api.
-            found |= {f"{base}.{alias.name}" for alias in node.names if base in {"coroner", "coroner.core", "coroner.client"}}
+            found |= {
+                f"{base}.{alias.name}" for alias in node.names if base in {"coroner", "coroner.core", "coroner.client"}
+            }
     return found
 
 
