@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import enum
+import functools
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -25,12 +26,12 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from coroner.core import api, conditions, fingerprint, model, policy_json
+from coroner.core import api, fingerprint, model, policy_json
 from coroner.core import wire as retirement
-from coroner.core.decision import Decision, Policy, decide
+from coroner.core.decision import Policy, decide
 from coroner.core.fingerprint import Plan, PlanEntry, PlanRow
 from coroner.core.policy_json import PolicyUnreadable
-from coroner.core.reasons import ApplyAbort, ConditionType, Reason
+from coroner.core.reasons import ApplyAbort, Reason
 from coroner.core.world import Key, World
 
 #: The operator's own Lease in the system namespace; it renews it after every sweep.
@@ -480,56 +481,8 @@ def _unnamed_replay_hint(
     )
 
 
-def retirement_patch(
-    *,
-    body: Mapping[str, Any],
-    registration: model.Registration,
-    decision: Decision,
-    retired_by: str,
-    now: datetime.datetime,
-) -> list[dict[str, Any]]:
-    """The compare-and-swap JSON patch that retires one registration, as the operator writes it.
-
-    ``test`` the resourceVersion read and the attestation relied on (verbatim), then set the
-    ``Retired`` condition and ``status.retirement``. The other conditions are written back exactly
-    as stored: the admission policy coroner-status-fields-by-identity refuses anyone but the
-    operator a change to ``Attested`` or ``Retirable``, and re-rendering them could change them.
-    """
-    if not decision.retirable or decision.death_evidence is None:
-        raise ValueError(f"{registration.display_name} is {decision.reason}, not retirable; nothing to patch")
-    evidence = decision.death_evidence.value
-    status = body.get("status")
-    stored_status: Mapping[str, Any] | None = status if isinstance(status, Mapping) else None
-    raw_attestation = None if stored_status is None else stored_status.get("attestation")
-    stored_conditions = [] if stored_status is None else stored_status.get("conditions")
-    if not isinstance(stored_conditions, list):
-        stored_conditions = []
-    updated = conditions.set_condition(
-        registration.conditions,
-        type=ConditionType.RETIRED,
-        status=True,
-        reason=evidence,
-        message=f"retired by {retired_by} with kubectl coroner apply: {decision.detail}",
-        observed_generation=registration.generation,
-        now=now,
-    )
-    retired = conditions.find_condition(updated, type=ConditionType.RETIRED)
-    assert retired is not None  # set_condition always leaves one of its type
-    rendered = conditions.render_condition(retired)
-    written = [
-        rendered if isinstance(item, Mapping) and item.get("type") == ConditionType.RETIRED.value else item
-        for item in stored_conditions
-    ]
-    if rendered not in written:
-        written.append(rendered)
-    return retirement.status_ops(
-        body=body,
-        resource_version=str(registration.resource_version),
-        conditions=written,
-        retirement=retirement.retirement_record(
-            decision=decision, retired_by=retired_by, now=now, attestation=raw_attestation
-        ),
-    )
+#: The compare-and-swap retirement patch, one builder for the operator and ``apply`` (coroner.core.wire).
+retirement_patch = functools.partial(retirement.retirement_ops, writer=retirement.Writer.PERSON)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -11,11 +11,14 @@ server-side apply of its own condition that the API server keeps off retired reg
 from __future__ import annotations
 
 import datetime
+import enum
 from collections.abc import Mapping
 from typing import Any
 
 from coroner.core import api, model
+from coroner.core import conditions as cond
 from coroner.core.decision import Decision
+from coroner.core.reasons import ConditionType, Reason, Verdict
 
 
 def retirement_record(
@@ -58,6 +61,207 @@ def status_ops(
         ops.append({"op": "add", "path": "/status/retirement", "value": retirement})
     return ops
 
+
+# --- the operator's conditions -------------------------------------------------------------------
+
+#: Reason of the Retired condition while a registration is active.
+ACTIVE = "Active"
+#: Reason of the Retired condition once the worker released its registration.
+RELEASED = "Released"
+
+
+def attested_condition(registration: model.Registration) -> tuple[bool, str, str]:
+    """(status, reason, message) of the Attested condition: reason is the verdict."""
+    attestation = registration.attestation
+    if attestation is None:
+        return (
+            False,
+            Reason.ATTESTATION_MISSING.value,
+            f"no attestation yet from the agent of node {registration.node_name or '?'}",
+        )
+    verdict = attestation.verdict if isinstance(attestation.verdict, Verdict) else Verdict.UNKNOWN
+    # No observedTime here: the agent refreshes an unchanged verdict periodically, and a message
+    # that moved with it would cost a status write per refresh (the time is in status.attestation).
+    message = (
+        f"{attestation.verdict or '?'} ({attestation.evidence or 'no evidence'}) by the agent of node "
+        f"{attestation.agent_node or '?'}: {attestation.detail or ''}"
+    )
+    return True, verdict.value, message.rstrip(": ")
+
+
+def desired_conditions(
+    registration: model.Registration, decision: Decision, *, now: datetime.datetime
+) -> list[model.Condition]:
+    """Attested, Retirable and Retired (False/Active, or False/Released) for a registration.
+
+    A retired registration's Retired condition is its history (whoever wrote it, the operator or a
+    human's ``kubectl coroner apply``) and is left exactly as stored."""
+    generation = registration.generation
+    current = list(registration.conditions)
+    status, reason, message = attested_condition(registration)
+    current = cond.set_condition(
+        current,
+        type=ConditionType.ATTESTED,
+        status=status,
+        reason=reason,
+        message=message,
+        observed_generation=generation,
+        now=now,
+    )
+    current = cond.set_condition(
+        current,
+        type=ConditionType.RETIRABLE,
+        status=decision.retirable,
+        reason=decision.reason.value,
+        message=decision.detail,
+        observed_generation=generation,
+        now=now,
+    )
+    if registration.retired:
+        return current
+    return cond.set_condition(
+        current,
+        type=ConditionType.RETIRED,
+        status=False,
+        reason=RELEASED if registration.released else ACTIVE,
+        message=(
+            "released by the worker; nothing to retire"
+            if registration.released
+            else "active; the Retirable condition says why it is or is not retirable"
+        ),
+        observed_generation=generation,
+        now=now,
+    )
+
+
+def retired_conditions(
+    registration: model.Registration, decision: Decision, *, now: datetime.datetime
+) -> list[model.Condition]:
+    """The operator's conditions written together with status.retirement, in one compare-and-swap patch.
+
+    Retirable reads AlreadyTerminal at once, as it will for ever after: a retired registration
+    reads terminal everywhere (the printer column included), and no second write is needed to say so.
+    """
+    current = desired_conditions(registration, decision, now=now)
+    evidence = decision.death_evidence.value if decision.death_evidence else "Unknown"
+    current = cond.set_condition(
+        current,
+        type=ConditionType.RETIRABLE,
+        status=False,
+        reason=Reason.ALREADY_TERMINAL.value,
+        message=f"retired ({evidence}); terminal registrations are history and are not decided again",
+        observed_generation=registration.generation,
+        now=now,
+    )
+    return cond.set_condition(
+        current,
+        type=ConditionType.RETIRED,
+        status=True,
+        reason=evidence,
+        message=f"retired: {decision.detail}",
+        observed_generation=registration.generation,
+        now=now,
+    )
+
+
+def conditions_ops(
+    body: Mapping[str, Any], conditions: list[model.Condition], *, resource_version: str
+) -> list[dict[str, Any]]:
+    """The operator's compare-and-swap JSON patch that sets status.conditions."""
+    return status_ops(body=body, resource_version=resource_version, conditions=cond.render_conditions(conditions))
+
+
+def conditions_changed(registration: model.Registration, desired: list[model.Condition]) -> bool:
+    return cond.render_conditions(list(registration.conditions)) != cond.render_conditions(desired)
+
+
+def reads_terminal(registration: model.Registration) -> bool:
+    """The Retirable condition already says AlreadyTerminal (whatever its message)."""
+    retirable = cond.find_condition(registration.conditions, type=ConditionType.RETIRABLE)
+    return retirable is not None and retirable.reason == Reason.ALREADY_TERMINAL.value
+
+
+# --- the retirement: one patch for the operator and for `kubectl coroner apply` ------------------
+
+
+class Writer(enum.Enum):
+    """Who retires, which decides which conditions the retirement patch may write."""
+
+    #: The operator owns Attested and Retirable and writes all three conditions.
+    OPERATOR = "operator"
+    #: A person's ``kubectl coroner apply``: the admission policy coroner-status-fields-by-identity
+    #: refuses anyone but the operator a change to Attested or Retirable, so those are written back
+    #: exactly as stored (re-rendering them could change them) and only Retired is set.
+    PERSON = "person"
+
+
+def retirement_ops(
+    body: Mapping[str, Any],
+    registration: model.Registration,
+    decision: Decision,
+    *,
+    retired_by: str,
+    now: datetime.datetime,
+    writer: Writer = Writer.OPERATOR,
+) -> list[dict[str, Any]]:
+    """The compare-and-swap JSON patch that retires one registration.
+
+    ``test`` the resourceVersion read and the attestation relied on (verbatim), then set the
+    conditions (see `Writer`) and ``status.retirement``. Raises ValueError for a decision that is
+    not retirable: there is nothing to patch.
+    """
+    if not decision.retirable or decision.death_evidence is None:
+        raise ValueError(f"{registration.display_name} is {decision.reason}, not retirable; nothing to patch")
+    status = body.get("status")
+    stored_status: Mapping[str, Any] | None = status if isinstance(status, Mapping) else None
+    raw_attestation = None if stored_status is None else stored_status.get("attestation")
+    if writer is Writer.OPERATOR:
+        written = cond.render_conditions(retired_conditions(registration, decision, now=now))
+    else:
+        written = _person_retired_conditions(stored_status, registration, decision, retired_by=retired_by, now=now)
+    return status_ops(
+        body=body,
+        resource_version=str(registration.resource_version),
+        conditions=written,
+        retirement=retirement_record(decision=decision, retired_by=retired_by, now=now, attestation=raw_attestation),
+    )
+
+
+def _person_retired_conditions(
+    stored_status: Mapping[str, Any] | None,
+    registration: model.Registration,
+    decision: Decision,
+    *,
+    retired_by: str,
+    now: datetime.datetime,
+) -> list[Any]:
+    """The stored conditions, verbatim, with Retired set (replaced, or appended)."""
+    assert decision.death_evidence is not None
+    stored_conditions = [] if stored_status is None else stored_status.get("conditions")
+    if not isinstance(stored_conditions, list):
+        stored_conditions = []
+    updated = cond.set_condition(
+        registration.conditions,
+        type=ConditionType.RETIRED,
+        status=True,
+        reason=decision.death_evidence.value,
+        message=f"retired by {retired_by} with kubectl coroner apply: {decision.detail}",
+        observed_generation=registration.generation,
+        now=now,
+    )
+    retired = cond.find_condition(updated, type=ConditionType.RETIRED)
+    assert retired is not None  # set_condition always leaves one of its type
+    rendered = cond.render_condition(retired)
+    written = [
+        rendered if isinstance(item, Mapping) and item.get("type") == ConditionType.RETIRED.value else item
+        for item in stored_conditions
+    ]
+    if rendered not in written:
+        written.append(rendered)
+    return written
+
+
+# --- the launcher ----------------------------------------------------------------------------------
 
 #: The field manager of the launcher's goodbye; it owns exactly the Released condition.
 RELEASE_FIELD_MANAGER = "coroner-launcher"
