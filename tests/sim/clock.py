@@ -1,0 +1,96 @@
+"""Virtual time: seconds (a float) since a fixed epoch; each component reads it through its own skew.
+
+The production code reads the wall clock in two places the simulation drives (the agent's
+attestation time, and its confirmation timer): `installed()` points those at the component whose
+code is running (`CURRENT`), for the duration of a batch, and puts the real ones back after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from sim.prod import agent_service, model
+
+EPOCH = datetime.datetime(2026, 12, 1, 12, 0, 0, tzinfo=datetime.UTC)
+
+
+def dt(t: float) -> datetime.datetime:
+    return EPOCH + datetime.timedelta(seconds=t)
+
+
+def iso(t: float, *, fraction: bool = True) -> str:
+    return model.format_time(dt(t), fraction=fraction)
+
+
+class _Current:
+    """The clock and timer of the component whose production code is running right now."""
+
+    now: Callable[[], float] = staticmethod(lambda: 0.0)
+    call_later: Callable[[float, Callable[..., None], Any], None] = staticmethod(lambda d, f, *a: None)
+
+
+CURRENT = _Current()
+
+
+class _SimDatetime(datetime.datetime):
+    @classmethod
+    def now(cls, tz: datetime.tzinfo | None = None) -> datetime.datetime:  # type: ignore[override]
+        return dt(CURRENT.now())
+
+
+class _SimLoop:
+    def call_later(self, delay: float, callback: Callable[..., None], *args: Any) -> None:
+        CURRENT.call_later(delay, callback, *args)
+
+
+_datetime_module = types.SimpleNamespace(
+    datetime=_SimDatetime, timedelta=datetime.timedelta, UTC=datetime.UTC, timezone=datetime.timezone
+)
+
+
+class _SimAsyncio(types.SimpleNamespace):
+    """asyncio, but `get_running_loop()` is the simulation's timer (everything else is the real one)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(asyncio, name)
+
+
+_asyncio_module = _SimAsyncio(get_running_loop=lambda: _SimLoop())
+
+
+#: parse_registration results by the identity of the (immutable) body parsed; see `installed`.
+PARSED: dict[int, tuple[Any, Any]] = {}
+_parse = model.parse_registration
+
+
+def _memo_parse(obj: object) -> Any:
+    hit = PARSED.get(id(obj))
+    if hit is not None and hit[0] is obj:
+        return hit[1]
+    registration = _parse(obj)
+    PARSED[id(obj)] = (obj, registration)
+    return registration
+
+
+@contextlib.contextmanager
+def installed() -> Iterator[None]:
+    """Point the agent service's clock and timer at the simulation (restored on exit).
+
+    Also memoizes `model.parse_registration` by the identity of the body: the model API server's
+    bodies are immutable, the parse is pure, and the agent, the operator and the oracles parse
+    the very same objects (the trial clears the memo, which also keeps each body alive while its
+    id is a key)."""
+    saved = agent_service.datetime, agent_service.asyncio, model.parse_registration
+    agent_service.datetime = _datetime_module  # type: ignore[assignment]
+    agent_service.asyncio = _asyncio_module  # type: ignore[assignment]
+    model.parse_registration = _memo_parse  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        agent_service.datetime, agent_service.asyncio, model.parse_registration = saved
+        PARSED.clear()

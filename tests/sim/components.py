@@ -1,0 +1,748 @@
+"""The simulated components: agents, operators, launchers (workers) and a human's `kubectl coroner apply`.
+
+Each runs production code for everything it decides and every shape it writes, and owns only the
+I/O around it — which in the simulation is a call on the model API server, delayed by the API
+latency, and dropped if the component crashed meanwhile (each component has an `epoch`; a crash
+bumps it, and every callback scheduled by an older epoch is a no-op).
+
+- `SimAgent`: the production `coroner_agent.service.Agent` (its watch handlers, `attestation_for`,
+  `_confirmed` and `needs_write`), the production probe (`coroner_agent.probe.probe`, `PidIndex`,
+  `PidfdTable`, `NodeFacts.read`) over a `SimProcReader`, and the production `attestation_ops`.
+  What is the sim's own: `Agent.attest`'s four lines of I/O (it is async and calls the network
+  inline), the prober's bookkeeping (`ProcProber` opens a real /proc), and the Lease body.
+- `SimOperator`: the production `World` cache, `decide`, `status.desired_conditions`,
+  `conditions_ops`, `retirement_ops`; the reconcile flow around them mirrors
+  `coroner_operator.reconciler.Reconciler.reconcile` (the effects-as-data step of issue 15 will
+  replace `SimOperator.reconcile` and `_retire`: see docs/simulation.md).
+- `Worker`: records its incarnation with the production `procfs.incarnation_from` over its own
+  /proc texts, says goodbye with the production `wire.release_apply`.
+- `Human`: `kubectl coroner apply`'s production `plan.build_world`, `decide_all`, `candidates`
+  and `retirement_patch`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import tempfile
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from sim import kernel
+from sim.apiserver import SimApiError, Watcher
+from sim.clock import CURRENT, dt, iso
+from sim.prod import (
+    ConditionType,
+    Policy,
+    World,
+    agent_kube,
+    agent_probe,
+    agent_service,
+    api,
+    cli_plan,
+    conditions,
+    decide,
+    lease_expiry,
+    model,
+    operator_status,
+    procfs,
+    wire,
+)
+
+if TYPE_CHECKING:
+    from sim.trial import Trial
+
+AGENT_IDENTITY = "system:serviceaccount:coroner-system:coroner-agent"
+LEASE_SECONDS = 30
+RENEW_SECONDS = 10.0
+RESYNC_SECONDS = 30.0
+CONFIRM_SECONDS = 10.0
+
+_FILES: dict[str, str] = {}
+_DIR: list[str] = []
+
+
+def _file(name: str, content: str, *, link: bool = False) -> str:
+    """A small file (or symlink) for `NodeFacts.read`, cached by content for the life of the process."""
+    path = _FILES.get(name)
+    if path is None:
+        if not _DIR:
+            _DIR.append(tempfile.mkdtemp(prefix=f"coroner-sim-{os.getpid()}-"))
+        path = os.path.join(_DIR[0], name)
+        if not os.path.lexists(path):
+            if link:
+                os.symlink(content, path)
+            else:
+                with open(path, "w") as out:
+                    out.write(content)
+        _FILES[name] = path
+    return path
+
+
+def _key(body: dict[str, Any]) -> tuple[str, str]:
+    meta = body.get("metadata") or {}
+    return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+
+
+# --- the agent ---------------------------------------------------------------------------------
+
+
+class SimProber:
+    """`coroner_agent.service.Prober` over the simulated /proc, with the production probe."""
+
+    def __init__(self, agent: SimAgent) -> None:
+        self.agent = agent
+        self.reader = agent.reader
+        self.index = agent_probe.PidIndex()
+        self.pidfds = agent_probe.PidfdTable(max_pinned=agent.max_pinned, close=self.reader.close_pidfd)
+        self.incarnation_of: dict[tuple[str, str], procfs.IncarnationKey] = {}
+        self.reuser_of: dict[tuple[str, str], procfs.IncarnationKey] = {}
+        self.node = self._read_node()
+
+    def _read_node(self) -> agent_probe.NodeFacts:
+        node = self.agent.node
+        view = self.reader.view_ns
+        return agent_probe.NodeFacts.read(
+            node_name=node.name,
+            reader=self.reader,
+            boot_id_file=_file(f"boot-{node.boot_id}", node.boot_id + "\n"),
+            machine_id_file=_file(f"machine-{node.host_id}", node.host_id + "\n"),
+            self_pid_namespace_link=_file(f"ns-{view}", f"pid:[{view}]", link=True),
+        )
+
+    def boot_id(self) -> str | None:
+        return self.node.boot_id
+
+    def host_id(self) -> str:
+        return self.node.host_id
+
+    def rescan(self) -> None:
+        if self.node.boot_id != self.agent.node.boot_id:  # the files changed only if the node rebooted
+            self.node = self._read_node()
+        self.index.refresh(reader=self.reader, proc_pid_namespace=self.node.proc_pid_namespace)
+
+    def probe(self, *, key: tuple[str, str], registration: model.Registration) -> agent_probe.ProbeResult:
+        result = agent_probe.probe(
+            incarnation=registration.incarnation,
+            registration_node=registration.node_name,
+            node=self.node,
+            reader=self.reader,
+            index=self.index,
+            pidfds=self.pidfds,
+        )
+        self.agent.trial.on_probe(self.agent, key, result)
+        try:
+            inc = registration.incarnation
+            self.incarnation_of[key] = procfs.recorded_incarnation(
+                boot_id=inc.boot_id, pid_namespace=inc.pid_namespace, pid=inc.pid, start_time=inc.start_time
+            )
+        except procfs.ParseError:
+            pass
+        if result.reuser is not None:
+            self.reuser_of[key] = result.reuser
+        else:
+            self.reuser_of.pop(key, None)
+        if result.reuser_exited:
+            self.agent.later(0.05, lambda: self.agent.enqueue(key))
+        return result
+
+    def forget(self, *, key: tuple[str, str]) -> None:
+        inc = self.incarnation_of.pop(key, None)
+        self.reuser_of.pop(key, None)
+        if inc is not None and inc not in self.incarnation_of.values() and inc not in self.reuser_of.values():
+            self.pidfds.release(inc)
+
+    def keys_pinned_to(self, proc: kernel.SimProcess) -> list[tuple[str, str]]:
+        """Registrations whose (or whose reuser's) pinned pidfd refers to `proc`: its exit fires them."""
+        fds = {fd for fd, p in self.reader.pinned() if p is proc}
+        if not fds:
+            return []
+        fired = set()
+        for inc in self.pidfds.incarnations():
+            held = self.pidfds.get(inc)
+            if held is not None and held.fd in fds:
+                fired.add(inc)
+        return sorted(k for k, inc in [*self.incarnation_of.items(), *self.reuser_of.items()] if inc in fired)
+
+
+class SimAgent:
+    def __init__(self, trial: Trial, node: kernel.SimNode, *, skew: float = 0.0, lag: float = 0.05) -> None:
+        self.trial = trial
+        self.node = node
+        self.skew = skew
+        self.lag = lag
+        self.identity = f"agent:{node.name}"
+        self.epoch = 0
+        self.up = False
+        self.confined = False
+        self.max_pinned = 20000
+        self.writes = 0
+        self.crash_after_write: int | None = None
+        self.watch: Watcher | None = None
+
+    def now(self) -> float:
+        return self.trial.now + self.skew
+
+    def later(self, delay: float, fn: Callable[[], None]) -> None:
+        epoch = self.epoch
+
+        def run() -> None:
+            if self.up and self.epoch == epoch:
+                self._as_me(fn)
+
+        self.trial.at(self.trial.now + delay, run)
+
+    def _as_me(self, fn: Callable[[], Any]) -> Any:
+        CURRENT.now = self.now
+        CURRENT.call_later = lambda delay, callback, *args: self.later(delay, lambda: callback(*args))
+        return fn()
+
+    def start(self) -> None:
+        self.epoch += 1
+        self.up = True
+        ns = kernel.CHILD_NS_POOL[-1] if self.confined else kernel.ROOT_NS
+        self.process = self.node.spawn(now=self.trial.now, ns=ns)
+        self.process.comm = "coroner-agent"
+        self.reader = kernel.SimProcReader(self.node, agent=self.process, view_ns=ns)
+        self.prober = SimProber(self)
+        settings = agent_service.AgentSettings(
+            node_name=self.node.name,
+            pod_name=f"coroner-agent-{self.node.name}-{self.epoch}",
+            lease_duration_seconds=LEASE_SECONDS,
+            renew_seconds=RENEW_SECONDS,
+            resync_seconds=RESYNC_SECONDS,
+            absence_confirm_seconds=CONFIRM_SECONDS,
+        )
+        self.agent = agent_service.Agent(kube=None, prober=self.prober, settings=settings, identity=AGENT_IDENTITY)  # type: ignore[arg-type]
+        self.agent.enqueue = self.enqueue  # type: ignore[method-assign]
+        self.queued: set[tuple[str, str]] = set()
+        node = self.node.name
+        self.watch = Watcher(
+            self.trial.server,
+            name=f"agent-{node}",
+            kind="wreg",
+            selector=lambda b: ((b.get("metadata") or {}).get("labels") or {}).get(api.NODE_LABEL) == node,
+            lag=self.lag,
+            on_event=lambda etype, body: self._as_me(lambda: self.agent.on_event(etype, body)),
+            on_relist=lambda items: self._as_me(lambda: self.agent.on_relist(items)),
+        )
+        self.trial.server.watchers.append(self.watch)
+        self._as_me(self.watch.start)
+        self.renew()
+        self.later(RESYNC_SECONDS, self.resync)
+
+    def crash(self) -> None:
+        if not self.up:
+            return
+        self.up = False
+        self.epoch += 1
+        if self.watch is not None:
+            self.watch.stop()
+        if self.process.alive:
+            self.node.exit(self.process)
+
+    def enqueue(self, key: tuple[str, str]) -> None:
+        if key in self.queued:
+            return
+        self.queued.add(key)
+
+        def run() -> None:
+            self.queued.discard(key)
+            self.attest(key)
+
+        self.later(0.001, run)
+
+    def renew(self) -> None:
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": f"{api.AGENT_LEASE_PREFIX}{self.node.name}",
+                "namespace": api.SYSTEM_NAMESPACE,
+                "annotations": {
+                    api.AGENT_LEASE_BOOT_ID: self.prober.boot_id() or "",
+                    api.AGENT_LEASE_HOST_ID: self.prober.host_id(),
+                },
+            },
+            "spec": {
+                "holderIdentity": f"coroner-agent-{self.node.name}-{self.epoch}",
+                "leaseDurationSeconds": LEASE_SECONDS,
+                "renewTime": iso(self.now()),
+            },
+        }
+        if not self.trial.partitioned(self):
+            self.trial.server.upsert(self.identity, "lease", body)
+        self.later(RENEW_SECONDS, self.renew)
+
+    def resync(self) -> None:
+        self.prober.rescan()
+        for key in list(self.agent.bodies):
+            self.enqueue(key)
+        self.later(RESYNC_SECONDS, self.resync)
+
+    def on_exit(self, proc: kernel.SimProcess) -> None:
+        """The kernel side of a pidfd becoming readable (or a reuser's number being freed)."""
+        if not self.up:
+            return
+        for key in self.prober.keys_pinned_to(proc):
+            self.later(0.0005, lambda key=key: self.agent.on_pidfd(key))
+
+    def attest(self, key: tuple[str, str]) -> None:
+        """`Agent.attest` without its I/O: production attestation_for, _confirmed, needs_write, ops."""
+        agent = self.agent
+        body = agent.bodies.get(key)
+        if body is None:
+            return
+        prepared = agent.attestation_for(key, body)
+        if prepared is None:
+            return
+        registration, attestation = prepared
+        if not agent._confirmed(key, attestation):
+            return
+        if not agent_service.needs_write(
+            registration.attestation, attestation, last_heartbeat_raw=registration.last_heartbeat_raw
+        ):
+            return
+        ops = agent_kube.attestation_ops(body, attestation)
+        self.trial.stats["attest_sent"] += 1
+        self.later(self.trial.latency(), lambda: self._write(key, ops))
+
+    def _write(self, key: tuple[str, str], ops: list[dict[str, Any]]) -> None:
+        if self.trial.partitioned(self):
+            self.later(1.0, lambda: self.enqueue(key))
+            return
+        try:
+            written = self.trial.server.patch(self.identity, "wreg", key[0], key[1], ops)
+        except SimApiError as exc:
+            if exc.status in (409, 422):
+                try:
+                    fresh = self.trial.server.get("wreg", key[0], key[1])
+                except SimApiError:
+                    self.agent._forget(key)
+                    return
+                self.agent.bodies[key] = fresh
+                self.enqueue(key)
+                return
+            if exc.status == 404:
+                self.agent._forget(key)
+                return
+            self.trial.stats["agent_refused"] += 1
+            return
+        self.agent.bodies[key] = written
+        self.writes += 1
+        if self.crash_after_write is not None and self.writes == self.crash_after_write:
+            self.trial.sieve_crash(self)
+
+
+# --- the operator ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class RetireIntent:
+    """What a retirement write relied on, for the oracles (never sent to the server)."""
+
+    view_rv: int
+    attestation: Any
+
+
+class SimOperator:
+    def __init__(self, trial: Trial, name: str, *, skew: float = 0.0, lag: float = 0.05) -> None:
+        self.trial = trial
+        self.name = name
+        self.identity = name
+        self.skew = skew
+        self.lag = lag
+        self.epoch = 0
+        self.up = False
+        self.writes = 0
+        self.crash_after_write: int | None = None
+        self.watches: list[Watcher] = []
+        self.policy = Policy()
+
+    def now(self) -> float:
+        return self.trial.now + self.skew
+
+    def later(self, delay: float, fn: Callable[[], None]) -> None:
+        epoch = self.epoch
+
+        def run() -> None:
+            if self.up and self.epoch == epoch:
+                fn()
+
+        self.trial.at(self.trial.now + max(0.0, delay), run)
+
+    def start(self, *, cap: int | None = None) -> None:
+        self.epoch += 1
+        self.up = True
+        self.world = World()
+        self.queued: set[tuple[str, str]] = set()
+        self.agent_due: dict[str, float] = {}
+        self.timer_due: dict[tuple[str, str], float] = {}
+        self.watches = [
+            Watcher(self.trial.server, name=f"{self.name}-wreg", kind="wreg", selector=lambda b: True, lag=self.lag,
+                    on_event=self.on_registration, on_relist=self.on_relist),
+            Watcher(self.trial.server, name=f"{self.name}-lease", kind="lease", selector=lambda b: True, lag=self.lag,
+                    on_event=self.on_lease, on_relist=self.on_lease_relist),
+        ]  # fmt: skip
+        for watch in self.watches:
+            watch.cap = cap
+            self.trial.server.watchers.append(watch)
+            watch.start()
+        self.later(60.0, self.sweep)
+        self.later(5.0, self.refresh_permission)
+
+    def refresh_permission(self) -> None:
+        """Reconciler.run_permission_refresh: a flip of the retire capability re-queues the namespace."""
+        for namespace in self.world.namespaces():
+            allowed = self.trial.server.holds_retire(self.identity)
+            if self.world.retire_permission.get(namespace) != allowed:
+                self.world.retire_permission[namespace] = allowed
+                for key in self.world.keys_in_namespace(namespace):
+                    self.enqueue(key)
+        self.later(5.0, self.refresh_permission)
+
+    def crash(self) -> None:
+        if not self.up:
+            return
+        self.up = False
+        self.epoch += 1
+        for watch in self.watches:
+            watch.stop()
+
+    # --- inputs (mirror Reconciler.on_registration / on_lease) ---------------------------------
+
+    def on_relist(self, items: list[dict[str, Any]]) -> None:
+        for key in list(self.world.bodies):
+            self.world.forget_registration(key)
+        for body in items:
+            self.world.put_registration(body)
+        for key in list(self.world.bodies):
+            self.enqueue(key)
+
+    def on_registration(self, etype: str, body: dict[str, Any]) -> None:
+        key = _key(body)
+        travel = self.trial.travel
+        rv = _rv(body)
+        if travel is not None and travel[0] is self and self.trial.labels.get(rv) == travel[1]:
+            self.trial.at(self.trial.now, lambda: self.trial.time_travel(rv))
+        peers = {(p.namespace or "", p.name or "") for p in self.world.peers_of(key)}
+        if etype == "DELETED":
+            self.world.forget_registration(key)
+        else:
+            cached = self.world.bodies.get(key)
+            if cached is not None and _rv(body) < _rv(cached):
+                return
+            self.world.put_registration(body)
+            self.enqueue(key)
+            peers |= {(p.namespace or "", p.name or "") for p in self.world.peers_of(key)}
+        for peer in sorted(peers):
+            self.enqueue(peer)
+
+    def on_lease_relist(self, items: list[dict[str, Any]]) -> None:
+        self.world.agents.clear()
+        for body in items:
+            self.on_lease("ADDED", body)
+
+    def on_lease(self, etype: str, body: dict[str, Any]) -> None:
+        now = dt(self.now())
+        if etype != "DELETED" and self.world.is_routine_agent_renewal(body, now=now):
+            _, node = self.world.put_lease(body)
+            if node is not None:
+                self.watch_agent_expiry(node)
+            return
+        kind, subject = self.world.forget_lease(body) if etype == "DELETED" else self.world.put_lease(body)
+        if kind == "agent" and subject is not None:
+            self.watch_agent_expiry(subject)
+            for key in self.world.keys_on_node(subject):
+                self.enqueue(key)
+
+    def watch_agent_expiry(self, node: str) -> None:
+        facts = self.world.agents.get(node)
+        until = None if facts is None else lease_expiry(facts.renew_time, facts.lease_duration_seconds)
+        if until is None:
+            return
+        at = (until - dt(0)).total_seconds() - self.skew  # the operator's clock reads `until` then
+        if at <= self.trial.now or self.agent_due.get(node) == at:
+            return
+        self.agent_due[node] = at
+
+        def fire() -> None:
+            if self.agent_due.get(node) == at:
+                del self.agent_due[node]
+                for key in self.world.keys_on_node(node):
+                    self.enqueue(key)
+
+        self.later(at - self.trial.now + 0.001, fire)
+
+    def enqueue(self, key: tuple[str, str]) -> None:
+        if key in self.queued:
+            return
+        self.queued.add(key)
+
+        def run() -> None:
+            self.queued.discard(key)
+            self.reconcile(key)
+
+        self.later(0.001, run)
+
+    def schedule(self, key: tuple[str, str], when: float) -> None:
+        at = when - self.skew
+        due = self.timer_due.get(key)
+        if due is not None and due <= at and due > self.trial.now:
+            return
+        self.timer_due[key] = at
+
+        def fire() -> None:
+            if self.timer_due.get(key) == at:
+                del self.timer_due[key]
+                self.enqueue(key)
+
+        self.later(at - self.trial.now + 0.001, fire)
+
+    def sweep(self) -> None:
+        for key in list(self.world.bodies):
+            self.enqueue(key)
+        self.later(60.0, self.sweep)
+
+    # --- the reconcile (mirrors Reconciler.reconcile; the effects step replaces it) -------------
+
+    def reconcile(self, key: tuple[str, str]) -> None:
+        self.trial.stats["reconciles"] += 1
+        body = self.world.bodies.get(key)
+        if body is None:
+            return
+        registration = self.world.parsed[key]
+        now = dt(self.now())
+        if registration.terminal:
+            if not operator_status.reads_terminal(registration):
+                facts = self.world.facts_for(key, now=now)
+                final = decide(registration=registration, facts=facts, policy=self.policy, now=now)
+                self._write_conditions(key, body, registration, final, now=now)
+            return
+        namespace = key[0]
+        if namespace not in self.world.retire_permission:
+            self.world.retire_permission[namespace] = self.trial.server.holds_retire(self.identity)
+        facts = self.world.facts_for(key, now=now)
+        decision = decide(registration=registration, facts=facts, policy=self.policy, now=now)
+        if decision.retirable:
+            self._retire(key, body, registration, now=now)
+        else:
+            self._write_conditions(key, body, registration, decision, now=now)
+        if decision.next_evaluation_at is not None:
+            self.schedule(key, (decision.next_evaluation_at - dt(0)).total_seconds())
+
+    def _write_conditions(self, key, body, registration, decision, *, now) -> None:  # type: ignore[no-untyped-def]
+        desired = operator_status.desired_conditions(registration, decision, now=now)
+        if not operator_status.conditions_changed(registration, desired):
+            return
+        ops = operator_status.conditions_ops(body, desired, resource_version=str(registration.resource_version))
+        self._send(key, ops, intent=None)
+
+    def _retire(self, key, body, registration, *, now) -> None:  # type: ignore[no-untyped-def]
+        namespace = key[0]
+        # Right before the write: the capability and the Lease fence, read fresh (FreshRead).
+        if not self.trial.server.holds_retire(self.identity):
+            self.world.retire_permission[namespace] = False
+            self.enqueue(key)
+            return
+        live = {}
+        cached = self.world.leases.get(namespace, {})
+        if {(n, f.holder_identity) for n, f in live.items()} != {(n, f.holder_identity) for n, f in cached.items()}:
+            self.world.leases[namespace] = live
+            self.enqueue(key)
+            return
+        fenced = decide(
+            registration=registration,
+            facts=self.world.facts_for(
+                key, now=now, leases_override=live, permission_override=True, use_permission_override=True
+            ),
+            policy=self.policy,
+            now=now,
+        )
+        if not fenced.retirable:
+            self.enqueue(key)
+            return
+        ops = operator_status.retirement_ops(body, registration, fenced, retired_by=self.identity, now=dt(self.now()))
+        intent = RetireIntent(view_rv=int(registration.resource_version or 0), attestation=registration.attestation)
+        self._send(key, ops, intent=intent)
+
+    def _send(self, key: tuple[str, str], ops: list[dict[str, Any]], *, intent: RetireIntent | None) -> None:
+        self.trial.stats["operator_writes_sent"] += 1
+        self.later(self.trial.latency(), lambda: self._write(key, ops, intent))
+
+    def _write(self, key: tuple[str, str], ops: list[dict[str, Any]], intent: RetireIntent | None) -> None:
+        server = self.trial.server
+        try:
+            patched = server.patch(
+                self.identity, "wreg", key[0], key[1], ops, view_rv=None if intent is None else intent.view_rv
+            )
+        except SimApiError as exc:
+            if exc.status in (404, 409, 422):
+                self.trial.stats["cas_conflicts"] += 1
+                self._reread(key)
+                return
+            if exc.status == 403:
+                self.world.retire_permission[key[0]] = False
+                self.enqueue(key)
+                return
+            raise
+        self._observe(patched)
+        self.writes += 1
+        if self.crash_after_write is not None and self.writes == self.crash_after_write:
+            self.trial.sieve_crash(self)
+
+    def _reread(self, key: tuple[str, str]) -> None:
+        try:
+            # A GET without a resourceVersion is a quorum read: fresh even from a lagging API
+            # server, whose watch cache serves the stale lists and events.
+            fresh = self.trial.server.get("wreg", key[0], key[1])
+        except SimApiError:
+            self.world.forget_registration(key)
+            return
+        self._observe(fresh)
+        self.enqueue(key)
+
+    def _observe(self, body: dict[str, Any]) -> None:
+        key = _key(body)
+        cached = self.world.bodies.get(key)
+        if cached is None or _rv(body) >= _rv(cached):
+            self.world.put_registration(body)
+
+
+def _rv(body: dict[str, Any]) -> int:
+    try:
+        return int(body["metadata"]["resourceVersion"])
+    except (KeyError, TypeError, ValueError):
+        return -1
+
+
+# --- the worker and its launcher ---------------------------------------------------------------
+
+
+class Worker:
+    """One `coroner run`: a process on a node, its registration, opt-in heartbeats, its goodbye."""
+
+    def __init__(
+        self, trial: Trial, node: kernel.SimNode, index: int, *, ns: int, heartbeat: tuple[int, int] | None,
+        skew: float = 0.0,
+    ) -> None:  # fmt: skip
+        self.trial = trial
+        self.node = node
+        self.name = f"w{index}"
+        self.namespace = "jobs"
+        self.ns = ns
+        self.heartbeat = heartbeat
+        self.skew = skew
+        self.proc: kernel.SimProcess | None = None
+        self.registered = False
+        self.boot_id = ""
+        self.died_at: float | None = None
+        self.said_goodbye = False
+        self.spec_incarnation: dict[str, Any] = {}
+        self.fate = "live"
+        self.reuser: kernel.SimProcess | None = None
+
+    def now(self) -> float:
+        return self.trial.now + self.skew
+
+    def start(self, *, force_ns_pid: int | None = None, force_host_pid: int | None = None) -> None:
+        node = self.node
+        self.proc = node.spawn(now=self.trial.now, ns=self.ns, ns_pid=force_ns_pid, host_pid=force_host_pid)
+        self.boot_id = node.boot_id
+        view = self.proc.ns  # the launcher reads its child from inside the worker's own namespace
+        incarnation = procfs.incarnation_from(
+            stat=self.proc.stat(view),
+            status=self.proc.status(view),
+            pid_namespace_link=f"pid:[{self.proc.ns}]",
+            boot_id=node.boot_id + "\n",
+            machine_id=node.host_id + "\n",
+            node_name=node.name,
+        )
+        self.spec_incarnation = incarnation.spec()
+        spec: dict[str, Any] = {
+            "nodeName": node.name,
+            "incarnation": self.spec_incarnation,
+            "clientInstanceId": f"{api.CLIENT_INSTANCE_PREFIX}{self.trial.seed}-{self.name}",
+        }
+        if self.heartbeat is not None:
+            spec["heartbeat"] = {"intervalSeconds": self.heartbeat[0], "ttlSeconds": self.heartbeat[1]}
+        body = {
+            "apiVersion": api.API_VERSION,
+            "kind": api.KIND,
+            "metadata": {"name": self.name, "namespace": self.namespace, "labels": {api.NODE_LABEL: node.name}},
+            "spec": spec,
+        }
+        self.trial.server.create("launcher", "wreg", body)
+        self.registered = True
+        if self.heartbeat is not None:
+            self.beat()
+
+    def beat(self) -> None:
+        if self.proc is None or not self.proc.alive or self.said_goodbye or self.node.boot_id != self.boot_id:
+            return
+        with contextlib.suppress(SimApiError):  # a missed heartbeat is not fatal
+            self.trial.server.merge_status(
+                "launcher", "wreg", self.namespace, self.name, {"status": {"lastHeartbeatTime": iso(self.now())}}
+            )
+        assert self.heartbeat is not None
+        self.trial.at(self.trial.now + self.heartbeat[0], self.beat)
+
+    def goodbye(self) -> None:
+        """The launcher's release after its child exited: one server-side apply of Released."""
+        self.said_goodbye = True
+        condition = conditions.render_condition(
+            model.Condition(
+                type=ConditionType.RELEASED.value,
+                status="True",
+                reason="CleanExit",
+                message="the worker exited cleanly",
+                last_transition_time=dt(self.now()).replace(microsecond=0),
+                observed_generation=1,
+            )
+        )
+        body = wire.release_apply(name=self.name, namespace=self.namespace, condition=condition)
+        try:
+            self.trial.server.apply_status("launcher", "wreg", body)
+            self.trial.stats["goodbyes"] += 1
+        except SimApiError as exc:
+            if exc.status == 422:
+                self.trial.stats["goodbye_after_retired"] += 1
+                return
+            raise
+
+
+# --- the human -----------------------------------------------------------------------------------
+
+
+class Human:
+    """`kubectl coroner apply`: plan from one LIST of each kind, retire the candidates by CAS."""
+
+    def __init__(self, trial: Trial) -> None:
+        self.trial = trial
+
+    def apply(self) -> None:
+        server = self.trial.server
+        registrations, _ = server.list("wreg", lambda b: True)
+        leases, _ = server.list("lease", lambda b: True)
+        listing = cli_plan.Listing(
+            registrations=registrations,
+            leases=leases,
+            nodes=[],
+            retire_permission={"jobs": server.holds_retire("human")},
+        )
+        world = cli_plan.build_world(listing)
+        now = dt(self.trial.now)
+        plan = cli_plan.decide_all(world=world, policy=Policy(), now=now)
+        for entry in cli_plan.candidates(plan):
+            registration = entry.registration
+            key = (registration.namespace or "", registration.name or "")
+            body = world.bodies[key]
+            ops = cli_plan.retirement_patch(
+                body=body, registration=registration, decision=entry.decision, retired_by="human", now=now
+            )
+            try:
+                server.patch("human", "wreg", key[0], key[1], ops, view_rv=int(registration.resource_version or 0))
+                self.trial.stats["human_retired"] += 1
+            except SimApiError:
+                self.trial.stats["human_conflicts"] += 1

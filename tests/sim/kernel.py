@@ -1,0 +1,239 @@
+"""Simulated nodes: processes, pid namespaces, boots, and the /proc the agent's probe reads.
+
+A `SimNode` holds the kernel's truth (which thread groups run, which exited, which were reaped); a
+`SimProcReader` is the production `ProcReader` protocol over it, rendering `/proc/<pid>/stat` and
+`status` as the kernel prints them so that the production parsers (`coroner.core.procfs`) parse
+them. What the sim knows and the probe does not: `SimProcess.alive` is the oracle's ground truth.
+"""
+
+from __future__ import annotations
+
+import errno
+import random
+from collections.abc import Iterable
+from typing import Any
+
+from sim.prod import api
+
+ROOT_NS = api.ROOT_PID_NAMESPACE_INODE
+#: Child pid namespace inodes are drawn from a small pool: inode numbers are recycled, even
+#: within a boot (probe.py's docstring measures it), and the sim wants such collisions to happen.
+CHILD_NS_POOL = (4026532200, 4026532201, 4026532202)
+TICKS = 100  # clock ticks per second (USER_HZ)
+
+
+class SimProcess:
+    """One thread group. `exited`: the whole group exited (a pidfd is readable); `reaped`: gone."""
+
+    __slots__ = (
+        "comm",
+        "exited",
+        "generation",
+        "host_pid",
+        "leader_exited",
+        "ns",
+        "ns_pid",
+        "reaped",
+        "serial",
+        "start_time",
+        "threads",
+    )  # fmt: skip
+
+    def __init__(self, *, host_pid: int, ns: int, ns_pid: int, start_time: int, generation: int, serial: int) -> None:
+        self.host_pid = host_pid
+        self.ns = ns
+        self.ns_pid = ns_pid
+        self.start_time = start_time
+        self.threads = 1
+        self.leader_exited = False
+        self.exited = False
+        self.reaped = False
+        self.generation = generation
+        self.comm = "worker"
+        self.serial = serial
+
+    @property
+    def alive(self) -> bool:
+        """Ground truth: some thread of the group runs (a pthread_exit leader's group included)."""
+        return not self.exited
+
+    @property
+    def state(self) -> str:
+        return "Z" if (self.exited or self.leader_exited) else "S"
+
+    def nspid(self, view_ns: int) -> tuple[int, ...]:
+        if view_ns == ROOT_NS:
+            return (self.host_pid,) if self.ns == ROOT_NS else (self.host_pid, self.ns_pid)
+        return (self.ns_pid,)
+
+    def pid_in(self, view_ns: int) -> int:
+        return self.host_pid if view_ns == ROOT_NS else self.ns_pid
+
+    def stat(self, view_ns: int) -> str:
+        pid = self.pid_in(view_ns)
+        threads = 1 if self.exited else self.threads
+        after = [self.state, "1", "1", "1", "0", "-1", "4194560", "0", "0", "0", "0", "0", "0", "0", "0", "20", "0"]
+        after += [str(threads), "0", str(self.start_time), "0", "0"]
+        return f"{pid} ({self.comm}) {' '.join(after)}\n"
+
+    def status(self, view_ns: int) -> str:
+        pid = self.pid_in(view_ns)
+        threads = 1 if self.exited else self.threads
+        state = "Z (zombie)" if self.state == "Z" else "S (sleeping)"
+        nspid = "\t".join(map(str, self.nspid(view_ns)))
+        return (
+            f"Name:\t{self.comm}\nState:\t{state}\nTgid:\t{pid}\nPid:\t{pid}\nPPid:\t1\n"
+            f"NSpid:\t{nspid}\nThreads:\t{threads}\n"
+        )
+
+
+class SimNode:
+    """One machine: a boot id, a host id, and its thread groups by host pid."""
+
+    def __init__(self, *, name: str, rng: random.Random, now: float) -> None:
+        self.name = name
+        self.rng = rng
+        self.host_id = f"{rng.getrandbits(128):032x}"
+        self.boots = 0
+        self.serials = 0
+        self.generations = 1000
+        self.boot(now)
+
+    def boot(self, now: float) -> None:
+        """A (re)boot: every process is gone, a new boot id, pid numbering and ticks start over."""
+        self.boots += 1
+        b = f"{self.rng.getrandbits(128):032x}"
+        self.boot_id = f"{b[:8]}-{b[8:12]}-4{b[13:16]}-8{b[17:20]}-{b[20:32]}"
+        self.boot_time = now
+        self.procs: dict[int, SimProcess] = {}
+        self.next_host_pid = 300
+        self.next_ns_pid: dict[int, int] = {}
+
+    def ticks(self, now: float) -> int:
+        return int((now - self.boot_time) * TICKS) + 1
+
+    def spawn(
+        self, *, now: float, ns: int = ROOT_NS, host_pid: int | None = None, ns_pid: int | None = None
+    ) -> SimProcess:
+        """A new thread group; `host_pid`/`ns_pid` force a number (ns_last_pid), which must be free."""
+        if host_pid is None:
+            host_pid = self.next_host_pid
+            while host_pid in self.procs:
+                host_pid += 1
+            self.next_host_pid = host_pid + 1 + self.rng.randrange(3)
+        assert host_pid not in self.procs
+        if ns == ROOT_NS:
+            ns_pid = host_pid
+        elif ns_pid is None:
+            ns_pid = self.next_ns_pid.get(ns, 1)
+            taken = {p.ns_pid for p in self.procs.values() if p.ns == ns}
+            while ns_pid in taken:
+                ns_pid += 1
+            self.next_ns_pid[ns] = ns_pid + 1
+        self.serials += 1
+        self.generations += 1 + self.rng.randrange(2)
+        proc = SimProcess(
+            host_pid=host_pid, ns=ns, ns_pid=ns_pid, start_time=self.ticks(now), generation=self.generations,
+            serial=self.serials,
+        )  # fmt: skip
+        self.procs[host_pid] = proc
+        return proc
+
+    def exit(self, proc: SimProcess, *, reap: bool = True) -> None:
+        proc.exited = True
+        if reap:
+            self.reap(proc)
+
+    def reap(self, proc: SimProcess) -> None:
+        proc.exited = True
+        proc.reaped = True
+        if self.procs.get(proc.host_pid) is proc:
+            del self.procs[proc.host_pid]
+
+    def find(self, *, ns: int, ns_pid: int) -> SimProcess | None:
+        for proc in self.procs.values():
+            if proc.ns == ns and proc.ns_pid == ns_pid:
+                return proc
+        return None
+
+
+def _enoent(what: str) -> OSError:
+    return OSError(errno.ENOENT, f"No such file or directory: {what}")
+
+
+class SimProcReader:
+    """The production `coroner_agent.probe.ProcReader` over a `SimNode`, from one pid namespace.
+
+    `view_ns` is the namespace of the /proc the agent mounted (root for a hostPID agent; its own
+    child namespace for a confined one, which then sees only its own container's processes).
+    """
+
+    def __init__(self, node: SimNode, *, agent: SimProcess, view_ns: int = ROOT_NS) -> None:
+        self.node = node
+        self.agent = agent
+        self.view_ns = view_ns
+        self._fds: dict[int, SimProcess] = {}
+        self._next_fd = 3
+
+    def _visible(self) -> Iterable[SimProcess]:
+        if self.view_ns == ROOT_NS:
+            return self.node.procs.values()
+        return [p for p in self.node.procs.values() if p.ns == self.view_ns]
+
+    def _proc(self, pid: int) -> SimProcess:
+        if self.view_ns == ROOT_NS:
+            proc = self.node.procs.get(pid)
+        else:
+            proc = next((p for p in self.node.procs.values() if p.ns == self.view_ns and p.ns_pid == pid), None)
+        if proc is None:
+            raise _enoent(f"/proc/{pid}")
+        return proc
+
+    def list_pids(self) -> list[tuple[int, int]]:
+        return [(p.pid_in(self.view_ns), p.generation) for p in self._visible()]
+
+    def read_stat(self, pid: int) -> str:
+        return self._proc(pid).stat(self.view_ns)
+
+    def read_status(self, pid: int) -> str:
+        return self._proc(pid).status(self.view_ns)
+
+    def read_pid_namespace_link(self, pid: int) -> str:
+        return f"pid:[{self._proc(pid).ns}]"
+
+    def self_pid(self) -> int:
+        return self.agent.pid_in(self.view_ns)
+
+    def open_pidfd(self, pid: int) -> int:
+        try:
+            proc = self._proc(pid)
+        except OSError as exc:
+            raise OSError(errno.ESRCH, "No such process") from exc
+        fd = self._next_fd
+        self._next_fd += 1
+        self._fds[fd] = proc
+        return fd
+
+    def pidfd_pid(self, fd: int) -> int | None:
+        proc = self._fds.get(fd)
+        if proc is None:
+            raise OSError(errno.EBADF, "Bad file descriptor")
+        return None if proc.reaped else proc.pid_in(self.view_ns)
+
+    def pidfd_exited(self, fd: int) -> bool:
+        proc = self._fds.get(fd)
+        if proc is None:
+            raise OSError(errno.EBADF, "Bad file descriptor")
+        return proc.exited
+
+    def close_pidfd(self, fd: int) -> None:
+        self._fds.pop(fd, None)
+
+    def pinned(self) -> list[tuple[int, SimProcess]]:
+        return list(self._fds.items())
+
+
+def describe(proc: SimProcess | None) -> dict[str, Any]:
+    if proc is None:
+        return {}
+    return {"hostPid": proc.host_pid, "ns": proc.ns, "nsPid": proc.ns_pid, "startTime": proc.start_time}
