@@ -88,7 +88,7 @@ def apply_json_patch(body: dict[str, Any], ops: list[Mapping[str, Any]]) -> dict
         if kind in ("add", "replace"):
             if kind == "replace" and last not in parent:
                 raise SimApiError(422, "Invalid", f"replace of absent {op['path']}")
-            parent[last] = jcopy(op.get("value"))
+            parent[last] = op.get("value")  # built fresh by the writer, and never mutated after
         elif kind == "remove":
             if last not in parent:
                 raise SimApiError(422, "Invalid", f"remove of absent {op['path']}")

@@ -60,6 +60,7 @@ RESYNC_SECONDS = 30.0
 CONFIRM_SECONDS = 10.0
 
 _FILES: dict[str, str] = {}
+_NODE_FACTS: dict[tuple[str, str, str, int], agent_probe.NodeFacts] = {}
 _DIR: list[str] = []
 
 
@@ -103,6 +104,15 @@ class SimProber:
     def _read_node(self) -> agent_probe.NodeFacts:
         node = self.agent.node
         view = self.reader.view_ns
+        key = (node.name, node.boot_id, node.host_id, view)
+        facts = _NODE_FACTS.get(key)
+        if facts is None:
+            facts = _NODE_FACTS[key] = self._read_node_files(node, view)
+        return facts
+
+    def _read_node_files(self, node: kernel.SimNode, view: int) -> agent_probe.NodeFacts:
+        """The production `NodeFacts.read` over files holding this boot's facts (read once per
+        boot and pid-namespace view in a process: the files, and so the facts, never change)."""
         return agent_probe.NodeFacts.read(
             node_name=node.name,
             reader=self.reader,
@@ -526,7 +536,9 @@ class SimOperator:
         facts = self.world.facts_for(key, now=now)
         decision = decide(registration=registration, facts=facts, policy=self.policy, now=now)
         if decision.retirable:
-            self._retire(key, body, registration, now=now)
+            # Steps 1-2 of the retire protocol are requests sent after the decision (the capability
+            # review and the Lease fence): they answer one round trip later.
+            self.later(self.trial.latency(), lambda: self._retire(key, body, registration))
         else:
             self._write_conditions(key, body, registration, decision, now=now)
         if decision.next_evaluation_at is not None:
@@ -539,8 +551,9 @@ class SimOperator:
         ops = operator_status.conditions_ops(body, desired, resource_version=str(registration.resource_version))
         self._send(key, ops, intent=None)
 
-    def _retire(self, key, body, registration, *, now) -> None:  # type: ignore[no-untyped-def]
+    def _retire(self, key, body, registration) -> None:  # type: ignore[no-untyped-def]
         namespace = key[0]
+        now = dt(self.now())
         # Right before the write: the capability and the Lease fence, read fresh (FreshRead).
         if not self.trial.server.holds_retire(self.identity):
             self.world.retire_permission[namespace] = False

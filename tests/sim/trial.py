@@ -142,10 +142,10 @@ class Trial:
         for fault in faults:
             self.stats[f"fault:{fault}"] += 1
         self.nodes = [kernel.SimNode(name=f"n{i}", rng=rng, now=0.0) for i in range(rng.choice((1, 1, 2)))]
-        self.agents = {node.name: SimAgent(self, node, lag=0.01 + rng.random() * 0.2) for node in self.nodes}
+        self.agents = {node.name: SimAgent(self, node, lag=0.01 + rng.random() ** 2 * 1.5) for node in self.nodes}
         operators = 2 if "two_operators" in faults else 1
         self.operators = [
-            SimOperator(self, "operator" if i == 0 else f"operator{i + 1}", lag=0.01 + rng.random() * 0.2)
+            SimOperator(self, "operator" if i == 0 else f"operator{i + 1}", lag=0.01 + rng.random() ** 2 * 1.5)
             for i in range(operators)
         ]
         self.workers: list[Worker] = []
@@ -171,7 +171,8 @@ class Trial:
             self.at(rng.random() * 0.5, agent.start)
         for op in self.operators:
             self.at(rng.random() * 2.0, op.start)
-        self.at(5.0, self._compact)
+        if "watch_compaction" in faults:
+            self.at(5.0, self._compact)
         for worker in self.workers:
             start = 0.2 + rng.random() * 3.0
             self.at(start, worker.start)
