@@ -3,10 +3,14 @@
 `coroner run -- CMD` launches CMD as a child and registers the child's own incarnation, probed from
 its /proc entries; `registered()` registers the calling process itself (the Python API). Both
 create the WorkerRegistration with a fresh launcher-minted `inst-` clientInstanceId and mark
-`Released` with one server-side apply of that condition (see `retirement.release_apply`).
+`Released` with one server-side apply of that condition (see `coroner.core.wire.release_apply`).
 Liveness is the node agent's: it pins the incarnation with a pidfd and renews one Lease per node.
 A worker that wants a second, worker-side witness opts into heartbeats (``spec.heartbeat``): merge
 patches that touch only status.lastHeartbeatTime, every interval.
+
+There is one launcher per worker process, so it speaks to the API with `coroner.client.rest` (as
+the agent and the operator do), not the `kubernetes` package, whose import alone costs each worker
+tens of MB of memory (see `coroner.client.rest`).
 """
 
 from __future__ import annotations
@@ -26,17 +30,15 @@ import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from kubernetes import client as k8s
-from kubernetes.client.exceptions import ApiException
+import urllib3
 
-from coroner.client.kube import APPLY_PATCH, api_client, patch_registration_status
-from coroner.core import api, conditions, model, procfs
-from coroner.core import wire as retirement
-from coroner.core.reasons import ConditionType
+from coroner.client.rest import ApiError, Rest, registrations_path
+from coroner.core import api, model, procfs, wire
 
 logger = logging.getLogger("coroner.launcher")
 
-RELEASED_REASON = "CleanExit"
+#: The identity's client (Rest) is named in the API server's logs and audit as this user agent.
+USER_AGENT = "coroner-launcher"
 
 
 class RegistrationError(Exception):
@@ -83,10 +85,11 @@ def _dns_name(text: str) -> str:
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)
-class Registration:
-    """A live registration this process made; heartbeats (where opted in) until released or stopped."""
+class Held:
+    """A live registration this process made and holds; heartbeats (where opted in) until released or
+    stopped. (The registration as the decision reads it is `coroner.core.model.Registration`.)"""
 
-    client: k8s.ApiClient
+    client: Rest
     namespace: str
     name: str
     interval_seconds: int | None
@@ -96,10 +99,16 @@ class Registration:
     _thread: threading.Thread | None = None
     heartbeats: int = 0
 
+    @property
+    def _status_path(self) -> str:
+        return registrations_path(self.namespace, self.name) + "/status"
+
     def heartbeat(self) -> None:
-        now = model.format_time(datetime.datetime.now(datetime.UTC), fraction=True)
-        self.body = patch_registration_status(
-            self.client, namespace=self.namespace, name=self.name, body={"status": {"lastHeartbeatTime": now}}
+        self.body = self.client.request(
+            "PATCH",
+            self._status_path,
+            body=wire.heartbeat_patch(datetime.datetime.now(datetime.UTC)),
+            content_type=wire.MERGE_PATCH,
         )
         self.heartbeats += 1
 
@@ -112,7 +121,7 @@ class Registration:
             while not self._stop.wait(interval):
                 try:
                     self.heartbeat()
-                except ApiException as exc:
+                except ApiError as exc:
                     # A missed heartbeat is not fatal: the TTL tolerates it. Say so and go on.
                     logger.warning(
                         "heartbeat failed workerregistration=%s/%s status=%s", self.namespace, self.name, exc.status
@@ -135,45 +144,37 @@ class Registration:
         retirement; one request that needs no read is what lets a worker that said goodbye read
         Released, not Retired. If the retirement won (the API server refuses Released on a retired
         registration), the registration is terminal and true either way."""
-        condition = conditions.render_condition(
-            model.Condition(
-                type=ConditionType.RELEASED.value,
-                status="True",
-                reason=RELEASED_REASON,
-                message=message,
-                last_transition_time=datetime.datetime.now(datetime.UTC).replace(microsecond=0),
-                observed_generation=model.parse_registration(self.body).generation,
-            )
+        condition = wire.released_condition(
+            message=message,
+            now=datetime.datetime.now(datetime.UTC),
+            generation=model.parse_registration(self.body).generation,
         )
-        body = retirement.release_apply(name=self.name, namespace=self.namespace, condition=condition)
+        body = wire.release_apply(name=self.name, namespace=self.namespace, condition=condition)
         try:
-            k8s.CustomObjectsApi(self.client).patch_namespaced_custom_object_status(
-                api.GROUP,
-                api.VERSION,
-                self.namespace,
-                api.PLURAL,
-                self.name,
-                body,
-                field_manager=retirement.RELEASE_FIELD_MANAGER,
-                force=True,
-                _content_type=APPLY_PATCH,
+            self.client.request(
+                "PATCH",
+                self._status_path,
+                query={"fieldManager": wire.RELEASE_FIELD_MANAGER, "force": True},
+                body=body,
+                content_type=wire.APPLY_PATCH,
             )
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status == 422 and model.parse_registration(self._read()).retired:
                 logger.info("retired before its goodbye landed workerregistration=%s/%s", self.namespace, self.name)
                 return
             raise
 
     def _read(self) -> dict[str, Any]:
-        body: dict[str, Any] = k8s.CustomObjectsApi(self.client).get_namespaced_custom_object(
-            api.GROUP, api.VERSION, self.namespace, api.PLURAL, self.name
-        )
-        return body
+        return self.client.request("GET", registrations_path(self.namespace, self.name))
+
+
+#: The old name of `Held` (one `Registration` type is the parsed one, `coroner.core.model.Registration`).
+Registration = Held
 
 
 def register(
     *,
-    client: k8s.ApiClient,
+    client: Rest,
     namespace: str,
     node_name: str,
     incarnation: procfs.ProcessIncarnation,
@@ -184,42 +185,31 @@ def register(
     interval_seconds: int | None = None,
     ttl_seconds: int | None = None,
     node_uid: str | None = None,
-) -> Registration:
+) -> Held:
     """Creates the registration (idempotent on retry with the same name and incarnation).
 
     ``spec.heartbeat`` is written only when both `interval_seconds` and `ttl_seconds` are given:
     heartbeats are the worker's opt-in, not the liveness signal."""
     if (interval_seconds is None) != (ttl_seconds is None):
         raise RegistrationError("heartbeats need both an interval and a TTL (or neither)")
-    instance = f"{api.CLIENT_INSTANCE_PREFIX}{uuid.uuid4()}"
     name = name or f"{_dns_name(role or 'worker')}-{uuid.uuid4().hex[:8]}"
-    spec: dict[str, Any] = {
-        "nodeName": node_name,
-        "incarnation": incarnation.spec(),
-        "clientInstanceId": instance,
-    }
-    if interval_seconds is not None:
-        spec["heartbeat"] = {"intervalSeconds": interval_seconds, "ttlSeconds": ttl_seconds}
-    for key, value in (
-        ("role", role),
-        ("sessionId", session_id),
-        ("generationId", generation_id),
-        ("nodeUID", node_uid),
-    ):
-        if value:
-            spec[key] = value
-    body = {
-        "apiVersion": api.API_VERSION,
-        "kind": api.KIND,
-        "metadata": {"name": name, "namespace": namespace, "labels": {api.NODE_LABEL: node_name}},
-        "spec": spec,
-    }
-    custom = k8s.CustomObjectsApi(client)
+    body = wire.registration_body(
+        name=name,
+        namespace=namespace,
+        node_name=node_name,
+        incarnation=incarnation.spec(),
+        client_instance_id=f"{api.CLIENT_INSTANCE_PREFIX}{uuid.uuid4()}",
+        role=role,
+        session_id=session_id,
+        generation_id=generation_id,
+        node_uid=node_uid,
+        heartbeat=None if interval_seconds is None or ttl_seconds is None else (interval_seconds, ttl_seconds),
+    )
     try:
-        created = custom.create_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, body)
-    except ApiException as exc:
+        created = client.request("POST", registrations_path(namespace), body=body)
+    except ApiError as exc:
         if exc.status == 409:
-            existing = custom.get_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, name)
+            existing = client.request("GET", registrations_path(namespace, name))
             if (existing.get("spec") or {}).get("incarnation") == incarnation.spec():
                 created = existing  # our own earlier attempt: registration is idempotent
             else:
@@ -242,12 +232,15 @@ def register(
             ) from exc
         else:
             raise RegistrationError(f"registering {namespace}/{name} failed: {exc.status} {exc.reason}") from exc
-    registration = Registration(
-        client=client, namespace=namespace, name=name, interval_seconds=interval_seconds, body=created
-    )
+    registration = Held(client=client, namespace=namespace, name=name, interval_seconds=interval_seconds, body=created)
     if interval_seconds is not None:
         registration.heartbeat()
     return registration
+
+
+def client_for(kubeconfig: str | None) -> Rest:
+    """The worker's identity: the given kubeconfig, else the pod's ServiceAccount, else ~/.kube/config."""
+    return Rest.default(kubeconfig, user_agent=USER_AGENT, pool_size=2)
 
 
 @contextlib.contextmanager
@@ -260,13 +253,13 @@ def registered(
     role: str = "",
     interval_seconds: int | None = None,
     ttl_seconds: int | None = None,
-) -> Iterator[Registration]:
+) -> Iterator[Held]:
     """Registers the calling process for the duration of the block; released on a clean exit.
 
     An exception leaving the block is not a clean exit: the registration stays active (and stops
     heartbeating, where opted in), and is retired once the agent confirms the process is gone.
     """
-    client = api_client(kubeconfig)
+    client = client_for(kubeconfig)
     incarnation = probe_incarnation(os.getpid(), node_name=node_name)
     registration = register(
         client=client,
@@ -308,7 +301,7 @@ def run(
 ) -> int:
     """`coroner run`: launch, register, forward signals, release on clean exit; returns
     the exit status to exit with (the child's, or 128 + signal number)."""
-    client = api_client(kubeconfig)
+    client = client_for(kubeconfig)
     forwarded: list[int] = []
     child = subprocess.Popen(list(command))
 
@@ -318,7 +311,7 @@ def run(
             child.send_signal(signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
-    registration: Registration | None = None
+    registration: Held | None = None
     try:
         try:
             incarnation = probe_incarnation(
@@ -334,7 +327,7 @@ def run(
                 interval_seconds=interval_seconds,
                 ttl_seconds=ttl_seconds,
             )
-        except (RegistrationError, ApiException) as exc:
+        except (RegistrationError, ApiError, urllib3.exceptions.HTTPError) as exc:
             # A worker that cannot be registered must not run unregistered: stop it and say why.
             child.terminate()
             child.wait()

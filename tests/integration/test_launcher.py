@@ -13,6 +13,7 @@ import pytest
 from kubernetes import client as k8s
 
 from coroner import launcher
+from coroner.client.rest import Rest
 from coroner_dev.devcluster.cluster import Cluster
 from support import components, kube
 
@@ -98,15 +99,21 @@ def test_missing_namespace_is_a_clear_error(coroner_api: Cluster) -> None:
     assert proc.returncode == 125 and "no-such-namespace" in err
 
 
-def test_registration_is_idempotent_on_retry(coroner_api: Cluster, admin: k8s.ApiClient, namespace: str) -> None:
+def worker_client(cluster: Cluster) -> Rest:
+    """The launcher's own client (coroner.client.rest), for the admin identity."""
+    return Rest.from_kubeconfig(cluster.kubeconfig)
+
+
+def test_registration_is_idempotent_on_retry(coroner_api: Cluster, namespace: str) -> None:
     sleeper = subprocess.Popen(["sleep", "60"])
+    client = worker_client(coroner_api)
     try:
         incarnation = launcher.probe_incarnation(sleeper.pid, node_name="node-a")
         first = launcher.register(
-            client=admin, namespace=namespace, node_name="node-a", incarnation=incarnation, name="idem"
+            client=client, namespace=namespace, node_name="node-a", incarnation=incarnation, name="idem"
         )
         again = launcher.register(
-            client=admin, namespace=namespace, node_name="node-a", incarnation=incarnation, name="idem"
+            client=client, namespace=namespace, node_name="node-a", incarnation=incarnation, name="idem"
         )
         assert again.body["metadata"]["uid"] == first.body["metadata"]["uid"]
     finally:
@@ -144,10 +151,11 @@ def test_the_goodbye_lands_whatever_was_written_since_and_never_on_a_retired_reg
     coroner_api: Cluster, admin: k8s.ApiClient, namespace: str
 ) -> None:
     sleeper = subprocess.Popen(["sleep", "60"])
+    client = worker_client(coroner_api)
     try:
         incarnation = launcher.probe_incarnation(sleeper.pid, node_name="node-a")
         moved = launcher.register(
-            client=admin, namespace=namespace, node_name="node-a", incarnation=incarnation, name="moved"
+            client=client, namespace=namespace, node_name="node-a", incarnation=incarnation, name="moved"
         )
         # Something else wrote since the launcher's last read (as the agent's attestation does).
         kube.patch_status(admin, namespace, "moved", {"status": {"lastHeartbeatTime": components.now_text()}})
@@ -155,13 +163,21 @@ def test_the_goodbye_lands_whatever_was_written_since_and_never_on_a_retired_reg
         assert released(admin, namespace, "moved")
 
         retired = launcher.register(
-            client=admin, namespace=namespace, node_name="node-a", incarnation=incarnation, name="retired"
+            client=client, namespace=namespace, node_name="node-a", incarnation=incarnation, name="retired"
         )
         kube.patch_status(
             admin,
             namespace,
             "retired",
-            {"status": {"retirement": {"retiredTime": components.now_text(), "retiredBy": "admin", "reason": "Test"}}},
+            {
+                "status": {
+                    "retirement": {
+                        "retiredTime": components.now_text(),
+                        "retiredBy": "admin",
+                        "reason": "NodeOutOfService",
+                    }
+                }
+            },
         )
         retired.release(message="too late")  # refused by the API server; the retirement stands
         assert not released(admin, namespace, "retired")

@@ -31,7 +31,7 @@ from coroner.core.procfs import IncarnationKey
 from coroner.core.reasons import Evidence, Verdict
 from coroner_agent.probe import (
     HostProcReader,
-    NodeFacts,
+    LocalNode,
     PidfdTable,
     PidfdWatcher,
     PidIndex,
@@ -105,9 +105,9 @@ class Agent:
         self.index = PidIndex()
         self.pidfds = pidfds if pidfds is not None else PidfdTable()
 
-    def facts(self) -> NodeFacts:
+    def facts(self) -> LocalNode:
         # Re-read per probe, as the boot-id file of a simulated node may change under the test.
-        return NodeFacts.read(node_name=self.node.name, reader=self.reader, boot_id_file=str(self.node.boot_id_file))
+        return LocalNode.read(node_name=self.node.name, reader=self.reader, boot_id_file=str(self.node.boot_id_file))
 
     def probe(self, incarnation: IncarnationKey, *, registration_node: str | None = None) -> ProbeResult:
         return probe(
@@ -474,7 +474,7 @@ def test_two_simulated_nodes_speak_only_for_themselves(
 
 
 def test_node_facts_of_this_machine(node: Node) -> None:
-    facts = NodeFacts.read(node_name=node.name, reader=HostProcReader(), boot_id_file=str(node.boot_id_file))
+    facts = LocalNode.read(node_name=node.name, reader=HostProcReader(), boot_id_file=str(node.boot_id_file))
     assert facts.boot_id == REAL_BOOT
     assert facts.in_root_pid_namespace == (os.readlink("/proc/self/ns/pid") == f"pid:[{api.ROOT_PID_NAMESPACE_INODE}]")
     assert facts.sees_every_process == facts.in_root_pid_namespace
@@ -482,7 +482,7 @@ def test_node_facts_of_this_machine(node: Node) -> None:
 
 def test_the_index_refresh_is_incremental_on_this_machine() -> None:
     reader = HostProcReader()
-    facts = NodeFacts.read(node_name="n", reader=reader)
+    facts = LocalNode.read(node_name="n", reader=reader)
     index = PidIndex()
     index.refresh(reader=reader, proc_pid_namespace=facts.proc_pid_namespace)
     first = index.reads

@@ -15,7 +15,8 @@ import pytest
 
 from coroner.core import model
 from coroner.core.reasons import Evidence, Verdict
-from coroner_agent.service import Agent, AgentSettings, Key, Outcome
+from coroner_agent.probe import ProbeResult
+from coroner_agent.service import Agent, AgentSettings, Key
 from unit.test_agent_shutdown import BOOT, NODE, FakeKube, registration
 
 pytestmark = pytest.mark.unit
@@ -37,10 +38,10 @@ class ScriptedProber:
     def rescan(self) -> None:
         pass
 
-    def probe(self, *, key: Key, registration: model.Registration) -> Outcome:
+    def probe(self, *, key: Key, registration: model.Registration) -> ProbeResult:
         verdict, evidence = self.script[min(self.probes, len(self.script) - 1)]
         self.probes += 1
-        return Outcome(verdict=verdict, evidence=evidence, detail="scripted")
+        return ProbeResult(verdict=verdict, evidence=evidence, detail="scripted")
 
     def forget(self, *, key: Key) -> None:
         pass

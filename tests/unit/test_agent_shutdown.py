@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 
 from coroner.core import model
 from coroner.core.reasons import ConditionType, Evidence, Verdict
-from coroner_agent.service import Agent, AgentSettings, Key, Outcome
+from coroner_agent.probe import ProbeResult
+from coroner_agent.service import Agent, AgentSettings, Key
 
 pytestmark = pytest.mark.unit
 
@@ -84,13 +85,13 @@ class FakeProber:
     def rescan(self) -> None:
         self.rescans += 1
 
-    def probe(self, *, key: Key, registration: model.Registration) -> Outcome:
+    def probe(self, *, key: Key, registration: model.Registration) -> ProbeResult:
         worker = self.workers[key[1]]
         if not worker.alive:
-            return Outcome(verdict=Verdict.DEAD, evidence=Evidence.PIDFD_EXITED, detail="exited")
+            return ProbeResult(verdict=Verdict.DEAD, evidence=Evidence.PIDFD_EXITED, detail="exited")
         if worker.pinned:
-            return Outcome(verdict=Verdict.ALIVE, evidence=Evidence.PIDFD_PINNED, detail="pinned")
-        return Outcome(verdict=Verdict.UNKNOWN, evidence=Evidence.PIDFD_UNAVAILABLE, detail="not pinned")
+            return ProbeResult(verdict=Verdict.ALIVE, evidence=Evidence.PIDFD_PINNED, detail="pinned")
+        return ProbeResult(verdict=Verdict.UNKNOWN, evidence=Evidence.PIDFD_UNAVAILABLE, detail="not pinned")
 
     def forget(self, *, key: Key) -> None:
         self.forgotten.append(key)

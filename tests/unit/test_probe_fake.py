@@ -26,7 +26,7 @@ from coroner.core import api
 from coroner.core.procfs import IncarnationKey
 from coroner.core.reasons import Evidence, Verdict
 from coroner_agent.probe import (
-    NodeFacts,
+    LocalNode,
     PidfdTable,
     PidfdWatcher,
     PidIndex,
@@ -188,11 +188,11 @@ class FakeProc:
         return set(self.fds) - set(self.closed)
 
 
-def facts(**changes: Any) -> NodeFacts:
+def facts(**changes: Any) -> LocalNode:
     values: dict[str, Any] = {
         "node_name": NODE, "boot_id": BOOT, "host_id": "host-a", "agent_pid_namespace": ROOT, "proc_pid_namespace": ROOT,
     }  # fmt: skip
-    return NodeFacts(**(values | changes))
+    return LocalNode(**(values | changes))
 
 
 def key(*, pid: int = 4242, start: int = 500, ns: int = ROOT, boot: str = BOOT) -> IncarnationKey:
@@ -204,7 +204,7 @@ class Agent:
     """One agent's state across probes: its index and its pidfd table, over one fake /proc."""
 
     proc: FakeProc
-    node: NodeFacts = dataclasses.field(default_factory=facts)
+    node: LocalNode = dataclasses.field(default_factory=facts)
     index: PidIndex = dataclasses.field(default_factory=PidIndex)
     pidfds: PidfdTable = dataclasses.field(default_factory=lambda: PidfdTable(close=lambda fd: None))
 
@@ -410,7 +410,7 @@ def test_absent_on_the_same_boot_is_dead() -> None:
         pytest.param(facts(agent_pid_namespace=None, proc_pid_namespace=None), id="nothing-known"),
     ],
 )
-def test_absence_seen_from_outside_the_root_namespace_is_unknown(node: NodeFacts) -> None:
+def test_absence_seen_from_outside_the_root_namespace_is_unknown(node: LocalNode) -> None:
     agent = Agent(FakeProc(), node=node)
     expect(agent.probe(key()), Verdict.UNKNOWN, Evidence.NOT_ROOT_PID_NAMESPACE)
     expect(agent.probe(key(ns=CHILD, pid=2)), Verdict.UNKNOWN, Evidence.NOT_ROOT_PID_NAMESPACE)
@@ -749,9 +749,9 @@ def node_files(tmp_path: pathlib.Path) -> dict[str, pathlib.Path]:
     return {"boot_id_file": boot, "machine_id_file": machine, "self_pid_namespace_link": link}
 
 
-def read_facts(files: dict[str, pathlib.Path], proc: FakeProc | None = None) -> NodeFacts:
+def read_facts(files: dict[str, pathlib.Path], proc: FakeProc | None = None) -> LocalNode:
     reader = proc or FakeProc(FakeProcess(host_pid=1, start_time=0))
-    return NodeFacts.read(node_name=NODE, reader=reader, **{name: str(path) for name, path in files.items()})
+    return LocalNode.read(node_name=NODE, reader=reader, **{name: str(path) for name, path in files.items()})
 
 
 def test_node_facts(node_files: dict[str, pathlib.Path]) -> None:
@@ -921,7 +921,7 @@ NAMESPACES = st.sampled_from([ROOT, CHILD, OTHER_CHILD])
 
 
 @st.composite
-def worlds(draw: st.DrawFn) -> tuple[FakeProc, IncarnationKey, NodeFacts]:
+def worlds(draw: st.DrawFn) -> tuple[FakeProc, IncarnationKey, LocalNode]:
     processes: dict[int, FakeProcess] = {}
     taken: set[tuple[int, int]] = set()
     for host_pid in draw(st.lists(st.integers(2, 60), unique=True, max_size=12)):
@@ -962,7 +962,7 @@ def worlds(draw: st.DrawFn) -> tuple[FakeProc, IncarnationKey, NodeFacts]:
 
 @given(world=worlds())
 @settings(max_examples=400, deadline=None)
-def test_a_live_incarnation_is_never_dead(world: tuple[FakeProc, IncarnationKey, NodeFacts]) -> None:
+def test_a_live_incarnation_is_never_dead(world: tuple[FakeProc, IncarnationKey, LocalNode]) -> None:
     proc, incarnation, node = world
     live = [
         p for p in proc.processes.values()

@@ -18,34 +18,9 @@ from typing import Any
 
 from coroner.client.rest import JSON_PATCH, ApiError, Rest, registrations_path, upsert_lease
 from coroner.core import api
+from coroner.core.wire import attestation_ops as attestation_ops
 
 logger = logging.getLogger("coroner.agent")
-
-
-def attestation_ops(body: dict[str, Any], attestation: dict[str, Any]) -> list[dict[str, Any]]:
-    """A JSON patch that writes `attestation` only if what the probe relied on still holds.
-
-    The agent relied on the heartbeat it read (recorded as heartbeatSeen): the patch `test`s that
-    value, so a heartbeat that lands between the probe and the write turns the write into a 422
-    and a fresh probe, instead of an attestation that contradicts the newest heartbeat.
-    """
-    status = body.get("status")
-    seen = attestation.get("heartbeatSeen")
-    if isinstance(status, dict) and isinstance(status.get("lastHeartbeatTime"), str):
-        return [
-            {"op": "test", "path": "/status/lastHeartbeatTime", "value": seen},
-            {"op": "add", "path": "/status/attestation", "value": attestation},
-        ]
-    resource_version = str((body.get("metadata") or {}).get("resourceVersion"))
-    if isinstance(status, dict):
-        return [
-            {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version},
-            {"op": "add", "path": "/status/attestation", "value": attestation},
-        ]
-    return [
-        {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version},
-        {"op": "add", "path": "/status", "value": {"attestation": attestation}},
-    ]
 
 
 class AgentApi:

@@ -172,8 +172,10 @@ class HostProcReader:
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class NodeFacts:
-    """What the agent knows about its node right now. Cheap to read: take one per probe or scan."""
+class LocalNode:
+    """What the agent knows about its own node, read locally right now (boot id, host id, pid
+    namespaces); the Node object's facts are `coroner.core.decision.NodeFacts`. Cheap to read: take
+    one per probe or scan."""
 
     node_name: str
     boot_id: str | None
@@ -203,7 +205,7 @@ class NodeFacts:
         boot_id_file: str = BOOT_ID_FILE,
         machine_id_file: str = MACHINE_ID_FILE,
         self_pid_namespace_link: str = SELF_PID_NAMESPACE_LINK,
-    ) -> NodeFacts:
+    ) -> LocalNode:
         """Read the facts; what cannot be read is None (never a default that could pass for a fact)."""
         try:
             with open(boot_id_file, "rb") as file:
@@ -235,6 +237,10 @@ class NodeFacts:
             agent_pid_namespace=agent_ns,
             proc_pid_namespace=proc_ns,
         )
+
+
+#: The old name (tests/sim still spells it so); not `coroner.core.decision.NodeFacts`, the Node object's facts.
+NodeFacts = LocalNode
 
 
 # --- the index: (pid namespace, namespaced pid) -> host pid ------------------------------------
@@ -304,7 +310,7 @@ class PidIndex:
     def refresh(self, *, reader: ProcReader, proc_pid_namespace: int | None = None) -> None:
         """List the proc root and re-read what is new or changed. OSError: the listing failed.
 
-        `proc_pid_namespace` (NodeFacts') lets processes of the proc root's own namespace be
+        `proc_pid_namespace` (LocalNode's) lets processes of the proc root's own namespace be
         classified without their ns/pid link (see `procfs.pid_namespace_of`).
         """
         listing = dict(reader.list_pids())
@@ -567,7 +573,7 @@ def probe(
     *,
     incarnation: RecordedIncarnation,
     registration_node: str | None,
-    node: NodeFacts,
+    node: LocalNode,
     reader: ProcReader,
     index: PidIndex,
     pidfds: PidfdTable,
@@ -633,7 +639,7 @@ def _from_held_pidfd(*, key: IncarnationKey, held: PinnedPidfd, reader: ProcRead
 
 
 def _resolve(
-    *, key: IncarnationKey, same_boot: bool, node: NodeFacts, reader: ProcReader, index: PidIndex, pidfds: PidfdTable
+    *, key: IncarnationKey, same_boot: bool, node: LocalNode, reader: ProcReader, index: PidIndex, pidfds: PidfdTable
 ) -> ProbeResult:
     view = _find(key=key, proc_pid_namespace=node.proc_pid_namespace, reader=reader, index=index)
     where = f"pid {key.pid} in pid namespace {key.pid_namespace}"
@@ -840,7 +846,7 @@ def _pin(
 
 
 def _watch_reuser(
-    *, view: ProcessView, node: NodeFacts, reader: ProcReader, pidfds: PidfdTable
+    *, view: ProcessView, node: LocalNode, reader: ProcReader, pidfds: PidfdTable
 ) -> tuple[IncarnationKey | None, bool, str]:
     """Pins the process that holds a reused number, so that its exit re-probes at once.
 

@@ -20,9 +20,9 @@ from collections import defaultdict
 from collections.abc import Callable
 
 from coroner.core import model, procfs
+from coroner.core.model import Key
 from coroner.core.procfs import IncarnationKey, ParseError
 from coroner_agent import probe as probes
-from coroner_agent.service import Key, Outcome
 
 logger = logging.getLogger("coroner.agent")
 
@@ -69,8 +69,8 @@ class ProcProber:
         self._retry_handles: dict[Key, asyncio.TimerHandle] = {}
         self.node = self._read_node()
 
-    def _read_node(self) -> probes.NodeFacts:
-        return probes.NodeFacts.read(
+    def _read_node(self) -> probes.LocalNode:
+        return probes.LocalNode.read(
             node_name=self.node_name,
             reader=self.reader,
             boot_id_file=self.boot_id_file,
@@ -98,7 +98,7 @@ class ProcProber:
         except OSError as exc:
             logger.warning("cannot list the proc root node=%s error=%s", self.node_name, exc)
 
-    def probe(self, *, key: Key, registration: model.Registration) -> Outcome:
+    def probe(self, *, key: Key, registration: model.Registration) -> probes.ProbeResult:
         result = probes.probe(
             incarnation=registration.incarnation,
             registration_node=registration.node_name,
@@ -110,7 +110,7 @@ class ProcProber:
         self._remember(key, registration.incarnation)
         self._watch_reuser(key, result.reuser)
         self._schedule_retry(key, wanted=result.reuser_exited)
-        return Outcome(verdict=result.verdict, evidence=result.evidence, detail=result.detail)
+        return result
 
     def _watch_reuser(self, key: Key, reuser: IncarnationKey | None) -> None:
         previous = self._reuser_of.get(key)

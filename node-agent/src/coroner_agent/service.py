@@ -20,27 +20,22 @@ import dataclasses
 import datetime
 import logging
 import threading
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from coroner.client.rest import ApiError
-from coroner.core import api, model
+from coroner.core import api, model, wire
+from coroner.core.model import Key as Key
 from coroner.core.reasons import Evidence, Verdict
 from coroner.core.world import slim
 from coroner.runtime.workqueue import KeyedQueue
 from coroner_agent.kube import AgentApi
+from coroner_agent.probe import ProbeResult
 
 logger = logging.getLogger("coroner.agent")
 
-Key = tuple[str, str]
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class Outcome:
-    """What one probe established about one incarnation."""
-
-    verdict: Verdict
-    evidence: Evidence
-    detail: str
+#: The old name of a probe's outcome (tests/sim still spells it so); one type, `ProbeResult`.
+Outcome = ProbeResult
 
 
 class Prober(Protocol):
@@ -49,7 +44,7 @@ class Prober(Protocol):
     def boot_id(self) -> str | None: ...
     def host_id(self) -> str: ...
     def rescan(self) -> None: ...
-    def probe(self, *, key: Key, registration: model.Registration) -> Outcome: ...
+    def probe(self, *, key: Key, registration: model.Registration) -> ProbeResult: ...
     def forget(self, *, key: Key) -> None: ...
 
 
@@ -93,22 +88,6 @@ class DrainReport:
     seconds: float
 
 
-def _incarnation_record(registration: model.Registration) -> dict[str, Any]:
-    """The incarnation the agent checked, limited to fields valid under the CRD's status schema."""
-    inc = registration.incarnation
-    record: dict[str, Any] = {}
-    for field, value in (
-        ("bootId", inc.boot_id),
-        ("pidNamespace", inc.pid_namespace),
-        ("pid", inc.pid),
-        ("startTime", inc.start_time),
-        ("hostId", inc.host_id),
-    ):
-        if value is not None:
-            record[field] = value
-    return record
-
-
 #: Deaths read from /proc: attested only once seen twice, `absence_confirm_seconds` apart.
 CONFIRMED_EVIDENCE = frozenset({Evidence.PROC_ABSENT.value, Evidence.BOOT_BOUNDARY.value})
 #: What each look says of the incarnation: a pid number held by another process (StartTimeDiffers)
@@ -134,13 +113,19 @@ def needs_write(current: model.Attestation | None, new: dict[str, Any], *, last_
         or current.boot_id != new["bootId"]
         or current.host_id != new["hostId"]
         or current.agent_node != new["agent"]["nodeName"]
-        or dict(current.raw.get("incarnation") or {}) != new["incarnation"]
+        or _recorded_incarnation(current) != new["incarnation"]
     ):
         return True
     if new["verdict"] == Verdict.DEAD.value and current.heartbeat_seen != (last_heartbeat_raw or ""):
         return True  # an opted-in heartbeat landed after the Dead attestation: confirm with what is seen now
     # A confirmed death over one recorded without its first look (an older agent's): say both.
     return "firstObservedTime" in new and current.first_observed_time is None
+
+
+def _recorded_incarnation(attestation: model.Attestation) -> dict[str, object]:
+    """The incarnation an attestation recorded, exactly as stored."""
+    recorded = attestation.raw.get("incarnation")
+    return dict(recorded) if isinstance(recorded, Mapping) else {}
 
 
 class Agent:
@@ -176,7 +161,7 @@ class Agent:
     def on_relist(self, items: list[dict[str, Any]]) -> None:
         seen = set()
         for body in items:
-            key = _key(body)
+            key = model.key_of(body)
             seen.add(key)
             self.bodies[key] = slim(body)
             self.enqueue(key)
@@ -186,7 +171,7 @@ class Agent:
         self._touched(*seen)
 
     def on_event(self, event_type: str, body: dict[str, Any]) -> None:
-        key = _key(body)
+        key = model.key_of(body)
         if event_type == "DELETED":
             self._forget(key)
             return
@@ -215,31 +200,25 @@ class Agent:
             return None
         if registration.node_name != self.settings.node_name:
             # The label selector said this node; the spec disagrees. Never speak for another node.
-            outcome = Outcome(
+            outcome = ProbeResult(
                 verdict=Verdict.UNKNOWN,
                 evidence=Evidence.FOREIGN_NODE,
                 detail=f"spec.nodeName is {registration.node_name!r}, this agent serves {self.settings.node_name!r}",
             )
         else:
             outcome = self.prober.probe(key=key, registration=registration)
-        now = datetime.datetime.now(datetime.UTC)
-        attestation = {
-            "verdict": outcome.verdict.value,
-            "evidence": outcome.evidence.value,
-            "detail": outcome.detail[:1000],
-            "incarnation": _incarnation_record(registration),
-            "bootId": self.prober.boot_id() or "",
-            "hostId": self.prober.host_id(),
-            "observedTime": model.format_time(now, fraction=True),
-            "heartbeatSeen": registration.last_heartbeat_raw or "",
-            "agent": {
-                "nodeName": self.settings.node_name,
-                "podName": self.settings.pod_name,
-                "identity": self.identity,
-            },
-        }
-        if not attestation["bootId"]:
-            attestation["verdict"], attestation["evidence"] = Verdict.UNKNOWN.value, Evidence.BOOT_ID_UNREADABLE.value
+        attestation = wire.attestation_body(
+            registration=registration,
+            verdict=outcome.verdict,
+            evidence=outcome.evidence,
+            detail=outcome.detail,
+            boot_id=self.prober.boot_id(),
+            host_id=self.prober.host_id(),
+            now=datetime.datetime.now(datetime.UTC),
+            agent_node=self.settings.node_name,
+            agent_pod=self.settings.pod_name,
+            agent_identity=self.identity,
+        )
         return registration, attestation
 
     async def attest(self, key: Key) -> None:
@@ -492,8 +471,3 @@ class Agent:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def _key(body: dict[str, Any]) -> Key:
-    meta = body.get("metadata") or {}
-    return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))

@@ -9,28 +9,27 @@ in-cluster ServiceAccount when running in a pod, else from the default kubeconfi
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, cast
 
 import kubernetes
 from kubernetes.client import ApiClient
 
 from coroner.core import api
+from coroner.core.wire import APPLY_PATCH as APPLY_PATCH
+from coroner.core.wire import JSON_PATCH as JSON_PATCH
+from coroner.core.wire import MERGE_PATCH as MERGE_PATCH
 
 
 def api_client(kubeconfig: str | os.PathLike[str] | None = None) -> ApiClient:
     """An ApiClient for one identity; never shares global configuration between identities."""
+    # The kubernetes package's config loaders carry no annotations.
     if kubeconfig:
-        return kubernetes.config.new_client_from_config(config_file=str(kubeconfig))
+        return cast(ApiClient, kubernetes.config.new_client_from_config(config_file=str(kubeconfig)))  # type: ignore[no-untyped-call]
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
         configuration = kubernetes.client.Configuration()
-        kubernetes.config.load_incluster_config(client_configuration=configuration)
+        kubernetes.config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         return ApiClient(configuration)
-    return kubernetes.config.new_client_from_config()
-
-
-JSON_PATCH = "application/json-patch+json"
-MERGE_PATCH = "application/merge-patch+json"
-APPLY_PATCH = "application/apply-patch+yaml"
+    return cast(ApiClient, kubernetes.config.new_client_from_config())  # type: ignore[no-untyped-call]
 
 
 def patch_registration_status(
@@ -41,7 +40,7 @@ def patch_registration_status(
     The generated client sends every body as a merge patch unless told otherwise, which would turn a
     compare-and-swap JSON patch into a 400; the content type is therefore always explicit here.
     """
-    result: dict[str, Any] = kubernetes.client.CustomObjectsApi(client).patch_namespaced_custom_object_status(
+    result = kubernetes.client.CustomObjectsApi(client).patch_namespaced_custom_object_status(
         api.GROUP,
         api.VERSION,
         namespace,
@@ -50,4 +49,4 @@ def patch_registration_status(
         body,
         _content_type=JSON_PATCH if isinstance(body, list) else MERGE_PATCH,
     )
-    return result
+    return cast(dict[str, Any], result)

@@ -29,7 +29,11 @@ from typing import Any
 import urllib3
 import yaml
 
-from coroner.core import api, model
+from coroner.core import api, wire
+from coroner.core.wire import APPLY_PATCH as APPLY_PATCH
+from coroner.core.wire import JSON as JSON
+from coroner.core.wire import JSON_PATCH as JSON_PATCH
+from coroner.core.wire import MERGE_PATCH as MERGE_PATCH
 
 #: Where a pod finds its ServiceAccount credentials (a test points it elsewhere).
 SERVICE_ACCOUNT_DIR = pathlib.Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -39,8 +43,6 @@ TOKEN_REREAD_SECONDS = 60.0
 #: methods (urllib3's default set: GET, PUT, DELETE, ...), never a POST or a PATCH, whose first
 #: attempt may have landed; HTTP error statuses are returned, not retried.
 RETRIES = urllib3.Retry(total=3, connect=3, read=2, status=0, redirect=0, backoff_factor=0.1)
-JSON = "application/json"
-JSON_PATCH = "application/json-patch+json"
 
 
 class ApiError(Exception):
@@ -138,6 +140,10 @@ class Rest:
             return cls.in_cluster(**options)
         path = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or "~/.kube/config"
         return cls.from_kubeconfig(pathlib.Path(path).expanduser(), **options)
+
+    def close(self) -> None:
+        """Closes the pooled connections (a new request opens new ones)."""
+        self._pool.clear()
 
     # --- requests --------------------------------------------------------------------------------
 
@@ -246,21 +252,16 @@ def upsert_lease(
     """Creates or renews a Lease (the agent's liveness, the operator's own heartbeat): renewTime now,
     the given holder and duration, annotations merged. The renewal is a PUT carrying the
     resourceVersion read: a compare-and-swap, so a concurrent writer makes it fail, not vanish."""
-    now = model.format_time(datetime.datetime.now(datetime.UTC), fraction=True)
+    now = datetime.datetime.now(datetime.UTC)
     try:
         lease = client.request("GET", leases_path(namespace, name))
     except ApiError as exc:
         if exc.status != 404:
             raise
-        created = {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
-            "spec": {"holderIdentity": holder, "leaseDurationSeconds": duration, "acquireTime": now, "renewTime": now},
-        }
+        created = wire.lease_body(
+            namespace=namespace, name=name, holder=holder, duration=duration, annotations=annotations, now=now
+        )
         client.request("POST", leases_path(namespace), body=created)
         return
-    metadata = lease.setdefault("metadata", {})
-    metadata["annotations"] = {**(metadata.get("annotations") or {}), **annotations}
-    lease.setdefault("spec", {}).update(holderIdentity=holder, leaseDurationSeconds=duration, renewTime=now)
-    client.request("PUT", leases_path(namespace, name), body=lease)
+    renewed = wire.lease_renewal(lease, holder=holder, duration=duration, annotations=annotations, now=now)
+    client.request("PUT", leases_path(namespace, name), body=renewed)

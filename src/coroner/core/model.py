@@ -26,6 +26,8 @@ from coroner.core.reasons import ConditionType, Evidence, Verdict
 
 #: One parse problem: the field path (dotted, as in docs/api.md) and what is wrong with it.
 Problem: TypeAlias = tuple[str, str]
+#: An object's (namespace, name): how every cache and queue names a registration.
+Key: TypeAlias = tuple[str, str]
 
 UTC: Final = datetime.UTC
 
@@ -174,6 +176,16 @@ class Registration:
     def terminal(self) -> bool:
         """Retired or released: history, never decided again."""
         return self.retired or self.released
+
+
+def key_of(obj: Registration | Mapping[str, object]) -> Key:
+    """(namespace, name) of a parsed registration or of a raw object ("" for what is missing)."""
+    if isinstance(obj, Registration):
+        return (obj.namespace or "", obj.name or "")
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping):
+        return ("", "")
+    return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
 
 
 def parse_time(value: object) -> datetime.datetime | None:

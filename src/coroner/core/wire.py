@@ -1,4 +1,13 @@
-"""The status writes of the operator, `kubectl coroner apply` and the launcher.
+"""Every body and patch Coroner writes, built in one pure module next to `coroner.core.model`,
+which parses the same shapes back (tests/unit/test_wire.py round-trips each builder through it).
+
+- the launcher: the WorkerRegistration it creates (`registration_body`), its opt-in heartbeat
+  (`heartbeat_patch`) and its goodbye (`released_condition`, `release_apply`);
+- the agent: its attestation (`attestation_body`) and the compare-and-swap that writes it
+  (`attestation_ops`);
+- the operator: its conditions (`desired_conditions`, `conditions_ops`);
+- the operator and ``kubectl coroner apply``: the one retirement patch (`retirement_ops`);
+- Events (`event_body`) and Leases, the agent's and the operator's (`lease_body`, `lease_renewal`).
 
 Every status write the operator and `apply` make is a JSON patch that first `test`s the
 resourceVersion it decided from (and, for a retirement, the attestation it relied on, verbatim):
@@ -18,7 +27,13 @@ from typing import Any
 from coroner.core import api, model
 from coroner.core import conditions as cond
 from coroner.core.decision import Decision
-from coroner.core.reasons import ConditionType, Reason, Verdict
+from coroner.core.reasons import ConditionType, Evidence, Reason, Verdict
+
+#: Content types of the requests: the one place they are spelled (clients import them).
+JSON = "application/json"
+JSON_PATCH = "application/json-patch+json"
+MERGE_PATCH = "application/merge-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
 
 
 def retirement_record(
@@ -263,6 +278,69 @@ def _person_retired_conditions(
 
 # --- the launcher ----------------------------------------------------------------------------------
 
+#: The reason of the Released condition the launcher writes on a clean exit.
+RELEASED_REASON = "CleanExit"
+
+
+def registration_body(
+    *,
+    name: str,
+    namespace: str,
+    node_name: str,
+    incarnation: Mapping[str, Any],
+    client_instance_id: str,
+    role: str = "",
+    session_id: str = "",
+    generation_id: str = "",
+    node_uid: str | None = None,
+    heartbeat: tuple[int, int] | None = None,
+) -> dict[str, Any]:
+    """The WorkerRegistration the launcher creates: one incarnation, a launcher-minted identity.
+
+    `heartbeat` is (intervalSeconds, ttlSeconds) where the worker opts into heartbeats; empty
+    optional fields are left out."""
+    spec: dict[str, Any] = {
+        "nodeName": node_name,
+        "incarnation": dict(incarnation),
+        "clientInstanceId": client_instance_id,
+    }
+    if heartbeat is not None:
+        spec["heartbeat"] = {"intervalSeconds": heartbeat[0], "ttlSeconds": heartbeat[1]}
+    for key, value in (
+        ("role", role),
+        ("sessionId", session_id),
+        ("generationId", generation_id),
+        ("nodeUID", node_uid),
+    ):
+        if value:
+            spec[key] = value
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "metadata": {"name": name, "namespace": namespace, "labels": {api.NODE_LABEL: node_name}},
+        "spec": spec,
+    }
+
+
+def heartbeat_patch(now: datetime.datetime) -> dict[str, Any]:
+    """The opted-in heartbeat: a merge patch of status.lastHeartbeatTime alone."""
+    return {"status": {"lastHeartbeatTime": model.format_time(now, fraction=True)}}
+
+
+def released_condition(*, message: str, now: datetime.datetime, generation: int | None) -> dict[str, object]:
+    """The Released=True condition of the worker's goodbye, as `release_apply` carries it."""
+    return cond.render_condition(
+        model.Condition(
+            type=ConditionType.RELEASED.value,
+            status="True",
+            reason=RELEASED_REASON,
+            message=message,
+            last_transition_time=now.replace(microsecond=0),
+            observed_generation=generation,
+        )
+    )
+
+
 #: The field manager of the launcher's goodbye; it owns exactly the Released condition.
 RELEASE_FIELD_MANAGER = "coroner-launcher"
 
@@ -327,3 +405,125 @@ def event_body(
         "lastTimestamp": stamp,
         "count": max(1, count),
     }
+
+
+# --- the agent's attestation ------------------------------------------------------------------------
+
+#: The longest attestation detail the agent writes.
+ATTESTATION_DETAIL_MAX = 1000
+
+
+def incarnation_record(registration: model.Registration) -> dict[str, Any]:
+    """The incarnation the agent checked, limited to fields valid under the CRD's status schema."""
+    inc = registration.incarnation
+    record: dict[str, Any] = {}
+    for field, value in (
+        ("bootId", inc.boot_id),
+        ("pidNamespace", inc.pid_namespace),
+        ("pid", inc.pid),
+        ("startTime", inc.start_time),
+        ("hostId", inc.host_id),
+    ):
+        if value is not None:
+            record[field] = value
+    return record
+
+
+def attestation_body(
+    *,
+    registration: model.Registration,
+    verdict: Verdict,
+    evidence: Evidence,
+    detail: str,
+    boot_id: str | None,
+    host_id: str,
+    now: datetime.datetime,
+    agent_node: str,
+    agent_pod: str,
+    agent_identity: str,
+    first_observed: datetime.datetime | None = None,
+) -> dict[str, Any]:
+    """``status.attestation``: the same-node agent's verdict on one incarnation (`model.Attestation`).
+
+    An agent that cannot read its own boot id knows nothing about any incarnation on it: Unknown
+    (BootIdUnreadable), whatever the probe said. `first_observed` is the first of the two looks a
+    death read from /proc needs (``firstObservedTime``)."""
+    if not boot_id:
+        verdict, evidence = Verdict.UNKNOWN, Evidence.BOOT_ID_UNREADABLE
+    body: dict[str, Any] = {
+        "verdict": verdict.value,
+        "evidence": evidence.value,
+        "detail": detail[:ATTESTATION_DETAIL_MAX],
+        "incarnation": incarnation_record(registration),
+        "bootId": boot_id or "",
+        "hostId": host_id,
+        "observedTime": model.format_time(now, fraction=True),
+        "heartbeatSeen": registration.last_heartbeat_raw or "",
+        "agent": {"nodeName": agent_node, "podName": agent_pod, "identity": agent_identity},
+    }
+    if first_observed is not None:
+        body["firstObservedTime"] = model.format_time(first_observed, fraction=True)
+    return body
+
+
+def attestation_ops(body: Mapping[str, Any], attestation: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A JSON patch that writes `attestation` only if what the probe relied on still holds.
+
+    The agent relied on the heartbeat it read (recorded as heartbeatSeen): the patch `test`s that
+    value, so a heartbeat that lands between the probe and the write turns the write into a 422
+    and a fresh probe, instead of an attestation that contradicts the newest heartbeat.
+    """
+    status = body.get("status")
+    seen = attestation.get("heartbeatSeen")
+    value = dict(attestation)
+    if isinstance(status, dict) and isinstance(status.get("lastHeartbeatTime"), str):
+        return [
+            {"op": "test", "path": "/status/lastHeartbeatTime", "value": seen},
+            {"op": "add", "path": "/status/attestation", "value": value},
+        ]
+    resource_version = str((body.get("metadata") or {}).get("resourceVersion"))
+    if isinstance(status, dict):
+        return [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version},
+            {"op": "add", "path": "/status/attestation", "value": value},
+        ]
+    return [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version},
+        {"op": "add", "path": "/status", "value": {"attestation": value}},
+    ]
+
+
+# --- Leases ------------------------------------------------------------------------------------------
+
+
+def lease_body(
+    *,
+    namespace: str,
+    name: str,
+    holder: str,
+    duration: int,
+    annotations: Mapping[str, str],
+    now: datetime.datetime,
+) -> dict[str, Any]:
+    """A new coordination.k8s.io Lease (the agent's liveness, the operator's heartbeat), acquired now."""
+    stamp = model.format_time(now, fraction=True)
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": name, "namespace": namespace, "annotations": dict(annotations)},
+        "spec": {"holderIdentity": holder, "leaseDurationSeconds": duration, "acquireTime": stamp, "renewTime": stamp},
+    }
+
+
+def lease_renewal(
+    lease: Mapping[str, Any], *, holder: str, duration: int, annotations: Mapping[str, str], now: datetime.datetime
+) -> dict[str, Any]:
+    """The Lease as read, renewed now: holder and duration set, annotations merged, and its
+    resourceVersion kept, so that the PUT is a compare-and-swap a concurrent writer makes fail."""
+    renewed = dict(lease)
+    metadata = dict(renewed.get("metadata") or {})
+    metadata["annotations"] = {**(metadata.get("annotations") or {}), **annotations}
+    spec = dict(renewed.get("spec") or {})
+    spec.update(holderIdentity=holder, leaseDurationSeconds=duration, renewTime=model.format_time(now, fraction=True))
+    renewed["metadata"], renewed["spec"] = metadata, spec
+    return renewed
