@@ -17,7 +17,10 @@ from typing import Any
 from coroner.core import api, model
 from coroner.core.decision import AgentFacts, Facts, LeaseFacts, NodeFacts, lease_expiry
 
-Key = tuple[str, str]  # (namespace, name)
+# One Key, one key_of, one RFC 3339 parser (strict: what does not parse is unknown), in model.
+from coroner.core.model import Key as Key
+from coroner.core.model import key_of as key_of
+from coroner.core.model import parse_time as parse_time
 
 
 def slim(body: dict[str, Any]) -> dict[str, Any]:
@@ -27,24 +30,6 @@ def slim(body: dict[str, Any]) -> dict[str, Any]:
     if isinstance(meta, dict) and "managedFields" in meta:
         body = {**body, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
     return body
-
-
-def key_of(body: Mapping[str, Any]) -> Key:
-    meta = body.get("metadata") or {}
-    return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
-
-
-def parse_time(value: Any) -> datetime.datetime | None:
-    """RFC 3339 from a Kubernetes object (or a datetime from the client); None when absent or bad."""
-    if isinstance(value, datetime.datetime):
-        return value if value.tzinfo else value.replace(tzinfo=datetime.UTC)
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        parsed = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=datetime.UTC)
 
 
 def agent_facts_from_lease(body: Mapping[str, Any]) -> AgentFacts:
