@@ -13,7 +13,6 @@ import dataclasses
 import datetime
 import enum
 import json
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -851,14 +850,8 @@ def _positive(count: object) -> bool:
     return isinstance(count, int | float) and not isinstance(count, bool) and count > 0
 
 
-def _expiry(renew_time: datetime.datetime | None, duration: float | None) -> datetime.datetime | None:
-    """renewTime + leaseDurationSeconds, or None where either is unknown (never "live")."""
-    if renew_time is None or duration is None or not math.isfinite(duration):
-        return None
-    try:
-        return renew_time + datetime.timedelta(seconds=duration)
-    except OverflowError:
-        return None
+#: One lease expiry, the decision's (so that doctor and decide never disagree on whether a Lease is live).
+_expiry = lease_expiry
 
 
 def _stamp(moment: datetime.datetime | None) -> str | None:
