@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import re
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -12,14 +13,16 @@ from hypothesis import strategies as st
 
 from coroner.core.decision import Policy, decide
 from coroner.core.fingerprint import (
+    Plan,
     PlanRow,
     candidate_fingerprint,
+    decide_all,
     plan_row,
-    plan_rows,
     registry_fingerprint,
 )
-from coroner.core.model import Registration, parse_registration
+from coroner.core.model import parse_registration
 from coroner.core.reasons import Reason
+from coroner.core.world import World
 from unit.builders import NOW, make_facts, make_registration
 
 pytestmark = pytest.mark.unit
@@ -28,22 +31,31 @@ FORMAT = re.compile(r"v1:sha256:[0-9a-f]{64}")
 S = datetime.timedelta(seconds=1)
 
 
-def registry() -> list[Registration]:
+def registry() -> list[dict[str, Any]]:
     """Two retirable workers, one alive, one in another namespace."""
     return [
-        parse_registration(make_registration(name="a", client_instance_id="inst-a", session_id="s-a", pid=101)),
-        parse_registration(make_registration(name="b", client_instance_id="inst-b", session_id="s-b", pid=102)),
-        parse_registration(
-            make_registration(name="c", client_instance_id="inst-c", session_id="s-c", pid=103, verdict="Alive")
-        ),
-        parse_registration(
-            make_registration(namespace="ops", name="a", client_instance_id="inst-d", session_id="s-d", pid=104)
-        ),
+        make_registration(name="a", client_instance_id="inst-a", session_id="s-a", pid=101),
+        make_registration(name="b", client_instance_id="inst-b", session_id="s-b", pid=102),
+        make_registration(name="c", client_instance_id="inst-c", session_id="s-c", pid=103, verdict="Alive"),
+        make_registration(namespace="ops", name="a", client_instance_id="inst-d", session_id="s-d", pid=104),
     ]
 
 
-def rows(registrations: list[Registration]) -> list[PlanRow]:
-    return list(plan_rows(registrations=registrations, facts=make_facts(), policy=Policy(), now=NOW).rows)
+def plan_of(bodies: list[dict[str, Any]], *, now: datetime.datetime = NOW) -> Plan:
+    """The one decide-all over a cache holding `bodies` and the default facts (live agent, its Node,
+    the grant in every namespace)."""
+    world = World()
+    for body in bodies:
+        world.put_registration(body)
+    facts = make_facts()
+    world.agents.update(facts.agents)
+    world.nodes.update(facts.nodes)
+    world.retire_permission.update(dict.fromkeys(world.namespaces(), True))
+    return decide_all(world=world, policy=Policy(), now=now)
+
+
+def rows(bodies: list[dict[str, Any]]) -> list[PlanRow]:
+    return list(plan_of(bodies).rows)
 
 
 def row(**changes: object) -> PlanRow:
@@ -106,20 +118,18 @@ def test_pid_spelling_from_the_api_does_not_matter() -> None:
 def test_heartbeats_and_resource_versions_do_not_move_it() -> None:
     before = rows(registry())
     moved = [
-        parse_registration(
-            make_registration(
-                name=r.name or "",
-                namespace=r.namespace or "",
-                client_instance_id=r.client_instance_id or "",
-                session_id=r.session_id or "",
-                pid=r.incarnation.pid,
-                verdict="Alive" if r.name == "c" and r.namespace == "jobs" else "Dead",
-                heartbeat_at=NOW - 45 * S,
-                observed_at=NOW - 2 * S,
-                paths={"metadata.resourceVersion": "2002", "metadata.generation": 2},
-            )
+        make_registration(
+            name=r.name or "",
+            namespace=r.namespace or "",
+            client_instance_id=r.client_instance_id or "",
+            session_id=r.session_id or "",
+            pid=r.incarnation.pid,
+            verdict="Alive" if r.name == "c" and r.namespace == "jobs" else "Dead",
+            heartbeat_at=NOW - 45 * S,
+            observed_at=NOW - 2 * S,
+            paths={"metadata.resourceVersion": "2002", "metadata.generation": 2},
         )
-        for r in registry()
+        for r in map(parse_registration, registry())
     ]
     assert registry_fingerprint(rows(moved)) == registry_fingerprint(before)
     assert candidate_fingerprint(rows(moved)) == candidate_fingerprint(before)
@@ -160,7 +170,7 @@ def test_registry_and_candidate_fingerprints_never_coincide() -> None:
 
 
 def test_pairs_and_rows_agree() -> None:
-    registrations = registry()
+    registrations = [parse_registration(body) for body in registry()]
     pairs = [(r, decide(registration=r, facts=make_facts(), policy=Policy(), now=NOW)) for r in registrations]
     as_rows = [plan_row(registration=r, decision=d) for r, d in pairs]
     assert registry_fingerprint(pairs) == registry_fingerprint(as_rows)
@@ -170,7 +180,7 @@ def test_pairs_and_rows_agree() -> None:
 class TestPlan:
     def test_sorted_counted_and_fingerprinted(self) -> None:
         registrations = list(reversed(registry()))
-        plan = plan_rows(registrations=registrations, facts=make_facts(), policy=Policy(), now=NOW)
+        plan = plan_of(registrations)
         assert [(r.namespace, r.name) for r in plan.rows] == [("jobs", "a"), ("jobs", "b"), ("jobs", "c"), ("ops", "a")]
         assert list(plan.counts) == list(Reason)
         assert plan.counts[Reason.ELIGIBLE_STALE_ORPHAN] == 3
@@ -182,21 +192,21 @@ class TestPlan:
             assert entry.row == plan_row(registration=entry.registration, decision=entry.decision)
 
     def test_peers_come_from_the_registry_itself(self) -> None:
-        dead = parse_registration(make_registration(name="dead"))
-        twin = parse_registration(make_registration(name="twin", verdict="Alive", pid=5000))
-        plan = plan_rows(registrations=[dead, twin], facts=make_facts(), policy=Policy(), now=NOW)
+        dead = make_registration(name="dead")
+        twin = make_registration(name="twin", verdict="Alive", pid=5000)
+        plan = plan_of([dead, twin])
         reasons = {entry.row.name: entry.decision.reason for entry in plan.entries}
         # Same clientInstanceId, and the twin may be live: the dead one must wait.
         assert reasons == {"dead": Reason.CLIENT_INSTANCE_CONFLICT, "twin": Reason.PID_ALIVE}
 
     def test_peers_in_other_namespaces_do_not_conflict(self) -> None:
-        dead = parse_registration(make_registration(name="dead"))
-        elsewhere = parse_registration(make_registration(namespace="ops", name="twin", verdict="Alive"))
-        plan = plan_rows(registrations=[dead, elsewhere], facts=make_facts(), policy=Policy(), now=NOW)
+        dead = make_registration(name="dead")
+        elsewhere = make_registration(namespace="ops", name="twin", verdict="Alive")
+        plan = plan_of([dead, elsewhere])
         assert plan.entries[0].decision.reason is Reason.ELIGIBLE_STALE_ORPHAN
 
     def test_fingerprint_does_not_depend_on_when(self) -> None:
         registrations = registry()
-        earlier = plan_rows(registrations=registrations, facts=make_facts(), policy=Policy(), now=NOW - S)
-        later = plan_rows(registrations=registrations, facts=make_facts(), policy=Policy(), now=NOW)
+        earlier = plan_of(registrations, now=NOW - S)
+        later = plan_of(registrations)
         assert earlier.registry_fingerprint == later.registry_fingerprint

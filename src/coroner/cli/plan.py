@@ -28,7 +28,7 @@ from rich.text import Text
 
 from coroner.core import api, fingerprint, model, policy_json
 from coroner.core import wire as retirement
-from coroner.core.decision import Policy, decide
+from coroner.core.decision import Policy
 from coroner.core.fingerprint import Plan, PlanEntry, PlanRow
 from coroner.core.policy_json import PolicyUnreadable
 from coroner.core.reasons import ApplyAbort, Reason
@@ -101,40 +101,10 @@ def build_world(listing: Listing) -> World:
     return world
 
 
-def decide_all(*, world: World, policy: Policy, now: datetime.datetime) -> Plan:
-    """Every registration of `world` decided as the operator decides it; pure, like `decide`."""
-    entries = []
-    for key in sorted(world.parsed):
-        registration = world.parsed[key]
-        decision = decide(registration=registration, facts=world.facts_for(key, now=now), policy=policy, now=now)
-        entries.append(
-            PlanEntry(
-                registration=registration,
-                decision=decision,
-                row=fingerprint.plan_row(registration=registration, decision=decision),
-            )
-        )
-    return assemble(entries)
-
-
-def assemble(entries: Iterable[PlanEntry]) -> Plan:
-    """A `Plan` of decided entries: counts for every reason (zero included) and both fingerprints."""
-    ordered = tuple(sorted(entries, key=lambda entry: key_of(entry.registration)))
-    rows = [entry.row for entry in ordered]
-    tally: dict[Reason, int] = dict.fromkeys(Reason, 0)
-    for entry in ordered:
-        tally[entry.decision.reason] += 1
-    return Plan(
-        entries=ordered,
-        counts=tally,
-        registry_fingerprint=fingerprint.registry_fingerprint(rows),
-        candidate_fingerprint=fingerprint.candidate_fingerprint(rows),
-    )
-
-
-def key_of(registration: model.Registration) -> Key:
-    """(namespace, name) of a parsed registration."""
-    return (registration.namespace or "", registration.name or "")
+# One decide-all and one plan assembly (coroner.core.fingerprint), one key (coroner.core.model).
+decide_all = fingerprint.decide_all
+assemble = fingerprint.assemble
+key_of = model.key_of
 
 
 def display(key: Key) -> str:

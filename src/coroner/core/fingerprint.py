@@ -18,9 +18,10 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final, TypeAlias
 
-from coroner.core.decision import Decision, Facts, Policy, decide
+from coroner.core.decision import Decision, Policy, decide
 from coroner.core.model import Registration, parse_pid
 from coroner.core.reasons import Reason
+from coroner.core.world import World
 
 FINGERPRINT_VERSION: Final = "v1"
 
@@ -102,38 +103,30 @@ class Plan:
         return tuple(entry.row for entry in self.entries)
 
 
-def plan_rows(
-    *,
-    registrations: Sequence[Registration],
-    facts: Facts,
-    policy: Policy,
-    now: datetime.datetime,
-) -> Plan:
-    """Decide every registration and assemble the plan; pure, like `decide`.
-
-    Each registration's peers are the others of its namespace in `registrations` (plus any the
-    caller already put in ``facts.peers``), so the plan sees conflicts within the registry itself.
-    """
-    by_namespace: dict[str | None, list[Registration]] = collections.defaultdict(list)
-    for registration in [*registrations, *facts.peers]:
-        by_namespace[registration.namespace].append(registration)
+def decide_all(*, world: World, policy: Policy, now: datetime.datetime) -> Plan:
+    """Every registration of `world` decided as the operator decides it (its facts and its peers:
+    `World.facts_for`), assembled into a plan; pure, like `decide`. The one decide-all, for
+    ``kubectl coroner plan``, ``apply`` and ``doctor``."""
     entries = []
-    for registration in sorted(registrations, key=_plan_order):
-        peers = tuple(by_namespace[registration.namespace])
-        decision = decide(
-            registration=registration, facts=dataclasses.replace(facts, peers=peers), policy=policy, now=now
-        )
+    for key in sorted(world.parsed):
+        registration = world.parsed[key]
+        decision = decide(registration=registration, facts=world.facts_for(key, now=now), policy=policy, now=now)
         entries.append(
             PlanEntry(
-                registration=registration,
-                decision=decision,
-                row=plan_row(registration=registration, decision=decision),
+                registration=registration, decision=decision, row=plan_row(registration=registration, decision=decision)
             )
         )
-    tally = collections.Counter(entry.decision.reason for entry in entries)
-    rows = [entry.row for entry in entries]
+    return assemble(entries)
+
+
+def assemble(entries: Iterable[PlanEntry]) -> Plan:
+    """A `Plan` of decided entries, in plan order: counts for every reason (zero included) and both
+    fingerprints."""
+    ordered = tuple(sorted(entries, key=lambda entry: _plan_order(entry.registration)))
+    rows = [entry.row for entry in ordered]
+    tally = collections.Counter(entry.decision.reason for entry in ordered)
     return Plan(
-        entries=tuple(entries),
+        entries=ordered,
         counts={reason: tally[reason] for reason in Reason},
         registry_fingerprint=registry_fingerprint(rows),
         candidate_fingerprint=candidate_fingerprint(rows),
