@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from coroner.core.model import HEARTBEAT_INTERVAL_MAX, HEARTBEAT_TTL_MAX
 from coroner_dev.devcluster.errors import DevClusterError
 
 
@@ -106,14 +107,14 @@ def dev_cluster_token(directory: pathlib.Path, service_account: str, node: str |
 @click.option(
     "--interval-seconds",
     default=None,
-    type=click.IntRange(1, 86400),
+    type=click.IntRange(1, HEARTBEAT_INTERVAL_MAX),
     help="Opt into heartbeats every N seconds (with --ttl-seconds): a second, worker-side witness "
     "next to the node agent's. Default: none; the agent's pidfd and node Lease are the liveness.",
 )
 @click.option(
     "--ttl-seconds",
     default=None,
-    type=click.IntRange(1, 604800),
+    type=click.IntRange(1, HEARTBEAT_TTL_MAX),
     help="With --interval-seconds: silence this long counts toward expiry.",
 )
 @click.option("--boot-id-file", default="/proc/sys/kernel/random/boot_id", show_default=True, hidden=True)

@@ -31,7 +31,9 @@ Key: TypeAlias = tuple[str, str]
 
 UTC: Final = datetime.UTC
 
-#: The CRD's bounds (manifests/base/crd.yaml); values outside them are invalid, not clamped.
+#: The CRD's bounds (manifests/base/crd.yaml), in their one Python place (the parser, `coroner run`
+#: and tests/unit/test_crd_bounds.py, which checks the CRD agrees); values outside them are invalid,
+#: not clamped.
 HEARTBEAT_INTERVAL_MAX: Final = 86400
 HEARTBEAT_TTL_MAX: Final = 604800
 
