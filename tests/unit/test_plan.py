@@ -6,6 +6,7 @@ instant `NOW`; the integration tests drive the same code through the real API se
 
 from __future__ import annotations
 
+import ast
 import copy
 import dataclasses
 import datetime
@@ -20,8 +21,8 @@ import yaml
 from click.testing import CliRunner
 from rich.console import Console
 
+from coroner.cli import doctor, plan, render
 from coroner.cli.kubectl import main
-from coroner.cli import doctor, plan
 from coroner.core import api
 from coroner.core.decision import Policy
 from coroner.core.model import format_time
@@ -502,7 +503,7 @@ class TestOutput:
     def test_table_shows_every_row_counts_fingerprints_and_the_apply_line(self) -> None:
         result = planned([worker("a"), worker("b", attested=False)])
         text = rendered(
-            lambda c: plan.render_plan(result, console=c, namespace=NAMESPACE, retire_permission={NAMESPACE: True})
+            lambda c: render.render_plan(result, console=c, namespace=NAMESPACE, retire_permission={NAMESPACE: True})
         )
         assert "EligibleStaleOrphan" in text and "AttestationMissing" in text
         assert "Counts (2 total): EligibleStaleOrphan 1, AttestationMissing 1" in text
@@ -516,32 +517,32 @@ class TestOutput:
 
     def test_all_namespaces_table_names_namespaces_and_apply_uses_namespace_slash_name(self) -> None:
         result = planned([worker("a"), worker("a", namespace="ops")])
-        text = rendered(lambda c: plan.render_plan(result, console=c, namespace=None, retire_permission={}))
+        text = rendered(lambda c: render.render_plan(result, console=c, namespace=None, retire_permission={}))
         assert "NAMESPACE" in text
         assert "kubectl coroner apply -A " in text and f" {NAMESPACE}/a ops/a" in text
 
     def test_missing_permission_is_explained(self) -> None:
         result = planned([worker("a")], permission=False)
         text = rendered(
-            lambda c: plan.render_plan(result, console=c, namespace=NAMESPACE, retire_permission={NAMESPACE: False})
+            lambda c: render.render_plan(result, console=c, namespace=NAMESPACE, retire_permission={NAMESPACE: False})
         )
         assert "do not hold the retire verb" in text and "No retirement candidates." in text
 
     def test_markup_in_object_text_is_printed_not_interpreted(self) -> None:
         result = planned([worker("a", client_instance_id="[bold]x[/bold]")])
-        text = rendered(lambda c: plan.render_plan(result, console=c, namespace=NAMESPACE, retire_permission={}))
+        text = rendered(lambda c: render.render_plan(result, console=c, namespace=NAMESPACE, retire_permission={}))
         assert "'[bold]x[/bold]'" in text
 
     def test_empty_registry(self) -> None:
         result = planned([])
-        text = rendered(lambda c: plan.render_plan(result, console=c, namespace=NAMESPACE, retire_permission={}))
+        text = rendered(lambda c: render.render_plan(result, console=c, namespace=NAMESPACE, retire_permission={}))
         assert f"No WorkerRegistrations in namespace {NAMESPACE}." in text and "Counts (0 total): none" in text
 
     @pytest.mark.parametrize("output", ["json", "yaml"])
     def test_machine_output_round_trips(self, output: str) -> None:
         result = planned([worker("a"), worker("b", attested=False)])
-        document = plan.plan_document(result, namespace=NAMESPACE, now=NOW, retire_permission={NAMESPACE: True})
-        text = plan.dump(document, output=output)
+        document = render.plan_document(result, namespace=NAMESPACE, now=NOW, retire_permission={NAMESPACE: True})
+        text = render.dump(document, output=output)
         loaded = json.loads(text) if output == "json" else yaml.safe_load(text)
         assert loaded["registryFingerprint"] == result.registry_fingerprint
         assert loaded["candidateFingerprint"] == result.candidate_fingerprint
@@ -560,7 +561,7 @@ class TestOutput:
                 key=(NAMESPACE, "a"), outcome=plan.RowOutcome.WOULD_RETIRE, detail="dead", node_name=NODE, pid=7
             )
         ]
-        text = rendered(lambda c: plan.render_apply(results=results, console=c, preview=True, retired_by=None))
+        text = rendered(lambda c: render.render_apply(results=results, console=c, preview=True, retired_by=None))
         assert "preview (nothing written)" in text and "WouldRetire" in text and "--yes" in text
 
     def test_doctor_table_and_json(self) -> None:
@@ -568,9 +569,9 @@ class TestOutput:
             doctor.Check(name="crd", status=doctor.CheckStatus.PASS, summary="fine"),
             doctor.Check(name="agents", status=doctor.CheckStatus.FAIL, summary="node/x", objects=("node/x",)),
         ]
-        text = rendered(lambda c: doctor.render_doctor(checks, console=c))
+        text = rendered(lambda c: render.render_doctor(checks, console=c))
         assert "crd" in text and "FAIL" in text
-        document = json.loads(plan.dump(doctor.doctor_document(checks, now=NOW), output="json"))
+        document = json.loads(render.dump(render.doctor_document(checks, now=NOW), output="json"))
         assert document["healthy"] is False
         assert document["checks"][1] == {
             "name": "agents",
@@ -844,3 +845,35 @@ class TestUsage:
         result = self.run("plan", "-n", "x", "--kubeconfig", str(tmp_path / "nope"))
         assert result.exit_code == 2
         assert result.output.startswith("error: cannot load the kubeconfig") and "Traceback" not in result.output
+
+
+# --- the layout: deciding never imports showing or talking -------------------------------------
+
+
+@pytest.mark.parametrize("module", [plan, doctor])
+def test_the_pure_cli_modules_import_no_output_and_no_client(module: Any) -> None:
+    """plan and doctor decide; rendering is `coroner.cli.render`, I/O `coroner.cli.session`."""
+    tree = ast.parse(pathlib.Path(module.__file__).read_text())
+    imported = {
+        name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for name in ([node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names])
+    }
+    tops = {name.split(".")[0] for name in imported}
+    assert tops <= {
+        "__future__",
+        "dataclasses",
+        "datetime",
+        "enum",
+        "functools",
+        "json",
+        "math",
+        "re",
+        "collections",
+        "typing",
+        "coroner",
+    }
+    assert not {
+        name for name in imported if name.startswith(("coroner.client", "coroner.cli.session", "coroner.cli.render"))
+    }

@@ -13,13 +13,8 @@ import dataclasses
 import datetime
 import enum
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
-
-from rich import box
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 from coroner.cli.plan import OPERATOR_LEASE, PolicyChoice, Unreadable, display, key_of
 from coroner.cli.plan import names_text as _names
@@ -80,17 +75,31 @@ class Check:
     facts: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
+def passed(name: str, summary: str, *, facts: Mapping[str, Any] | None = None) -> Check:
+    """A PASS line."""
+    return Check(name=name, status=CheckStatus.PASS, summary=summary, facts=facts or {})
+
+
+def failed(name: str, summary: str, *, objects: Sequence[str] = (), facts: Mapping[str, Any] | None = None) -> Check:
+    """A FAIL line naming the failing `objects`."""
+    return Check(name=name, status=CheckStatus.FAIL, summary=summary, objects=tuple(objects), facts=facts or {})
+
+
+def unknown(name: str, summary: str, *, objects: Sequence[str] = (), facts: Mapping[str, Any] | None = None) -> Check:
+    """An UNKNOWN line: a fact that could not be read (never a pass, never zero)."""
+    return Check(name=name, status=CheckStatus.UNKNOWN, summary=summary, objects=tuple(objects), facts=facts or {})
+
+
 def check_crd(crd: Mapping[str, Any] | Unreadable | None) -> Check:
     """The WorkerRegistration CRD exists, is Established and serves our version."""
     name = "crd"
     subject = f"CustomResourceDefinition/{api.CRD_NAME}"
     if isinstance(crd, Unreadable):
-        return Check(name=name, status=CheckStatus.UNKNOWN, summary=f"{subject} could not be read: {crd.reason}")
+        return unknown(name, f"{subject} could not be read: {crd.reason}")
     if crd is None:
-        return Check(
-            name=name,
-            status=CheckStatus.FAIL,
-            summary=f"{subject} is not installed; install it with `kubectl apply -k manifests/overlays/plan-only`.",
+        return failed(
+            name,
+            f"{subject} is not installed; install it with `kubectl apply -k manifests/overlays/plan-only`.",
             objects=(subject,),
         )
     established = _condition_status(crd.get("status"), "Established")
@@ -100,25 +109,22 @@ def check_crd(crd: Mapping[str, Any] | Unreadable | None) -> Check:
         if isinstance(version, Mapping) and version.get("served")
     ]
     if established != "True":
-        return Check(
-            name=name,
-            status=CheckStatus.FAIL,
-            summary=f"{subject} is not Established (status {established or 'absent'}); see `kubectl describe crd {api.CRD_NAME}`.",
+        return failed(
+            name,
+            f"{subject} is not Established (status {established or 'absent'}); see `kubectl describe crd {api.CRD_NAME}`.",
             objects=(subject,),
             facts={"established": established, "servedVersions": served},
         )
     if api.VERSION not in served:
-        return Check(
-            name=name,
-            status=CheckStatus.FAIL,
-            summary=f"{subject} does not serve {api.VERSION} (serves {', '.join(map(str, served)) or 'nothing'}); re-apply the manifests.",
+        return failed(
+            name,
+            f"{subject} does not serve {api.VERSION} (serves {', '.join(map(str, served)) or 'nothing'}); re-apply the manifests.",
             objects=(subject,),
             facts={"established": established, "servedVersions": served},
         )
-    return Check(
-        name=name,
-        status=CheckStatus.PASS,
-        summary=f"{subject} is Established and serves {api.VERSION}.",
+    return passed(
+        name,
+        f"{subject} is Established and serves {api.VERSION}.",
         facts={"established": established, "servedVersions": served},
     )
 
@@ -132,9 +138,7 @@ def check_admission_policies(
     name = "admission-policies"
     for listed in (policies, bindings):
         if isinstance(listed, Unreadable):
-            return Check(
-                name=name, status=CheckStatus.UNKNOWN, summary=f"admission policies could not be read: {listed.reason}"
-            )
+            return unknown(name, f"admission policies could not be read: {listed.reason}")
     assert not isinstance(policies, Unreadable) and not isinstance(bindings, Unreadable)
     present = {_name(policy) for policy in policies}
     bound: dict[str, list[str]] = {}
@@ -147,20 +151,14 @@ def check_admission_policies(
     missing += [f"ValidatingAdmissionPolicyBinding/{policy}" for policy in ADMISSION_POLICIES if policy not in bound]
     facts = {"policies": sorted(p for p in present if p in ADMISSION_POLICIES), "boundPolicies": sorted(bound)}
     if missing:
-        return Check(
-            name=name,
-            status=CheckStatus.FAIL,
-            summary=f"missing (or not bound with Deny): {_names(missing)}; re-apply the manifests "
+        return failed(
+            name,
+            f"missing (or not bound with Deny): {_names(missing)}; re-apply the manifests "
             f"(`kubectl apply -k manifests/overlays/plan-only`).",
             objects=tuple(missing),
             facts=facts,
         )
-    return Check(
-        name=name,
-        status=CheckStatus.PASS,
-        summary=f"all {len(ADMISSION_POLICIES)} policies present and bound with Deny.",
-        facts=facts,
-    )
+    return passed(name, f"all {len(ADMISSION_POLICIES)} policies present and bound with Deny.", facts=facts)
 
 
 def check_operator_alive(
@@ -170,12 +168,11 @@ def check_operator_alive(
     name = "operator-alive"
     subject = f"Lease {system_namespace}/{OPERATOR_LEASE}"
     if isinstance(lease, Unreadable):
-        return Check(name=name, status=CheckStatus.UNKNOWN, summary=f"{subject} could not be read: {lease.reason}")
+        return unknown(name, f"{subject} could not be read: {lease.reason}")
     if lease is None:
-        return Check(
-            name=name,
-            status=CheckStatus.FAIL,
-            summary=f"{subject} does not exist: the operator has never completed a sweep here; check "
+        return failed(
+            name,
+            f"{subject} does not exist: the operator has never completed a sweep here; check "
             f"`kubectl -n {system_namespace} get deploy coroner-operator` and its logs.",
             objects=(subject,),
         )
@@ -184,20 +181,17 @@ def check_operator_alive(
     renewed = "never" if facts.renew_time is None else model.format_time(facts.renew_time)
     recorded = {"holderIdentity": facts.holder_identity, "renewTime": renewed, "expires": _stamp(until)}
     if until is None or now >= until:
-        return Check(
-            name=name,
-            status=CheckStatus.FAIL,
-            summary=f"{subject} (holder {facts.holder_identity or '?'}) was last renewed {renewed} and has "
+        return failed(
+            name,
+            f"{subject} (holder {facts.holder_identity or '?'}) was last renewed {renewed} and has "
             f"{'no computable expiry' if until is None else 'expired at ' + model.format_time(until)}: the "
             f"operator is not running or not completing sweeps; check its pod and logs.",
             objects=(subject,),
             facts=recorded,
         )
-    return Check(
-        name=name,
-        status=CheckStatus.PASS,
-        summary=f"{subject} held by {facts.holder_identity or '?'}, renewed {renewed}, valid until "
-        f"{model.format_time(until)}.",
+    return passed(
+        name,
+        f"{subject} held by {facts.holder_identity or '?'}, renewed {renewed}, valid until {model.format_time(until)}.",
         facts=recorded,
     )
 
@@ -207,14 +201,13 @@ def check_last_sweep(*, lease: Mapping[str, Any] | Unreadable | None, system_nam
     name = "last-sweep"
     subject = f"Lease {system_namespace}/{OPERATOR_LEASE}"
     if isinstance(lease, Unreadable):
-        return Check(name=name, status=CheckStatus.UNKNOWN, summary=f"{subject} could not be read: {lease.reason}")
+        return unknown(name, f"{subject} could not be read: {lease.reason}")
     annotations = ((lease or {}).get("metadata") or {}).get("annotations") or {}
     raw = annotations.get(LAST_SWEEP_ANNOTATION)
     if raw is None:
-        return Check(
-            name=name,
-            status=CheckStatus.UNKNOWN,
-            summary=f"the last sweep's outcome was never recorded ({subject} has no {LAST_SWEEP_ANNOTATION} "
+        return unknown(
+            name,
+            f"the last sweep's outcome was never recorded ({subject} has no {LAST_SWEEP_ANNOTATION} "
             f"annotation): unknown, not zero.",
         )
     try:
@@ -222,11 +215,7 @@ def check_last_sweep(*, lease: Mapping[str, Any] | Unreadable | None, system_nam
     except ValueError:
         sweep = None
     if not isinstance(sweep, Mapping) or not isinstance(sweep.get("failures"), Mapping):
-        return Check(
-            name=name,
-            status=CheckStatus.UNKNOWN,
-            summary=f"the {LAST_SWEEP_ANNOTATION} annotation on {subject} is not a sweep record.",
-        )
+        return unknown(name, f"the {LAST_SWEEP_ANNOTATION} annotation on {subject} is not a sweep record.")
     failures = {str(ns): count for ns, count in sweep["failures"].items() if _positive(count)}
     recorded_errors = sweep.get("errors")
     errors: Mapping[str, Any] = recorded_errors if isinstance(recorded_errors, Mapping) else {}
@@ -244,21 +233,15 @@ def check_last_sweep(*, lease: Mapping[str, Any] | Unreadable | None, system_nam
             f"{namespace}: {failures[namespace]} failed ({errors.get(namespace, 'no error recorded')})"
             for namespace in sorted(failures)
         ]
-        return Check(
-            name=name,
-            status=CheckStatus.FAIL,
-            summary=f"the last sweep at {at} failed in namespace(s) {'; '.join(named)}.",
+        return failed(
+            name,
+            f"the last sweep at {at} failed in namespace(s) {'; '.join(named)}.",
             objects=tuple(f"namespace/{namespace}" for namespace in sorted(failures)),
             facts=facts,
         )
     counted = sweep.get("registrations")
     of = f"{counted} registrations" if isinstance(counted, int) else "an unrecorded number of registrations"
-    return Check(
-        name=name,
-        status=CheckStatus.PASS,
-        summary=f"the last sweep at {at} decided {of} with no failures.",
-        facts=facts,
-    )
+    return passed(name, f"the last sweep at {at} decided {of} with no failures.", facts=facts)
 
 
 def check_retire_grant(
@@ -277,14 +260,13 @@ def check_retire_grant(
     name = "retire-grant"
     user = operator_username(system_namespace)
     if cluster_wide is None:
-        return Check(
-            name=name,
-            status=CheckStatus.UNKNOWN,
-            summary=f"could not review whether {user} holds retire{': ' + unknown_reason if unknown_reason else ''} "
+        return unknown(
+            name,
+            f"could not review whether {user} holds retire{': ' + unknown_reason if unknown_reason else ''} "
             f"(needs create on subjectaccessreviews).",
         )
     lacking = sorted(ns for ns, allowed in per_namespace.items() if allowed is not True)
-    unknown = sorted(ns for ns, allowed in per_namespace.items() if allowed is None)
+    unreviewed = sorted(ns for ns, allowed in per_namespace.items() if allowed is None)
     granted_everywhere = cluster_wide or not lacking
     facts = {
         "user": user,
@@ -292,45 +274,28 @@ def check_retire_grant(
         "namespacesWithoutGrant": lacking,
         "expectPlanOnly": expect_plan_only,
     }
-    if unknown:
-        return Check(
-            name=name,
-            status=CheckStatus.UNKNOWN,
-            summary=f"could not review retire for {user} in namespace(s) {_names(unknown)}.",
-            facts=facts,
-        )
+    if unreviewed:
+        return unknown(name, f"could not review retire for {user} in namespace(s) {_names(unreviewed)}.", facts=facts)
     if expect_plan_only:
         if cluster_wide or (per_namespace and not lacking):
-            return Check(
-                name=name,
-                status=CheckStatus.FAIL,
-                summary=f"{user} holds retire but the cluster is expected to be plan-only; remove the "
+            return failed(
+                name,
+                f"{user} holds retire but the cluster is expected to be plan-only; remove the "
                 f"retire-grant component (or run doctor without --expect-plan-only).",
                 objects=(user,),
                 facts=facts,
             )
-        return Check(
-            name=name,
-            status=CheckStatus.PASS,
-            summary=f"{user} does not hold retire: plan-only, as expected.",
-            facts=facts,
-        )
+        return passed(name, f"{user} does not hold retire: plan-only, as expected.", facts=facts)
     if cluster_wide:
-        return Check(
-            name=name, status=CheckStatus.PASS, summary=f"{user} holds retire in every namespace.", facts=facts
-        )
+        return passed(name, f"{user} holds retire in every namespace.", facts=facts)
     if granted_everywhere and per_namespace:
-        return Check(
-            name=name,
-            status=CheckStatus.PASS,
-            summary=f"{user} holds retire in every namespace with registrations ({len(per_namespace)}).",
-            facts=facts,
+        return passed(
+            name, f"{user} holds retire in every namespace with registrations ({len(per_namespace)}).", facts=facts
         )
     where = f" in namespace(s) {_names(lacking)}" if lacking else ""
-    return Check(
-        name=name,
-        status=CheckStatus.FAIL,
-        summary=f"{user} does not hold retire{where}: the operator runs plan-only; grant it with the "
+    return failed(
+        name,
+        f"{user} does not hold retire{where}: the operator runs plan-only; grant it with the "
         f"retire-grant component (`kubectl apply -k manifests/overlays/production`), or pass "
         f"--expect-plan-only if that is intended.",
         objects=(user,),
@@ -354,11 +319,9 @@ def check_agents(
     """
     name = "agents"
     if isinstance(nodes, Unreadable):
-        return Check(name=name, status=CheckStatus.UNKNOWN, summary=f"Nodes could not be listed: {nodes.reason}")
+        return unknown(name, f"Nodes could not be listed: {nodes.reason}")
     if isinstance(leases, Unreadable):
-        return Check(
-            name=name, status=CheckStatus.UNKNOWN, summary=f"agent Leases could not be listed: {leases.reason}"
-        )
+        return unknown(name, f"agent Leases could not be listed: {leases.reason}")
     agents = _agent_leases(leases, system_namespace=system_namespace)
     by_name = {_name(node): node for node in nodes}
     ready = sorted(
@@ -402,10 +365,9 @@ def check_agents(
     if problems:
         described = "; ".join(f"{node}: {problem}" for node, problem in sorted(problems.items())[:_SHOWN_NAMES])
         more = len(problems) - _SHOWN_NAMES
-        return Check(
-            name=name,
-            status=CheckStatus.FAIL,
-            summary=f"{len(problems)} of {scope} lack a healthy agent: {described}"
+        return failed(
+            name,
+            f"{len(problems)} of {scope} lack a healthy agent: {described}"
             f"{f'; and {more} more' if more > 0 else ''}. Check the coroner-agent DaemonSet pods on them "
             f"(and, for a node that is gone, the node-loss check).",
             objects=tuple(f"node/{node}" for node in sorted(problems)),
@@ -413,17 +375,15 @@ def check_agents(
         )
     if not isinstance(plan, Plan):
         why = plan.reason if isinstance(plan, Unreadable) else "not read"
-        return Check(
-            name=name,
-            status=CheckStatus.UNKNOWN,
-            summary=f"every Ready node ({len(ready)}) has a live agent on the Node's boot, but the nodes holding "
+        return unknown(
+            name,
+            f"every Ready node ({len(ready)}) has a live agent on the Node's boot, but the nodes holding "
             f"registrations are unknown (registrations: {why}).",
             facts=facts,
         )
-    return Check(
-        name=name,
-        status=CheckStatus.PASS,
-        summary=f"every Ready node ({len(ready)}) and every node with active registrations ({len(holding)}) has "
+    return passed(
+        name,
+        f"every Ready node ({len(ready)}) and every node with active registrations ({len(holding)}) has "
         f"a live agent on the Node's boot.",
         facts=facts,
     )
@@ -474,15 +434,14 @@ def check_node_loss(
     if isinstance(world, Unreadable) or isinstance(plan, Unreadable):
         missing = world if isinstance(world, Unreadable) else plan
         assert isinstance(missing, Unreadable)
-        return Check(name=name, status=CheckStatus.UNKNOWN, summary=f"could not be decided: {missing.reason}")
+        return unknown(name, f"could not be decided: {missing.reason}")
     decisions = {key_of(entry.registration): entry.decision for entry in plan.entries}
     lost = _lost_nodes(world, now=now)
     if not lost:
         active = sum(1 for r in world.parsed.values() if not r.terminal)
-        return Check(
-            name=name,
-            status=CheckStatus.PASS,
-            summary=f"no active registration is on a lost node or a node without a live agent ({active} active).",
+        return passed(
+            name,
+            f"no active registration is on a lost node or a node without a live agent ({active} active).",
             facts={"count": 0, "nodes": {}},
         )
     operator = policy.published
@@ -533,10 +492,9 @@ def check_node_loss(
             "fixes": releases["sentences"],
         }
     total = sum(len(item.keys) for item in lost)
-    return Check(
-        name=name,
-        status=CheckStatus.FAIL,
-        summary=f"{total} active registration(s) on {len(lost)} lost node(s) or node(s) without a live agent, "
+    return failed(
+        name,
+        f"{total} active registration(s) on {len(lost)} lost node(s) or node(s) without a live agent, "
         f"which no agent will ever attest: {' | '.join(described)}",
         objects=tuple(objects),
         facts={"count": total, "nodes": per_node},
@@ -620,10 +578,10 @@ def _releases(
                 f"(NodeDeleted)."
             )
         else:
-            unknown = "" if operator is not None else "if the operator runs without --node-deletion-evidence (its "
-            unknown += "" if operator is not None else "policy could not be read), "
+            caveat = "" if operator is not None else "if the operator runs without --node-deletion-evidence (its "
+            caveat += "" if operator is not None else "policy could not be read), "
             sentences.append(
-                f"{unknown}add the {NODE_LOSS_COMPONENT} component to the operator's overlay (--node-deletion-"
+                f"{caveat}add the {NODE_LOSS_COMPONENT} component to the operator's overlay (--node-deletion-"
                 f"evidence): once Node {item.node} has been gone for the quarantine ({quarantine:g}s) it counts "
                 f"{proven} of {n} dead (NodeDeleted)."
             )
@@ -700,7 +658,7 @@ def check_unattested(*, plan: Plan | Unreadable, now: datetime.datetime, grace_s
     """Active registrations still without their agent's attestation after a grace period."""
     name = "unattested"
     if isinstance(plan, Unreadable):
-        return Check(name=name, status=CheckStatus.UNKNOWN, summary=f"registrations could not be read: {plan.reason}")
+        return unknown(name, f"registrations could not be read: {plan.reason}")
     grace = datetime.timedelta(seconds=grace_seconds)
     stuck = [
         entry
@@ -712,19 +670,15 @@ def check_unattested(*, plan: Plan | Unreadable, now: datetime.datetime, grace_s
     facts = {"count": len(stuck), "graceSeconds": grace_seconds, "registrations": named}
     if stuck:
         nodes = sorted({entry.registration.node_name or "?" for entry in stuck})
-        return Check(
-            name=name,
-            status=CheckStatus.FAIL,
-            summary=f"{len(stuck)} registration(s) unattested for over {grace_seconds:g}s: {_names(named)} "
+        return failed(
+            name,
+            f"{len(stuck)} registration(s) unattested for over {grace_seconds:g}s: {_names(named)} "
             f"(node(s) {_names(nodes)}); check the agents of those nodes.",
             objects=tuple(f"workerregistration/{n}" for n in named),
             facts=facts,
         )
-    return Check(
-        name=name,
-        status=CheckStatus.PASS,
-        summary=f"0 of {len(plan.entries)} registration(s) unattested for over {grace_seconds:g}s.",
-        facts=facts,
+    return passed(
+        name, f"0 of {len(plan.entries)} registration(s) unattested for over {grace_seconds:g}s.", facts=facts
     )
 
 
@@ -736,7 +690,7 @@ def check_blocked(*, plan: Plan | Unreadable, expect_plan_only: bool, permission
     """
     name = "blocked"
     if isinstance(plan, Unreadable):
-        return Check(name=name, status=CheckStatus.UNKNOWN, summary=f"registrations could not be read: {plan.reason}")
+        return unknown(name, f"registrations could not be read: {plan.reason}")
     found = [entry for entry in plan.entries if blocked(entry)]
     by_reason: dict[str, list[str]] = {}
     for entry in found:
@@ -745,88 +699,96 @@ def check_blocked(*, plan: Plan | Unreadable, expect_plan_only: bool, permission
         by_reason.pop(Reason.RETIRE_PERMISSION_MISSING.value, []) if expect_plan_only or not permission_known else []
     )
     expected = waiting if permission_known else []
-    unknown = [] if permission_known else waiting
+    unreviewed = [] if permission_known else waiting
     facts = {
         "count": sum(len(names) for names in by_reason.values()),
         "byReason": by_reason,
         "expectedPlanOnly": expected,
-        "operatorPermissionUnknown": unknown,
+        "operatorPermissionUnknown": unreviewed,
     }
     if by_reason:
         described = "; ".join(f"{reason} {len(names)}: {_names(names)}" for reason, names in sorted(by_reason.items()))
-        return Check(
-            name=name,
-            status=CheckStatus.FAIL,
-            summary=f"{facts['count']} dead registration(s) preserved by a fixable cause: {described}. "
+        return failed(
+            name,
+            f"{facts['count']} dead registration(s) preserved by a fixable cause: {described}. "
             f"`kubectl coroner plan` explains each.",
             objects=tuple(f"workerregistration/{n}" for names in by_reason.values() for n in names),
             facts=facts,
         )
-    if unknown:
-        return Check(
-            name=name,
-            status=CheckStatus.UNKNOWN,
-            summary=f"{len(unknown)} dead registration(s) wait for the retire verb, and whether the operator "
-            f"holds it could not be reviewed: {_names(unknown)}.",
-            objects=tuple(f"workerregistration/{n}" for n in unknown),
+    if unreviewed:
+        return unknown(
+            name,
+            f"{len(unreviewed)} dead registration(s) wait for the retire verb, and whether the operator "
+            f"holds it could not be reviewed: {_names(unreviewed)}.",
+            objects=tuple(f"workerregistration/{n}" for n in unreviewed),
             facts=facts,
         )
     tail = f" ({len(expected)} waiting for retire, plan-only as expected)" if expected else ""
-    return Check(
-        name=name,
-        status=CheckStatus.PASS,
-        summary=f"0 of {len(plan.entries)} registration(s) retirable-but-blocked{tail}.",
-        facts=facts,
-    )
+    return passed(name, f"0 of {len(plan.entries)} registration(s) retirable-but-blocked{tail}.", facts=facts)
+
+
+# --- the check list -----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Findings:
+    """Everything one doctor run read (or could not: `Unreadable`) and was asked: every check's input."""
+
+    crd: Mapping[str, Any] | Unreadable | None
+    policies: Sequence[Mapping[str, Any]] | Unreadable
+    """ValidatingAdmissionPolicies."""
+    bindings: Sequence[Mapping[str, Any]] | Unreadable
+    """ValidatingAdmissionPolicyBindings."""
+    operator_lease: Mapping[str, Any] | Unreadable | None
+    nodes: Sequence[Mapping[str, Any]] | Unreadable
+    leases: Sequence[Mapping[str, Any]] | Unreadable
+    """Every Lease of the cluster."""
+    world: World | Unreadable
+    plan: Plan | Unreadable
+    """Every registration decided with the operator's policy and the operator's retire permission."""
+    cluster_wide: bool | None
+    """Whether the operator holds retire in every namespace; None: could not be reviewed."""
+    per_namespace: Mapping[str, bool | None]
+    """Whether it holds retire, per namespace with registrations."""
+    policy: PolicyChoice
+    system_namespace: str
+    expect_plan_only: bool
+    attestation_grace_seconds: float
+    now: datetime.datetime
+
+
+#: The checks, in the order doctor shows them. A new check is one pure function of `Findings`
+#: returning a `Check` (built with `passed`, `failed` or `unknown`) and one entry here.
+CHECKS: Final[tuple[Callable[[Findings], Check], ...]] = (
+    lambda f: check_crd(f.crd),
+    lambda f: check_admission_policies(policies=f.policies, bindings=f.bindings),
+    lambda f: check_operator_alive(lease=f.operator_lease, system_namespace=f.system_namespace, now=f.now),
+    lambda f: check_last_sweep(lease=f.operator_lease, system_namespace=f.system_namespace),
+    lambda f: check_retire_grant(
+        cluster_wide=f.cluster_wide,
+        per_namespace=f.per_namespace,
+        expect_plan_only=f.expect_plan_only,
+        system_namespace=f.system_namespace,
+    ),
+    lambda f: check_agents(nodes=f.nodes, leases=f.leases, system_namespace=f.system_namespace, now=f.now, plan=f.plan),
+    lambda f: check_node_loss(
+        world=f.world, plan=f.plan, policy=f.policy, system_namespace=f.system_namespace, now=f.now
+    ),
+    lambda f: check_unattested(plan=f.plan, now=f.now, grace_seconds=f.attestation_grace_seconds),
+    lambda f: check_blocked(
+        plan=f.plan, expect_plan_only=f.expect_plan_only, permission_known=f.cluster_wide is not None
+    ),
+)
+
+
+def run_checks(findings: Findings, checks: Sequence[Callable[[Findings], Check]] = CHECKS) -> list[Check]:
+    """Every check of `checks` on one doctor run's findings, in order."""
+    return [check(findings) for check in checks]
 
 
 def doctor_exit_code(checks: Sequence[Check]) -> int:
     """1 when any check FAILs; UNKNOWN alone does not fail (it is reported, not guessed)."""
     return 1 if any(check.status == CheckStatus.FAIL for check in checks) else 0
-
-
-# --- output ---------------------------------------------------------------------------------------
-
-
-def doctor_document(
-    checks: Sequence[Check], *, now: datetime.datetime, policy: PolicyChoice | None = None
-) -> dict[str, Any]:
-    """A doctor run as ``-o json`` prints it."""
-    return {
-        "apiVersion": api.API_VERSION,
-        "kind": "DoctorReport",
-        "generatedTime": model.format_time(now, fraction=True),
-        "policy": None if policy is None else policy.document(),
-        "healthy": doctor_exit_code(checks) == 0,
-        "checks": [
-            {
-                "name": check.name,
-                "status": check.status.value,
-                "summary": check.summary,
-                "objects": list(check.objects),
-                "facts": dict(check.facts),
-            }
-            for check in checks
-        ],
-    }
-
-
-_STATUS_STYLE: Final = {CheckStatus.PASS: "green", CheckStatus.FAIL: "bold red", CheckStatus.UNKNOWN: "yellow"}
-
-
-def render_doctor(checks: Sequence[Check], *, console: Console, policy: PolicyChoice | None = None) -> None:
-    """The human table of one doctor run."""
-    if policy is not None:
-        console.print(Text(policy.describe()), soft_wrap=True)
-    table = Table(title=Text("Coroner doctor"), box=box.SIMPLE_HEAD, title_justify="left")
-    table.add_column("CHECK", no_wrap=True)
-    table.add_column("STATUS", no_wrap=True)
-    table.add_column("DETAIL", overflow="fold", ratio=1, min_width=20)
-    for check in checks:
-        table.add_row(
-            Text(check.name), Text(check.status.value, style=_STATUS_STYLE[check.status]), Text(check.summary)
-        )
-    console.print(table)
 
 
 # --- small pure pieces --------------------------------------------------------------------------

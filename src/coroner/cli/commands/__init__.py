@@ -1,0 +1,1 @@
+"""One module per ``kubectl coroner`` command; `coroner.cli.kubectl` adds each to the group."""

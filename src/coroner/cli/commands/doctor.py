@@ -1,0 +1,134 @@
+"""``kubectl coroner doctor``: PASS / FAIL / UNKNOWN for each part Coroner needs.
+
+This module reads; the checks are the pure `coroner.cli.doctor.CHECKS`, run on what was read.
+"""
+
+from __future__ import annotations
+
+import click
+from kubernetes import client as k8s
+
+from coroner.cli import doctor as diagnosis
+from coroner.cli import options, render
+from coroner.cli import plan as planning
+from coroner.cli.session import EXIT_OK, PluginError, Session, fail, lease_policy, utcnow
+from coroner.core import api
+from coroner.core.fingerprint import Plan
+from coroner.core.world import World
+
+
+@click.command("doctor")
+@click.option("--output", "-o", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option(
+    "--expect-plan-only",
+    is_flag=True,
+    help="The cluster is deliberately plan-only: the operator should NOT hold retire.",
+)
+@click.option(
+    "--attestation-grace-seconds",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="A registration unattested for longer than this counts as stuck.",
+)
+@options.common
+@click.pass_context
+def doctor_command(
+    ctx: click.Context,
+    output: str,
+    expect_plan_only: bool,
+    attestation_grace_seconds: float,
+    kubeconfig: str | None,
+    system_namespace: str,
+    node_deletion_evidence: bool | None,
+    node_quarantine_seconds: float | None,
+) -> None:
+    """PASS / FAIL / UNKNOWN for each part Coroner needs; exit code 1 if any check FAILs."""
+    session = Session(kubeconfig=kubeconfig)
+    extensions = k8s.ApiextensionsV1Api(session.client)
+    admission = k8s.AdmissionregistrationV1Api(session.client)
+    coordination = k8s.CoordinationV1Api(session.client)
+
+    crd = session.read(
+        extensions.read_custom_resource_definition, api.CRD_NAME, what=f"get CustomResourceDefinition {api.CRD_NAME}"
+    )
+    policies = session.read_list(admission.list_validating_admission_policy, what="list ValidatingAdmissionPolicies")
+    bindings = session.read_list(
+        admission.list_validating_admission_policy_binding, what="list ValidatingAdmissionPolicyBindings"
+    )
+    operator_lease = session.read(
+        coordination.read_namespaced_lease,
+        planning.OPERATOR_LEASE,
+        system_namespace,
+        what=f"get Lease {system_namespace}/{planning.OPERATOR_LEASE}",
+    )
+    choice = lease_policy(
+        operator_lease,
+        system_namespace=system_namespace,
+        node_deletion_evidence=node_deletion_evidence,
+        node_quarantine_seconds=node_quarantine_seconds,
+    )
+    nodes = session.read_list(k8s.CoreV1Api(session.client).list_node, what="list nodes")
+    leases = session.read_list(coordination.list_lease_for_all_namespaces, what="list leases in every namespace")
+
+    cluster_wide = session.operator_may_retire(system_namespace=system_namespace, namespace=None)
+    plan: Plan | planning.Unreadable
+    world: World | planning.Unreadable
+    per_namespace: dict[str, bool | None] = {}
+    try:
+        registrations = session.list_registrations(namespace=None)
+    except PluginError as exc:
+        if exc.unreachable:
+            raise
+        plan = world = planning.Unreadable(reason=exc.message)
+    else:
+        namespaces = sorted({str((b.get("metadata") or {}).get("namespace") or "") for b in registrations})
+        for ns in namespaces:
+            per_namespace[ns] = (
+                True if cluster_wide else session.operator_may_retire(system_namespace=system_namespace, namespace=ns)
+            )
+        if isinstance(leases, planning.Unreadable) or isinstance(nodes, planning.Unreadable):
+            missing = leases if isinstance(leases, planning.Unreadable) else nodes
+            assert isinstance(missing, planning.Unreadable)
+            plan = world = planning.Unreadable(reason=f"the facts to decide them could not be read: {missing.reason}")
+        else:
+            # Decided with the operator's permission, so the counts are the operator's view.
+            listing = planning.Listing(
+                registrations=registrations,
+                leases=leases,
+                nodes=nodes,
+                retire_permission=per_namespace,
+                system_namespace=system_namespace,
+            )
+            world = planning.build_world(listing)
+            plan = planning.decide_all(world=world, policy=choice.policy, now=utcnow())
+
+    now = utcnow()
+    checks = diagnosis.run_checks(
+        diagnosis.Findings(
+            crd=crd,
+            policies=policies,
+            bindings=bindings,
+            operator_lease=operator_lease,
+            nodes=nodes,
+            leases=leases,
+            world=world,
+            plan=plan,
+            cluster_wide=cluster_wide,
+            per_namespace=per_namespace,
+            policy=choice,
+            system_namespace=system_namespace,
+            expect_plan_only=expect_plan_only,
+            attestation_grace_seconds=attestation_grace_seconds,
+            now=now,
+        )
+    )
+    if output == "json":
+        document = render.doctor_document(checks, now=now, policy=choice)
+        click.echo(render.dump(document, output="json"), nl=False)
+    else:
+        render.render_doctor(checks, console=render.console(), policy=choice)
+    code = diagnosis.doctor_exit_code(checks)
+    if code != EXIT_OK:
+        failing = [check.name for check in checks if check.status == diagnosis.CheckStatus.FAIL]
+        fail(ctx, f"doctor: check(s) {', '.join(failing)} failed.", code=code)

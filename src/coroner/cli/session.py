@@ -1,0 +1,414 @@
+"""The I/O shell shared by every ``kubectl coroner`` command: one identity's session with one cluster.
+
+Every API request of the plugin goes through `Session`, which turns each failure into one
+`PluginError` sentence naming the object and the fix. `gather` reads the facts a plan is decided
+from, exactly as the operator reads them; `listed_policy` and `lease_policy` choose the policy to
+decide with (the operator's, published on its Lease). What to conclude from the reads lives in the
+pure `coroner.cli.plan` and `coroner.cli.doctor`; how it is shown, in `coroner.cli.render`.
+
+Exit codes: 0 ok; 1 a doctor check failed; 2 usage error, bad input, refusal or unreachable
+cluster; 3 apply aborted on drift (nothing written) or a row moved under its write.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import uuid
+from collections.abc import Callable
+from typing import Any, Final, NoReturn
+
+import click
+import kubernetes
+import urllib3
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config import ConfigException
+
+from coroner.cli import doctor as diagnosis
+from coroner.cli import plan as planning
+from coroner.client.kube import api_client
+from coroner.core import api
+from coroner.core import wire as retirement
+from coroner.core.decision import Policy
+
+EXIT_OK: Final = 0
+EXIT_CHECK_FAILED: Final = 1
+EXIT_USAGE: Final = 2
+EXIT_DRIFT: Final = 3
+
+#: (connect, read) seconds: an unreachable API server is reported, not waited on forever.
+_TIMEOUT: Final = (10, 120)
+#: LIST page size, as kubectl chunks; the pages of one LIST share one snapshot.
+_PAGE: Final = 500
+DEBUG_ENV: Final = "KUBECTL_CORONER_DEBUG"
+_VIEW_FIX: Final = "ask for the coroner-viewer ClusterRole (get/list workerregistrations) and list on leases and nodes"
+
+
+class PluginError(Exception):
+    """One sentence for a person, naming the object and the fix; `PluginGroup` prints it and exits."""
+
+    def __init__(
+        self, message: str, *, exit_code: int = EXIT_USAGE, unreachable: bool = False, status: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.exit_code = exit_code
+        #: The API server could not be reached at all: no later request can succeed either.
+        self.unreachable = unreachable
+        #: The HTTP status the API server answered with, when it answered.
+        self.status = status
+
+
+def utcnow() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+class Session:
+    """One identity's connection to one cluster: every API request of the plugin goes through here."""
+
+    def __init__(self, *, kubeconfig: str | None) -> None:
+        try:
+            self.client = api_client(kubeconfig)
+        except (ConfigException, OSError, ValueError, TypeError) as exc:
+            where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+            raise PluginError(
+                f"cannot load the kubeconfig {where} ({str(exc).strip() or type(exc).__name__}); pass "
+                f"--kubeconfig with a valid file or set KUBECONFIG."
+            ) from None
+        self.server = str(self.client.configuration.host)
+        self.kubeconfig = kubeconfig
+
+    # --- plumbing ------------------------------------------------------------------------------
+
+    def unreachable(self, exc: BaseException) -> PluginError:
+        cause = getattr(exc, "reason", None) or exc
+        text = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
+        return PluginError(
+            f"cannot reach the Kubernetes API server at {self.server} ({text[:200]}); check that the "
+            f"cluster is running and that --kubeconfig (or KUBECONFIG) points at it.",
+            unreachable=True,
+        )
+
+    def api_error(self, exc: ApiException, *, what: str, fix: str = "", not_found: str = "") -> PluginError:
+        if exc.status in (0, None):
+            return self.unreachable(exc)
+        message = server_message(exc)
+        status = int(exc.status)
+        if status == 401:
+            return PluginError(
+                f"the API server at {self.server} rejected the credentials of the kubeconfig while trying to "
+                f"{what} (401 Unauthorized); refresh them or pass another --kubeconfig.",
+                status=status,
+            )
+        if status == 403:
+            return PluginError(
+                f"forbidden to {what}: {message}; {fix or 'ask a cluster admin for that permission'}.", status=status
+            )
+        if status == 404 and not_found:
+            return PluginError(not_found, status=status)
+        if status == 410:
+            return PluginError(
+                f"cannot {what}: the objects changed faster than they could be listed (410 Gone); run the "
+                f"command again.",
+                status=status,
+            )
+        return PluginError(f"cannot {what}: {status} {exc.reason}: {message}.", status=status)
+
+    def request(
+        self, call: Callable[..., Any], *args: Any, what: str, fix: str = "", not_found: str = "", **kwargs: Any
+    ) -> Any:
+        """One API call with its JSON body decoded; failures become a `PluginError` sentence."""
+        try:
+            response = call(*args, _preload_content=False, _request_timeout=_TIMEOUT, **kwargs)
+        except ApiException as exc:
+            raise self.api_error(exc, what=what, fix=fix, not_found=not_found) from None
+        except urllib3.exceptions.HTTPError as exc:
+            raise self.unreachable(exc) from None
+        try:
+            return json.loads(response.data or b"{}")
+        except ValueError:
+            raise PluginError(
+                f"cannot {what}: the API server at {self.server} answered with something not JSON."
+            ) from None
+
+    def list_all(
+        self, call: Callable[..., Any], *args: Any, what: str, fix: str = "", not_found: str = ""
+    ) -> list[dict[str, Any]]:
+        """Every item of one LIST, page by page (one snapshot: the pages share a resourceVersion)."""
+        items: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            extra = {"_continue": token} if token else {}
+            page = self.request(call, *args, what=what, fix=fix, not_found=not_found, limit=_PAGE, **extra)
+            items.extend(page.get("items") or [])
+            token = (page.get("metadata") or {}).get("continue") or None
+            if token is None:
+                return items
+
+    def read(self, call: Callable[..., Any], *args: Any, what: str) -> Any:
+        """For doctor: the body, None for 404, or `Unreadable` — only an unreachable cluster raises."""
+        try:
+            return self.request(call, *args, what=what)
+        except PluginError as exc:
+            if exc.unreachable:
+                raise
+            if exc.status == 404:
+                return None
+            return planning.Unreadable(reason=exc.message)
+
+    def read_list(self, call: Callable[..., Any], *args: Any, what: str) -> list[dict[str, Any]] | planning.Unreadable:
+        try:
+            return self.list_all(call, *args, what=what)
+        except PluginError as exc:
+            if exc.unreachable:
+                raise
+            return planning.Unreadable(reason=exc.message)
+
+    # --- reads ---------------------------------------------------------------------------------
+
+    def list_registrations(self, *, namespace: str | None) -> list[dict[str, Any]]:
+        custom = k8s.CustomObjectsApi(self.client)
+        where = "in every namespace" if namespace is None else f"in namespace {namespace}"
+        not_installed = (
+            f"the WorkerRegistration API (CustomResourceDefinition {api.CRD_NAME}) is not installed on the "
+            f"cluster at {self.server}; install it with `kubectl apply -k manifests/overlays/plan-only`."
+        )
+        if namespace is None:
+            return self.list_all(
+                custom.list_cluster_custom_object,
+                api.GROUP,
+                api.VERSION,
+                api.PLURAL,
+                what=f"list workerregistrations {where}",
+                fix=_VIEW_FIX,
+                not_found=not_installed,
+            )
+        return self.list_all(
+            custom.list_namespaced_custom_object,
+            api.GROUP,
+            api.VERSION,
+            namespace,
+            api.PLURAL,
+            what=f"list workerregistrations {where}",
+            fix=_VIEW_FIX,
+            not_found=not_installed,
+        )
+
+    def list_leases(self, *, namespace: str | None) -> list[dict[str, Any]]:
+        coordination = k8s.CoordinationV1Api(self.client)
+        fix = "the plan needs list on leases.coordination.k8s.io (agent Leases and protecting Leases)"
+        if namespace is None:
+            return self.list_all(
+                coordination.list_lease_for_all_namespaces, what="list leases in every namespace", fix=fix
+            )
+        return self.list_all(
+            coordination.list_namespaced_lease, namespace, what=f"list leases in namespace {namespace}", fix=fix
+        )
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        return self.list_all(
+            k8s.CoreV1Api(self.client).list_node,
+            what="list nodes",
+            fix="the plan needs list on nodes (boot ids and node existence) to decide as the operator does",
+        )
+
+    def can_retire(self, *, namespace: str, name: str | None = None) -> bool | None:
+        """SelfSubjectAccessReview for ``retire``; None when it cannot be asked (unknown ≠ granted)."""
+        body = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectAccessReview",
+            "spec": {"resourceAttributes": _retire_attributes(namespace=namespace, name=name)},
+        }
+        return self._review(k8s.AuthorizationV1Api(self.client).create_self_subject_access_review, body)
+
+    def operator_may_retire(self, *, system_namespace: str, namespace: str | None) -> bool | None:
+        """SubjectAccessReview for the operator's ServiceAccount (doctor); None when not allowed to ask."""
+        body = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {
+                "user": diagnosis.operator_username(system_namespace),
+                "groups": [
+                    "system:serviceaccounts",
+                    f"system:serviceaccounts:{system_namespace}",
+                    "system:authenticated",
+                ],
+                "resourceAttributes": _retire_attributes(namespace=namespace or "", name=None),
+            },
+        }
+        return self._review(k8s.AuthorizationV1Api(self.client).create_subject_access_review, body)
+
+    def _review(self, call: Callable[..., Any], body: dict[str, Any]) -> bool | None:
+        try:
+            result = self.request(call, body, what="review access")
+        except PluginError as exc:
+            if exc.unreachable:
+                raise
+            return None
+        return bool((result.get("status") or {}).get("allowed"))
+
+    def whoami(self) -> str:
+        result = self.request(
+            k8s.AuthenticationV1Api(self.client).create_self_subject_review,
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
+            what="learn who you are (SelfSubjectReview)",
+            fix="apply records the retiring user in status.retirement.retiredBy and writes nothing without it",
+        )
+        username = ((result.get("status") or {}).get("userInfo") or {}).get("username")
+        if not username:
+            raise PluginError(
+                f"the API server at {self.server} did not say who you are (SelfSubjectReview has no username); "
+                f"apply records the retiring user and writes nothing without it."
+            )
+        return str(username)
+
+    # --- writes --------------------------------------------------------------------------------
+
+    def post_event(self, *, body: dict[str, Any], reason: str, message: str, reporter: str) -> None:
+        meta = body.get("metadata") or {}
+        event = retirement.event_body(
+            involved=body,
+            reason=reason,
+            message=message,
+            component=planning.COMPONENT,
+            instance=reporter,
+            now=utcnow(),
+            suffix=uuid.uuid4().hex[:12],
+        )
+        self.request(
+            k8s.CoreV1Api(self.client).create_namespaced_event,
+            meta.get("namespace"),
+            event,
+            what=f"post the {reason} Event on WorkerRegistration {meta.get('namespace')}/{meta.get('name')}",
+        )
+
+
+def _retire_attributes(*, namespace: str, name: str | None) -> dict[str, str]:
+    attributes = {"group": api.GROUP, "resource": api.PLURAL, "verb": api.RETIRE_VERB, "namespace": namespace}
+    if name:
+        attributes["name"] = name
+    return attributes
+
+
+def server_message(exc: ApiException) -> str:
+    try:
+        message = json.loads(exc.body or "{}").get("message")
+    except (ValueError, AttributeError):
+        message = None
+    return str(message or exc.reason or exc.body or "no message").strip().rstrip(".")
+
+
+# --- gathering facts, exactly as the operator does --------------------------------------------
+
+
+def gather(
+    session: Session,
+    *,
+    namespace: str | None,
+    system_namespace: str,
+    permission: Callable[[str], bool | None],
+) -> planning.Listing:
+    """One LIST each of registrations, Leases and Nodes, and the retire permission per namespace.
+
+    For one namespace the Leases are two namespaced LISTs (that namespace's protecting Leases and
+    the system namespace's agent Leases): the same facts as a cluster-wide LIST, with less RBAC.
+    """
+    registrations = session.list_registrations(namespace=namespace)
+    if namespace is None:
+        leases = session.list_leases(namespace=None)
+    else:
+        leases = session.list_leases(namespace=system_namespace)
+        if namespace != system_namespace:
+            leases += session.list_leases(namespace=namespace)
+    nodes = session.list_nodes()
+    namespaces = (
+        [namespace]
+        if namespace is not None
+        else sorted({str((body.get("metadata") or {}).get("namespace") or "") for body in registrations})
+    )
+    return planning.Listing(
+        registrations=registrations,
+        leases=leases,
+        nodes=nodes,
+        retire_permission={ns: permission(ns) for ns in namespaces},
+        system_namespace=system_namespace,
+    )
+
+
+def confirm_gone_nodes(
+    session: Session, listing: planning.Listing, *, policy: Policy, now: datetime.datetime
+) -> planning.Listing:
+    """Where policy accepts node-deletion evidence: a live GET of each Node that registrations name
+    and the LIST lacks, as the operator does; NotFound counts as gone from `now` (the quarantine
+    counts from there, so `--node-quarantine-seconds 0` is a human's statement that it is gone for
+    good). Anything but NotFound leaves the Node unknown."""
+    if not policy.node_deletion_evidence:
+        return listing
+    listed = {str((node.get("metadata") or {}).get("name") or "") for node in listing.nodes}
+    named = {str((body.get("spec") or {}).get("nodeName") or "") for body in listing.registrations}
+    gone: dict[str, datetime.datetime] = {}
+    for name in sorted(named - listed - {""}):
+        found = session.read(k8s.CoreV1Api(session.client).read_node, name, what=f"get Node {name}")
+        if found is None:
+            gone[name] = now
+    return dataclasses.replace(listing, nodes_gone=gone)
+
+
+def context_namespace(kubeconfig: str | None) -> str:
+    """The namespace of the kubeconfig's current context, as kubectl picks it; else ``default``."""
+    try:
+        _, active = kubernetes.config.list_kube_config_contexts(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+    except (ConfigException, OSError, ValueError, TypeError, KeyError):
+        return "default"
+    return str(((active or {}).get("context") or {}).get("namespace") or "default")
+
+
+def scope_of(*, namespace: str | None, all_namespaces: bool, kubeconfig: str | None) -> str | None:
+    if namespace and all_namespaces:
+        raise PluginError("use either -n/--namespace or -A/--all-namespaces, not both.")
+    if all_namespaces:
+        return None
+    return namespace or context_namespace(kubeconfig)
+
+
+def lease_policy(
+    lease: Any, *, system_namespace: str, node_deletion_evidence: bool | None, node_quarantine_seconds: float | None
+) -> planning.PolicyChoice:
+    """The operator's published policy with the flags given on top; every fallback or difference is
+    a warning on stderr (stdout stays a clean document)."""
+    try:
+        choice = planning.choose_policy(
+            published=planning.published_policy(lease, system_namespace=system_namespace),
+            flags={
+                "node_deletion_evidence": node_deletion_evidence,
+                "node_deletion_quarantine_seconds": node_quarantine_seconds,
+            },
+            system_namespace=system_namespace,
+        )
+    except ValueError as exc:
+        raise PluginError(f"{exc}; pass a finite number of seconds >= 0.") from None
+    for warning in choice.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    return choice
+
+
+def listed_policy(
+    listing: planning.Listing, *, node_deletion_evidence: bool | None, node_quarantine_seconds: float | None
+) -> planning.PolicyChoice:
+    """`lease_policy` from the operator's Lease as plan and apply LISTed it with the system namespace's Leases."""
+    lease = planning.operator_lease_of(listing.leases, system_namespace=listing.system_namespace)
+    return lease_policy(
+        lease,
+        system_namespace=listing.system_namespace,
+        node_deletion_evidence=node_deletion_evidence,
+        node_quarantine_seconds=node_quarantine_seconds,
+    )
+
+
+def fail(ctx: click.Context, message: str, *, code: int) -> NoReturn:
+    """One ``error:`` line on stderr and exit `code` (after a document was printed on stdout)."""
+    click.echo(f"error: {message}", err=True)
+    ctx.exit(code)
