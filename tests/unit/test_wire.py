@@ -1,0 +1,389 @@
+"""Every body and patch Coroner writes (coroner.core.wire) parses back with the parser of its shape.
+
+The WorkerRegistration shapes go through `coroner.core.model.parse_registration` (as the operator,
+the agent and the CLI read them), the Lease shapes through `coroner.core.world` (as the operator's
+cache reads them): what one component writes, every other one reads back as meant.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+from typing import Any
+
+import jsonpatch
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coroner.core import api, model, wire, world
+from coroner.core.decision import Policy, decide
+from coroner.core.reasons import ConditionType, Evidence, Reason, Verdict
+from unit.builders import NOW, make_facts, make_registration
+
+pytestmark = pytest.mark.unit
+
+UTC = datetime.UTC
+ATTESTED = {
+    "type": "Attested",
+    "status": "True",
+    "reason": "Dead",
+    "message": "m",
+    "lastTransitionTime": "2026-11-30T17:00:00Z",
+}
+
+# --- strategies ------------------------------------------------------------------------------------
+
+names = st.from_regex(r"[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?", fullmatch=True)
+moments = st.datetimes(
+    min_value=datetime.datetime(2000, 1, 1), max_value=datetime.datetime(2200, 1, 1), timezones=st.just(UTC)
+)
+digits = st.integers(0, 2**63).map(str)
+incarnations = st.fixed_dictionaries(
+    {
+        "bootId": st.uuids().map(str),
+        "pidNamespace": digits,
+        "pid": st.integers(1, api.PID_MAX_LIMIT),
+        "startTime": digits,
+        "hostId": st.text(alphabet="0123456789abcdef", min_size=1, max_size=32),
+    }
+)
+heartbeats = st.none() | st.tuples(
+    st.integers(1, model.HEARTBEAT_INTERVAL_MAX), st.integers(1, model.HEARTBEAT_TTL_MAX)
+)
+optional_text = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40)
+
+
+def as_stored(body: dict[str, Any], *, resource_version: str = "1", created: datetime.datetime = NOW) -> dict[str, Any]:
+    """`body` as the API server returns it after a create: uid, resourceVersion, generation, creation time."""
+    stored = copy.deepcopy(body)
+    stored["metadata"].update(
+        uid="0d5e0000-0000-4000-8000-000000000001",
+        resourceVersion=resource_version,
+        generation=1,
+        creationTimestamp=model.format_time(created),
+    )
+    return stored
+
+
+def applied(body: dict[str, Any], ops: list[dict[str, Any]], *, resource_version: str = "2") -> dict[str, Any]:
+    """A JSON patch as the API server applies it (its `test`s included), with a new resourceVersion."""
+    patched: dict[str, Any] = jsonpatch.apply_patch(body, ops)
+    patched["metadata"]["resourceVersion"] = resource_version
+    return patched
+
+
+def merged_status(body: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+    merged = copy.deepcopy(body)
+    merged.setdefault("status", {}).update(status)
+    return merged
+
+
+# --- the launcher ------------------------------------------------------------------------------------
+
+
+@settings(max_examples=50)
+@given(
+    name=names,
+    namespace=names,
+    node=names,
+    incarnation=incarnations,
+    heartbeat=heartbeats,
+    role=optional_text,
+    session=optional_text,
+    generation=optional_text,
+    node_uid=st.none() | st.uuids().map(str),
+)
+def test_the_launchers_registration_parses_back_as_created(
+    name: str,
+    namespace: str,
+    node: str,
+    incarnation: dict[str, Any],
+    heartbeat: tuple[int, int] | None,
+    role: str,
+    session: str,
+    generation: str,
+    node_uid: str | None,
+) -> None:
+    body = wire.registration_body(
+        name=name,
+        namespace=namespace,
+        node_name=node,
+        incarnation=incarnation,
+        client_instance_id=f"{api.CLIENT_INSTANCE_PREFIX}x",
+        role=role,
+        session_id=session,
+        generation_id=generation,
+        node_uid=node_uid,
+        heartbeat=heartbeat,
+    )
+    parsed = model.parse_registration(as_stored(body))
+    assert parsed.problems == ()
+    assert (parsed.namespace, parsed.name, parsed.node_name) == (namespace, name, node)
+    assert parsed.labels[api.NODE_LABEL] == node
+    assert parsed.incarnation == model.Incarnation(
+        boot_id=incarnation["bootId"],
+        pid_namespace=incarnation["pidNamespace"],
+        pid=incarnation["pid"],
+        start_time=incarnation["startTime"],
+        host_id=incarnation["hostId"],
+    )
+    assert parsed.client_instance_id == f"{api.CLIENT_INSTANCE_PREFIX}x"
+    assert (parsed.role, parsed.session_id, parsed.generation_id) == (role or None, session or None, generation or None)
+    assert parsed.node_uid == (node_uid or None)
+    assert parsed.heartbeat.declared is (heartbeat is not None)
+    assert (parsed.heartbeat.interval_seconds, parsed.heartbeat.ttl_seconds) == (heartbeat or (None, None))
+    assert not parsed.terminal and parsed.attestation is None
+
+
+@given(now=moments)
+def test_a_heartbeat_parses_back_as_its_instant(now: datetime.datetime) -> None:
+    stored = as_stored(make_registration(heartbeat_at=None, attested=False))
+    parsed = model.parse_registration(merged_status(stored, wire.heartbeat_patch(now)["status"]))
+    assert parsed.last_heartbeat_time == now
+    assert parsed.last_heartbeat_raw == model.format_time(now, fraction=True)
+    assert not parsed.heartbeat_unparsable
+
+
+@given(now=moments, message=optional_text, generation=st.none() | st.integers(0, 2**31))
+def test_the_goodbye_parses_back_as_released(now: datetime.datetime, message: str, generation: int | None) -> None:
+    condition = wire.released_condition(message=message, now=now, generation=generation)
+    apply = wire.release_apply(name="w", namespace="jobs", condition=condition)
+    assert (apply["apiVersion"], apply["kind"], apply["metadata"]) == (
+        api.API_VERSION,
+        api.KIND,
+        {"name": "w", "namespace": "jobs"},
+    )
+    # The server merges the one list-map entry (keyed by type) into the stored conditions.
+    stored = make_registration(conditions=[ATTESTED])
+    parsed = model.parse_registration(
+        merged_status(stored, {"conditions": [*stored["status"]["conditions"], *apply["status"]["conditions"]]})
+    )
+    assert parsed.released and parsed.terminal and not parsed.retired
+    released = next(c for c in parsed.conditions if c.type == ConditionType.RELEASED)
+    assert (released.status, released.reason, released.message) == ("True", wire.RELEASED_REASON, message)
+    assert released.last_transition_time == now.replace(microsecond=0)
+    assert released.observed_generation == generation
+    assert not [p for p in parsed.problems if p[0].startswith("status.conditions")]
+
+
+# --- the agent -------------------------------------------------------------------------------------
+
+
+@settings(max_examples=50)
+@given(
+    verdict=st.sampled_from(Verdict),
+    evidence=st.sampled_from(Evidence),
+    detail=st.text(max_size=1500),
+    now=moments,
+    first=st.none() | moments,
+    boot_id=st.sampled_from(["", None, "8d0a4c6e-0000-4000-8000-000000000001"]),
+    heartbeat=st.booleans(),
+)
+def test_an_attestation_parses_back_as_the_agent_said(
+    verdict: Verdict,
+    evidence: Evidence,
+    detail: str,
+    now: datetime.datetime,
+    first: datetime.datetime | None,
+    boot_id: str | None,
+    heartbeat: bool,
+) -> None:
+    stored = make_registration(attested=False, heartbeat=heartbeat)
+    registration = model.parse_registration(stored)
+    attestation = wire.attestation_body(
+        registration=registration,
+        verdict=verdict,
+        evidence=evidence,
+        detail=detail,
+        boot_id=boot_id,
+        host_id="host",
+        now=now,
+        agent_node="node-a",
+        agent_pod="agent-xyz",
+        agent_identity="system:serviceaccount:coroner-system:coroner-agent",
+        first_observed=first,
+    )
+    parsed = model.parse_registration(applied(stored, wire.attestation_ops(stored, attestation)))
+    read = parsed.attestation
+    assert read is not None
+    problems = [p for p in parsed.problems if p[0].startswith("status.attestation")]
+    # An unreadable boot id is written as "" (the CRD requires the field), which reads as a problem
+    # besides the Unknown verdict: unknown either way.
+    assert problems == ([] if boot_id else [("status.attestation.bootId", "empty")])
+    if boot_id:
+        assert (read.verdict, read.evidence) == (verdict, evidence)
+    else:  # an agent that cannot read its boot id knows nothing: Unknown, never Dead
+        assert (read.verdict, read.evidence) == (Verdict.UNKNOWN, Evidence.BOOT_ID_UNREADABLE)
+    assert read.detail == detail[: wire.ATTESTATION_DETAIL_MAX]
+    assert read.incarnation == registration.incarnation
+    assert (read.boot_id, read.host_id) == ((boot_id or None), "host")
+    assert read.observed_time == now and read.first_observed_time == first
+    assert read.heartbeat_seen == (registration.last_heartbeat_raw or "")
+    assert (read.agent_node, read.agent_pod, read.agent_identity) == (
+        "node-a",
+        "agent-xyz",
+        "system:serviceaccount:coroner-system:coroner-agent",
+    )
+    assert dict(read.raw) == attestation
+
+
+@pytest.mark.parametrize(
+    ("body", "tested"),
+    [
+        pytest.param(make_registration(attested=False), "/status/lastHeartbeatTime", id="heartbeat-seen"),
+        pytest.param(
+            make_registration(attested=False, heartbeat=False), "/metadata/resourceVersion", id="no-heartbeat"
+        ),
+        pytest.param(
+            {k: v for k, v in make_registration(heartbeat=False).items() if k != "status"},
+            "/metadata/resourceVersion",
+            id="no-status",
+        ),
+    ],
+)
+def test_an_attestation_is_written_only_over_what_the_probe_relied_on(body: dict[str, Any], tested: str) -> None:
+    attestation = {"verdict": "Dead", "heartbeatSeen": (body.get("status") or {}).get("lastHeartbeatTime", "")}
+    ops = wire.attestation_ops(body, attestation)
+    assert ops[0]["op"] == "test" and ops[0]["path"] == tested
+    applied(body, ops)  # applies to what was read
+    moved = copy.deepcopy(body)
+    moved["metadata"]["resourceVersion"] = "moved"
+    moved.setdefault("status", {})["lastHeartbeatTime"] = "2099-01-01T00:00:00Z"
+    with pytest.raises(jsonpatch.JsonPatchTestFailed):
+        jsonpatch.apply_patch(moved, ops)
+
+
+# --- the operator and apply ------------------------------------------------------------------------
+
+
+def test_the_operators_conditions_parse_back_as_decided() -> None:
+    body = make_registration()
+    registration = model.parse_registration(body)
+    decision = decide(registration=registration, facts=make_facts(), policy=Policy(), now=NOW)
+    desired = wire.desired_conditions(registration, decision, now=NOW)
+    ops = wire.conditions_ops(body, desired, resource_version=str(registration.resource_version))
+    parsed = model.parse_registration(applied(body, ops))
+    assert parsed.conditions == tuple(desired)
+    assert not wire.conditions_changed(parsed, desired)
+    assert not parsed.terminal
+
+
+@pytest.mark.parametrize("writer", list(wire.Writer))
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(make_registration(), id="attested"),
+        pytest.param(make_registration(conditions=[ATTESTED]), id="with-conditions"),
+    ],
+)
+def test_one_retirement_patch_parses_back_as_retired(body: dict[str, Any], writer: wire.Writer) -> None:
+    registration = model.parse_registration(body)
+    decision = decide(registration=registration, facts=make_facts(), policy=Policy(), now=NOW)
+    assert decision.reason is Reason.ELIGIBLE_STALE_ORPHAN
+    ops = wire.retirement_ops(body, registration, decision, retired_by="someone", now=NOW, writer=writer)
+    assert [(op["op"], op["path"]) for op in ops[:2]] == [
+        ("test", "/metadata/resourceVersion"),
+        ("test", "/status/attestation"),
+    ]
+    parsed = model.parse_registration(applied(body, ops))
+    assert parsed.retired and parsed.terminal and not parsed.released
+    assert parsed.retirement == model.Retirement(
+        retired_time=NOW, retired_by="someone", reason="PidfdExited", decision=Reason.ELIGIBLE_STALE_ORPHAN.value
+    )
+    retired = next(c for c in parsed.conditions if c.type == ConditionType.RETIRED)
+    assert (retired.status, retired.reason) == ("True", "PidfdExited")
+    stored = (body.get("status") or {}).get("conditions") or []
+    if writer is wire.Writer.PERSON:  # the operator's conditions are written back exactly as stored
+        others = [c for c in applied(body, ops)["status"]["conditions"] if c["type"] != "Retired"]
+        assert others == [c for c in stored if c["type"] != "Retired"]
+    else:  # the operator says AlreadyTerminal at once
+        assert wire.reads_terminal(parsed)
+
+
+def test_a_decision_that_is_not_retirable_has_no_retirement_patch() -> None:
+    body = make_registration(verdict="Alive", evidence="PidfdPinned")
+    registration = model.parse_registration(body)
+    decision = decide(registration=registration, facts=make_facts(), policy=Policy(), now=NOW)
+    for writer in wire.Writer:
+        with pytest.raises(ValueError, match="not retirable"):
+            wire.retirement_ops(body, registration, decision, retired_by="x", now=NOW, writer=writer)
+
+
+# --- Leases and Events -----------------------------------------------------------------------------
+
+
+@settings(max_examples=50)
+@given(
+    name=names,
+    holder=names,
+    duration=st.integers(1, 3600),
+    now=moments,
+    later=moments,
+    boot=st.uuids().map(str),
+)
+def test_a_lease_parses_back_as_written_and_renewed(
+    name: str, holder: str, duration: int, now: datetime.datetime, later: datetime.datetime, boot: str
+) -> None:
+    annotations = {api.AGENT_LEASE_BOOT_ID: boot, api.AGENT_LEASE_HOST_ID: "host"}
+    created = wire.lease_body(
+        namespace=api.SYSTEM_NAMESPACE,
+        name=f"{api.AGENT_LEASE_PREFIX}{name}",
+        holder=holder,
+        duration=duration,
+        annotations=annotations,
+        now=now,
+    )
+    facts = world.lease_facts(created)
+    assert (facts.namespace, facts.name, facts.holder_identity) == (
+        api.SYSTEM_NAMESPACE,
+        f"{api.AGENT_LEASE_PREFIX}{name}",
+        holder,
+    )
+    assert (facts.renew_time, facts.lease_duration_seconds) == (now, duration)
+    agent = world.agent_facts_from_lease(created)
+    assert (agent.boot_id, agent.host_id, agent.renew_time) == (boot, "host", now)
+
+    stored = {**created, "metadata": {**created["metadata"], "resourceVersion": "7", "annotations": {"other": "kept"}}}
+    renewed = wire.lease_renewal(stored, holder=holder, duration=duration + 1, annotations=annotations, now=later)
+    assert renewed["metadata"]["resourceVersion"] == "7", "the PUT is a compare-and-swap"
+    assert renewed["metadata"]["annotations"] == {"other": "kept", **annotations}
+    assert renewed["spec"]["acquireTime"] == created["spec"]["acquireTime"]
+    again = world.lease_facts(renewed)
+    assert (again.renew_time, again.lease_duration_seconds) == (later, duration + 1)
+    assert stored["metadata"]["annotations"] == {"other": "kept"}, "the Lease read is not changed"
+
+
+@given(message=st.text(max_size=2000), count=st.integers(-3, 50), instance=st.text(max_size=300))
+def test_an_event_is_about_the_registration_as_written(message: str, count: int, instance: str) -> None:
+    involved = as_stored(make_registration())
+    event = wire.event_body(
+        involved=involved,
+        reason="Retired",
+        message=message,
+        component="coroner-operator",
+        instance=instance,
+        now=NOW,
+        suffix="abc",
+        count=count,
+    )
+    meta = involved["metadata"]
+    assert event["metadata"] == {"name": f"{meta['name']}.abc", "namespace": meta["namespace"]}
+    assert event["involvedObject"] == {
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "name": meta["name"],
+        "namespace": meta["namespace"],
+        "uid": meta["uid"],
+        "resourceVersion": meta["resourceVersion"],
+    }
+    assert event["message"] == message[:1024] and event["reportingInstance"] == instance[:128]
+    assert event["count"] == max(1, count)
+    assert model.parse_time(event["firstTimestamp"]) == NOW == model.parse_time(event["lastTimestamp"])
+
+
+def test_content_types_are_spelled_once() -> None:
+    from coroner.client import kube, rest
+
+    for name in ("JSON_PATCH", "MERGE_PATCH", "APPLY_PATCH"):
+        assert getattr(rest, name) is getattr(wire, name) is getattr(kube, name)
