@@ -19,8 +19,8 @@ def test_sample_shows_its_columns_under_every_name(coroner_api: Cluster, namespa
     for resource in ("workerregistrations", "wreg", "registrations"):
         table = kube.kubectl(coroner_api, "get", resource, "-n", namespace).stdout
         header, row = table.splitlines()[:2]
-        assert header.split() == ["NAME", "NODE", "PID", "RETIRED", "REASON", "VERDICT", "HEARTBEAT", "AGE"]
-        assert row.split()[:3] == ["queue-consumer-sample", "node-a", "4242"]
+        assert header.split() == ["NAME", "STATE", "NODE", "PID", "REASON", "VERDICT", "AGE"]
+        assert row.split()[:4] == ["queue-consumer-sample", "Active", "node-a", "4242"]
     wide = kube.kubectl(coroner_api, "get", "registrations", "-n", namespace, "-o", "wide").stdout
     assert wide.splitlines()[0].split()[-4:] == ["EVIDENCE", "ROLE", "INSTANCE", "RETIRED-BY"]
 
