@@ -387,3 +387,44 @@ def test_content_types_are_spelled_once() -> None:
 
     for name in ("JSON_PATCH", "MERGE_PATCH", "APPLY_PATCH"):
         assert getattr(rest, name) is getattr(wire, name) is getattr(kube, name)
+
+
+attestation_fields = st.fixed_dictionaries(
+    {},
+    optional={
+        "verdict": st.sampled_from([*Verdict, "Zombie", 7]).map(lambda v: v.value if isinstance(v, Verdict) else v),
+        "evidence": st.sampled_from([*Evidence, "Hunch"]).map(lambda v: v.value if isinstance(v, Evidence) else v),
+        "detail": st.text(max_size=20) | st.integers(),
+        "incarnation": st.fixed_dictionaries(
+            {},
+            optional={
+                "bootId": st.text(max_size=8),
+                "pidNamespace": digits | st.text(max_size=4),
+                "pid": st.integers(-5, api.PID_MAX_LIMIT + 5) | digits | st.floats(allow_nan=True),
+                "startTime": digits,
+                "hostId": st.text(max_size=8),
+            },
+        ),
+        "bootId": st.text(max_size=8),
+        "hostId": st.text(max_size=8),
+        "observedTime": moments.map(model.format_time) | st.text(max_size=8),
+        "firstObservedTime": moments.map(lambda m: model.format_time(m, fraction=True)) | st.just("soon"),
+        "heartbeatSeen": st.text(max_size=8) | st.none(),
+        "agent": st.fixed_dictionaries(
+            {}, optional={"nodeName": st.text(max_size=8), "podName": st.text(max_size=8), "identity": st.integers()}
+        ),
+    },
+)
+
+
+@settings(max_examples=200)
+@given(stored=attestation_fields)
+def test_the_one_rendering_of_an_attestation_parses_back_to_what_was_parsed(stored: dict[str, Any]) -> None:
+    # Whatever the stored attestation holds, rendering what the parser made of it and parsing that
+    # again changes nothing: the decision's evidence shows exactly what it relied on.
+    first = model.parse_registration(make_registration(paths={"status.attestation": stored})).attestation
+    assert first is not None
+    rendered = model.render_attestation(first)
+    again = model.parse_registration(make_registration(paths={"status.attestation": rendered})).attestation
+    assert again == first
+    assert model.render_attestation(again) == rendered

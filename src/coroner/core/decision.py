@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Final, TypeAlias
 
 from coroner.core import api
-from coroner.core.model import Attestation, Registration, format_time
+from coroner.core.model import Attestation, Registration, format_time, render_attestation
 from coroner.core.reasons import Evidence, Reason, Verdict
 
 JSONValue: TypeAlias = "str | int | float | bool | list[JSONValue] | dict[str, JSONValue] | None"
@@ -903,24 +903,11 @@ def _incarnation_json(known: _Known) -> dict[str, JSONValue]:
 
 
 def _attestation_json(attestation: Attestation, *, now: datetime.datetime) -> dict[str, JSONValue]:
+    """The attestation relied on, as stored (`coroner.core.model.render_attestation`), and its age."""
     observed = attestation.observed_time
     return {
-        "verdict": None if attestation.verdict is None else str(attestation.verdict),
-        "evidence": None if attestation.evidence is None else str(attestation.evidence),
-        "observedTime": None if observed is None else _stamp(observed),
+        **render_attestation(attestation),
         "ageSeconds": None if observed is None else (now - observed).total_seconds(),
-        "bootId": attestation.boot_id,
-        "hostId": attestation.host_id,
-        "heartbeatSeen": attestation.heartbeat_seen,
-        "agentNode": attestation.agent_node,
-        "agentPod": attestation.agent_pod,
-        "incarnation": {
-            "bootId": attestation.incarnation.boot_id,
-            "pidNamespace": attestation.incarnation.pid_namespace,
-            "pid": attestation.incarnation.pid,
-            "startTime": attestation.incarnation.start_time,
-            "hostId": attestation.incarnation.host_id,
-        },
     }
 
 

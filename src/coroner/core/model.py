@@ -19,7 +19,7 @@ import math
 import re
 import types
 from collections.abc import Mapping, Sequence
-from typing import Final, TypeAlias, TypeVar
+from typing import Any, Final, TypeAlias, TypeVar
 
 from coroner.core import api
 from coroner.core.reasons import ConditionType, Evidence, Verdict
@@ -178,6 +178,64 @@ class Registration:
     def terminal(self) -> bool:
         """Retired or released: history, never decided again."""
         return self.retired or self.released
+
+
+def render_incarnation(incarnation: Incarnation) -> dict[str, Any]:
+    """An incarnation as the API stores it (``spec.incarnation``, ``status.attestation.incarnation``);
+    absent and invalid fields are left out. The inverse of the parser's incarnation."""
+    fields = (
+        ("bootId", incarnation.boot_id),
+        ("pidNamespace", incarnation.pid_namespace),
+        ("pid", incarnation.pid),
+        ("startTime", incarnation.start_time),
+        ("hostId", incarnation.host_id),
+    )
+    return {field: value for field, value in fields if value is not None}
+
+
+def render_attestation(attestation: Attestation) -> dict[str, Any]:
+    """``status.attestation`` as the API stores it: the one rendering of the shape `_attestation`
+    parses, used by the agent that writes it (`coroner.core.wire.attestation_body`) and by the
+    decision's evidence. Absent and invalid fields are left out (parse(render(a)) == a for every
+    attestation the parser can return, `raw` aside)."""
+    rendered: dict[str, Any] = {}
+    for field, value in (
+        ("verdict", None if attestation.verdict is None else str(attestation.verdict)),
+        ("evidence", None if attestation.evidence is None else str(attestation.evidence)),
+        ("detail", attestation.detail),
+    ):
+        if value is not None:
+            rendered[field] = value
+    rendered["incarnation"] = render_incarnation(attestation.incarnation)
+    for field, value in (
+        ("bootId", attestation.boot_id),
+        ("hostId", attestation.host_id),
+        (
+            "observedTime",
+            None if attestation.observed_time is None else format_time(attestation.observed_time, fraction=True),
+        ),
+        (
+            "firstObservedTime",
+            None
+            if attestation.first_observed_time is None
+            else format_time(attestation.first_observed_time, fraction=True),
+        ),
+        ("heartbeatSeen", attestation.heartbeat_seen),
+    ):
+        if value is not None:
+            rendered[field] = value
+    agent = {
+        field: value
+        for field, value in (
+            ("nodeName", attestation.agent_node),
+            ("podName", attestation.agent_pod),
+            ("identity", attestation.agent_identity),
+        )
+        if value is not None
+    }
+    if agent:
+        rendered["agent"] = agent
+    return rendered
 
 
 def key_of(obj: Registration | Mapping[str, object]) -> Key:

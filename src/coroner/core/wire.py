@@ -415,18 +415,7 @@ ATTESTATION_DETAIL_MAX = 1000
 
 def incarnation_record(registration: model.Registration) -> dict[str, Any]:
     """The incarnation the agent checked, limited to fields valid under the CRD's status schema."""
-    inc = registration.incarnation
-    record: dict[str, Any] = {}
-    for field, value in (
-        ("bootId", inc.boot_id),
-        ("pidNamespace", inc.pid_namespace),
-        ("pid", inc.pid),
-        ("startTime", inc.start_time),
-        ("hostId", inc.host_id),
-    ):
-        if value is not None:
-            record[field] = value
-    return record
+    return model.render_incarnation(registration.incarnation)
 
 
 def attestation_body(
@@ -450,20 +439,22 @@ def attestation_body(
     death read from /proc needs (``firstObservedTime``)."""
     if not boot_id:
         verdict, evidence = Verdict.UNKNOWN, Evidence.BOOT_ID_UNREADABLE
-    body: dict[str, Any] = {
-        "verdict": verdict.value,
-        "evidence": evidence.value,
-        "detail": detail[:ATTESTATION_DETAIL_MAX],
-        "incarnation": incarnation_record(registration),
-        "bootId": boot_id or "",
-        "hostId": host_id,
-        "observedTime": model.format_time(now, fraction=True),
-        "heartbeatSeen": registration.last_heartbeat_raw or "",
-        "agent": {"nodeName": agent_node, "podName": agent_pod, "identity": agent_identity},
-    }
-    if first_observed is not None:
-        body["firstObservedTime"] = model.format_time(first_observed, fraction=True)
-    return body
+    return model.render_attestation(
+        model.Attestation(
+            verdict=verdict,
+            evidence=evidence,
+            detail=detail[:ATTESTATION_DETAIL_MAX],
+            incarnation=registration.incarnation,
+            boot_id=boot_id or "",
+            host_id=host_id,
+            observed_time=now,
+            first_observed_time=first_observed,
+            heartbeat_seen=registration.last_heartbeat_raw or "",
+            agent_node=agent_node,
+            agent_pod=agent_pod,
+            agent_identity=agent_identity,
+        )
+    )
 
 
 def attestation_ops(body: Mapping[str, Any], attestation: Mapping[str, Any]) -> list[dict[str, Any]]:
