@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint unit install
+.PHONY: demo test lint unit install sim sim-bench
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
@@ -29,3 +29,11 @@ test: lint
 
 unit: $(BIN)/.installed
 	$(BIN)/pytest -m unit
+
+# The deterministic simulation (docs/simulation.md): the CI batch of 100,000 seeded trials and the
+# mutants (part of `make test` too); sim-bench runs 1,000,000 and writes bench/results/sim.json.
+sim: $(BIN)/.installed
+	$(BIN)/pytest -q tests/sim
+
+sim-bench: $(BIN)/.installed
+	$(BIN)/python bench/sim.py

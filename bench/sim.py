@@ -65,6 +65,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0, help="First seed (trial i runs seed + i).")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--chunk", type=int, default=2000, help="Trials per task handed to a worker process.")
+    parser.add_argument("--minutes", type=float, default=None, help="Wall-time budget: keep the chunks done by then.")
     parser.add_argument("--mutant-limit", type=int, default=MUTANT_LIMIT)
     parser.add_argument("--no-mutants", action="store_true")
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "sim.json"))
@@ -86,7 +87,7 @@ def main() -> int:
                 flush=True,
             )
             mutants.append(hunt)
-    summary = run.parallel(args.seed, args.trials, jobs=args.jobs, chunk=args.chunk)
+    summary = run.parallel(args.seed, args.trials, jobs=args.jobs, chunk=args.chunk, minutes=args.minutes)
     run.report(summary)
     load_after = os.getloadavg()
     violations = summary["violations"]
@@ -104,6 +105,8 @@ def main() -> int:
         "load_average_before": [round(x, 2) for x in load_before],
         "load_average_after": [round(x, 2) for x in load_after],
         "first_seed": args.seed,
+        "requested_trials": args.trials,
+        "minutes_budget": args.minutes,
         "faults": summary["faults"],
         "sieve": {k: v for k, v in sorted(summary["stats"].items()) if k.startswith("sieve")},
         "fates": {k[5:]: v for k, v in sorted(summary["stats"].items()) if k.startswith("fate:")},

@@ -89,6 +89,19 @@ def _key(body: dict[str, Any]) -> tuple[str, str]:
 # --- the agent ---------------------------------------------------------------------------------
 
 
+class _Window:
+    """The trial's random source, but only inside a window of virtual time (never outside it)."""
+
+    def __init__(self, trial: Trial, window: tuple[float, float], rng: Any) -> None:
+        self.trial, self.window, self.rng = trial, window, rng
+
+    def random(self) -> float:
+        return self.rng.random() if self.window[0] <= self.trial.now < self.window[1] else 1.0
+
+    def choice(self, options: Any) -> Any:
+        return self.rng.choice(options)
+
+
 class SimProber:
     """`coroner_agent.service.Prober` over the simulated /proc, with the production probe."""
 
@@ -187,6 +200,7 @@ class SimAgent:
         self.up = False
         self.confined = False
         self.max_pinned = 20000
+        self.flake = 0.0
         self.writes = 0
         self.crash_after_write: int | None = None
         self.watch: Watcher | None = None
@@ -215,6 +229,10 @@ class SimAgent:
         self.process = self.node.spawn(now=self.trial.now, ns=ns)
         self.process.comm = "coroner-agent"
         self.reader = kernel.SimProcReader(self.node, agent=self.process, view_ns=ns)
+        if self.flake:
+            window = self.trial.flaky_window
+            self.reader.flaky = _Window(self.trial, window, self.trial.rng)
+            self.reader.flake = self.flake
         self.prober = SimProber(self)
         settings = agent_service.AgentSettings(
             node_name=self.node.name,

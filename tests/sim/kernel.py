@@ -174,6 +174,15 @@ class SimProcReader:
         self.view_ns = view_ns
         self._fds: dict[int, SimProcess] = {}
         self._next_fd = 3
+        self.flaky: random.Random | None = None
+        """While set: each read fails with probability `flake` (EACCES, EIO, or ESRCH as if the
+        task were released between the path lookup and the read)."""
+        self.flake = 0.0
+
+    def _maybe_fail(self, pid: int) -> None:
+        if self.flaky is not None and self.flaky.random() < self.flake:
+            code = self.flaky.choice((errno.EACCES, errno.EIO, errno.ESRCH))
+            raise OSError(code, f"simulated {errno.errorcode[code]} reading /proc/{pid}")
 
     def _visible(self) -> Iterable[SimProcess]:
         if self.view_ns == ROOT_NS:
@@ -193,13 +202,19 @@ class SimProcReader:
         return [(p.pid_in(self.view_ns), p.generation) for p in self._visible()]
 
     def read_stat(self, pid: int) -> str:
-        return self._proc(pid).stat(self.view_ns)
+        proc = self._proc(pid)
+        self._maybe_fail(pid)
+        return proc.stat(self.view_ns)
 
     def read_status(self, pid: int) -> str:
-        return self._proc(pid).status(self.view_ns)
+        proc = self._proc(pid)
+        self._maybe_fail(pid)
+        return proc.status(self.view_ns)
 
     def read_pid_namespace_link(self, pid: int) -> str:
-        return f"pid:[{self._proc(pid).ns}]"
+        proc = self._proc(pid)
+        self._maybe_fail(pid)
+        return f"pid:[{proc.ns}]"
 
     def self_pid(self) -> int:
         return self.agent.pid_in(self.view_ns)

@@ -111,21 +111,36 @@ def _chunk(args: tuple[int, int, str | None]) -> dict[str, Any]:
 
 
 def parallel(
-    start: int, count: int, *, jobs: int | None = None, chunk: int = 2000, mutant: str | None = None
+    start: int,
+    count: int,
+    *,
+    jobs: int | None = None,
+    chunk: int = 2000,
+    mutant: str | None = None,
+    minutes: float | None = None,
 ) -> dict[str, Any]:
-    """`count` trials from seed `start`, over `jobs` processes (default: every CPU)."""
+    """`count` trials from seed `start`, over `jobs` processes (default: every CPU).
+
+    With `minutes`, chunks finished by then are kept and the rest abandoned (the summary says how
+    many trials ran: seeds start..start+count, minus the unfinished chunks)."""
     jobs = jobs or os.cpu_count() or 1
     tasks = [(s, min(s + chunk, start + count), mutant) for s in range(start, start + count, chunk)]
     summary = empty()
     started = time.perf_counter()
+    deadline = None if minutes is None else started + minutes * 60
     if jobs == 1:
         for task in tasks:
             merge(summary, _chunk(task))
+            if deadline is not None and time.perf_counter() > deadline:
+                break
     else:
         context = multiprocessing.get_context("fork")
         with context.Pool(jobs) as pool:
             for part in pool.imap_unordered(_chunk, tasks):
                 merge(summary, part)
+                if deadline is not None and time.perf_counter() > deadline:
+                    pool.terminate()
+                    break
     summary["seconds"] = time.perf_counter() - started
     summary["failures"].sort(key=lambda f: f["seed"])
     return summary

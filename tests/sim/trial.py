@@ -37,6 +37,8 @@ FAULTS = (
     "watch_compaction",
     "grant_revoked",
     "human_apply",
+    "proc_read_errors",
+    "pidfd_exhausted",
     "sieve_crash_after_write",
     "sieve_time_travel",
     "sieve_unobserved",
@@ -150,7 +152,7 @@ class Trial:
         ]
         self.workers: list[Worker] = []
         self.by_name: dict[str, Worker] = {}
-        for i in range(rng.choice((2, 2, 3))):
+        for i in range(rng.choice((1, 2, 2, 3))):
             node = rng.choice(self.nodes)
             ns = kernel.ROOT_NS if rng.random() < 0.5 else rng.choice(kernel.CHILD_NS_POOL[:2])
             heartbeat = (10, 30) if rng.random() < 0.25 else None
@@ -271,6 +273,15 @@ class Trial:
         human = Human(self)
         for _ in range(1 + self.rng.randrange(3)):
             self.at(2.0 + self.rng.random() * 30.0, human.apply)
+
+    def _fault_proc_read_errors(self) -> None:
+        agent = self._pick_agent()
+        agent.flake = 0.05 + self.rng.random() * 0.3
+        start, end = self._window()
+        self.flaky_window = (start, end)
+
+    def _fault_pidfd_exhausted(self) -> None:
+        self._pick_agent().max_pinned = self.rng.choice((0, 1))
 
     def _fault_sieve_crash_after_write(self) -> None:
         component = self.rng.choice([*self.operators, *self.agents.values()])
