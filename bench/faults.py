@@ -14,6 +14,13 @@ Replay one trial: --replay SEED --faults a,b (the trial seeds are in the results
 totals): trial i always gets the i-th seed of the run's seed sequence, so a run stopped and resumed,
 any number of times, is the same sequence of trials as one that never stopped; trials that were in
 flight at the stop are run again, none is counted twice.
+
+Shared rounds (default; --no-rounds turns them off): trials are taken in groups of --lanes
+consecutive indices; a group any of whose trials drew an API server restart or a watch expiry runs
+as one round — every trial of the group carries that fault (one variant, drawn from the group's
+first seed), all run at once on the lanes' disjoint nodes, and one restart serves them all
+(tests/faults/runner.py `plan_round`). Which trials form a group depends on --lanes, so a resumed
+run keeps the --lanes (and --no-rounds) it started with.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import pathlib
 import random
 import resource
@@ -58,6 +66,12 @@ def main() -> int:
     parser.add_argument("--keep-cluster", action="store_true", help="Leave the control plane running (with --dir).")
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "faults.json"))
     parser.add_argument("--resume", action="store_true", help="Continue the run recorded in --out (same seed).")
+    parser.add_argument(
+        "--no-rounds",
+        dest="rounds",
+        action="store_false",
+        help="Run API server restarts and watch expiries alone, one trial at a time (as before shared rounds).",
+    )
     args = parser.parse_args()
 
     allowed = [f for f in args.faults.split(",") if f]
@@ -89,6 +103,11 @@ def main() -> int:
             parser.error(f"--resume: {out} is the run of --seed {previous['seed']}, not {args.seed}")
         if previous.get("faults", "") != args.faults:
             parser.error(f"--resume: {out} drew from --faults {previous.get('faults', '')!r}, not {args.faults!r}")
+        if "rounds" in previous and (previous["rounds"], previous["lanes"]) != (args.rounds, args.lanes):
+            parser.error(
+                f"--resume: {out} ran with --lanes {previous['lanes']} and rounds {previous['rounds']}; "
+                f"groups of trials depend on both: resume with the same"
+            )
     master = random.Random(args.seed)
     seeds: list[int] = []  # seeds[i]: trial i's seed, the i-th draw of the run's sequence
 
@@ -97,6 +116,19 @@ def main() -> int:
             seeds.append(master.getrandbits(32))
         return seeds[index]
 
+    def drawn(index: int) -> list[str]:
+        return runner.choose_faults(random.Random(seed_of(index) ^ 0x5EED), nodes=3)
+
+    def group_of(index: int) -> tuple[str | None, list[int], list[list[str]]]:
+        """The group of `lanes` consecutive trials `index` is in: its shared-round fault (None:
+        none, or rounds are off), its indexes, and each one's faults."""
+        first = index - index % lanes if args.rounds else index
+        members = list(range(first, first + (lanes if args.rounds else 1)))
+        spec, lists = runner.plan_round([drawn(i) for i in members], random.Random(seed_of(first) ^ 0x2077D))
+        if not args.rounds:
+            return None, members, [drawn(i) for i in members]
+        return spec, members, lists
+
     aggregate = runner.Aggregate.from_state(previous["aggregate"]) if previous else runner.Aggregate()
     completed: set[int] = set(previous.get("completed", []))
     in_flight: set[int] = set()
@@ -104,7 +136,8 @@ def main() -> int:
     started_at = previous.get("started") or datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     plane = Plane(directory, node_count=nodes, keep_cluster=args.keep_cluster)
     started = time.monotonic()
-    state: dict[str, Any] = {"stopped_because": "trials", "cursor": 0, "done": len(completed), "runs": 1}
+    state: dict[str, Any] = {"stopped_because": "trials", "cursor": 0, "done": len(completed), "runs": 1, "rounds": 0}
+    state["rounds"] += int(previous.get("rounds_run", 0))
     state["runs"] += int(previous.get("runs", 0))
     lock = threading.Lock()
 
@@ -122,6 +155,9 @@ def main() -> int:
             "mass_death_count": args.mass,
             "nodes": nodes,
             "lanes": lanes,
+            "shared_rounds": args.rounds,
+            "rounds_run": state["rounds"],
+            "load_average": list(os.getloadavg()),
             "plane_directory": str(directory),
             "machine": common.machine_info(),
             "versions": common.versions(),
@@ -131,6 +167,9 @@ def main() -> int:
             "resume": {
                 "seed": args.seed,
                 "faults": args.faults,
+                "lanes": args.lanes,
+                "rounds": args.rounds,
+                "rounds_run": state["rounds"],
                 "runs": state["runs"],
                 "completed": sorted(completed),
                 "wall_seconds": round(elapsed, 1),
@@ -146,7 +185,7 @@ def main() -> int:
         else:
             print(json.dumps(body["violations"], indent=1, default=str))
 
-    def next_trial() -> tuple[int, int, list[str]] | None:
+    def next_trial() -> tuple[int, int, list[str]] | list[tuple[int, int, list[str]]] | None:
         with lock:
             if len(completed) + len(in_flight) >= args.trials or state["stopped_because"] != "trials":
                 return None
@@ -159,10 +198,19 @@ def main() -> int:
             while state["cursor"] in completed:
                 state["cursor"] += 1
             index = state["cursor"]
+            spec, members, lists = group_of(index)
+            if spec is not None:  # a shared round: every remaining trial of the group, at once
+                chosen = []
+                for i, faults in zip(members, lists, strict=True):
+                    if i >= index and i not in completed and len(completed) + len(in_flight) < args.trials:
+                        in_flight.add(i)
+                        chosen.append((i, seed_of(i), faults))
+                state["cursor"] = members[-1] + 1
+                state["rounds"] += 1
+                return chosen
             state["cursor"] += 1
             in_flight.add(index)
-            seed = seed_of(index)
-            return index, seed, runner.choose_faults(random.Random(seed ^ 0x5EED), nodes=3)
+            return index, seed_of(index), lists[members.index(index)]
 
     def stop_issuing() -> None:
         with lock:

@@ -383,6 +383,36 @@ class Plane:
             if exc.status != 409:
                 raise
 
+    @contextlib.contextmanager
+    def admission_lifted(self, prefix: str = "coroner-") -> Any:
+        """Coroner's admission policies unbound for the duration (their bindings deleted, then
+        created again): only for the detector self-tests, which must get a broken write past every
+        guard to show that the oracle behind them sees it. Never used by a drawn fault."""
+        admission = k8s.AdmissionregistrationV1Api(self.admin)
+        bindings = [
+            b
+            for b in self.retry(lambda: admission.list_validating_admission_policy_binding().items)
+            if b.metadata.name.startswith(prefix)
+        ]
+        bodies = []
+        for binding in bindings:
+            body = self.admin.sanitize_for_serialization(binding)
+            body["metadata"] = {k: v for k, v in body["metadata"].items() if k in ("name", "labels", "annotations")}
+            bodies.append(body)
+        for binding in bindings:
+            self.retry(lambda name=binding.metadata.name: admission.delete_validating_admission_policy_binding(name))
+        time.sleep(2.0)  # the API server's policy informer lets go of them
+        try:
+            yield
+        finally:
+            for body in bodies:
+                try:
+                    self.retry(lambda body=body: admission.create_validating_admission_policy_binding(body))
+                except ApiException as exc:
+                    if exc.status != 409:
+                        raise
+            time.sleep(2.0)  # and enforces them again
+
     def operator_may_retire(self, namespace: str) -> bool:
         return self._may(OPERATOR_SA, api.SYSTEM_NAMESPACE, api.RETIRE_VERB, namespace)
 
@@ -515,6 +545,12 @@ class Plane:
             )
         with contextlib.suppress(Exception):
             self.retry(lambda: k8s.CoreV1Api(self.admin).delete_namespace(name), attempts=10)
+
+    def operator_client(self) -> k8s.ApiClient:
+        """The operator's identity, straight to the API server (the detector self-tests' mutants)."""
+        if getattr(self, "_operator_client", None) is None:
+            self._operator_client = api_client(components.operator_kubeconfig(self.cluster))
+        return self._operator_client
 
     def agent_client(self, node: str) -> k8s.ApiClient:
         """The agent's own node-bound identity, straight to the API server (for refusal checks)."""

@@ -19,7 +19,18 @@ Content-Length bodies, and chunked bodies chunk by chunk) so that it can:
   chunk, then close), exactly what the client sees when the server's watch ``timeoutSeconds``
   elapses; the client then resumes from the last resourceVersion it saw;
 - count what the fault model needs to see: requests, watch requests that resume from a
-  resourceVersion, and 410 (Gone / Expired) answers, as an HTTP status or as a watch ERROR event.
+  resourceVersion, and 410 (Gone / Expired) answers, as an HTTP status or as a watch ERROR event;
+- Sieve's patterns (docs/faults.md), for one component while everything else of it goes through:
+  ``hold_events``: withhold the watch events of chosen objects (a lagging view: its writes still
+  reach the API server, its reads are fresh), and ``release`` them later, all or only some (the
+  ones left out were never delivered: unobserved state); ``tap``: see the status of every write
+  of a kind (retirement, attestation, conditions, event, ...) and run an action right after the
+  API server answered the n-th successful one, before the component reads the answer (SIGKILL:
+  intermediate state); ``rewrite``: change a request body on its way (the detector self-tests'
+  broken variants, e.g. a retirement without its ``test`` operations).
+
+Watch responses are forwarded event by event (the stream is re-framed: one chunk per event line),
+so that a held event is exactly one event.
 
 Everything runs on one asyncio loop in a daemon thread; the public methods are thread-safe.
 """
@@ -29,11 +40,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import pathlib
+import re
 import ssl
 import threading
 import urllib.parse
 from collections import Counter
+from collections.abc import Callable, Iterable
 from typing import Any
 
 MODES = ("pass", "drop", "stall")
@@ -41,12 +55,130 @@ _GONE_MARKERS = (b'"code":410', b'"reason":"Expired"', b"too old resource versio
 _HEAD_LIMIT = 1 << 20
 
 
+_OBJECT_PATH = re.compile(r"/namespaces/([^/?]+)/([^/?]+)(?:/([^/?]+))?(?:/([^/?]+))?")
+_BODY_LIMIT = 4 << 20
+
+
 @dataclasses.dataclass
-class _Request:
+class Request:
+    """One request as the proxy saw it; `kind` names the write (None: a read or a watch)."""
+
     method: str
     path: str
     watch: bool
     resumes: bool
+    body: bytes = b""
+    namespace: str | None = None
+    resource: str | None = None
+    name: str | None = None
+    kind: str | None = None
+
+    def __post_init__(self) -> None:
+        match = _OBJECT_PATH.search(urllib.parse.urlsplit(self.path).path)
+        if match:
+            self.namespace, self.resource, self.name, sub = match.groups()
+        else:
+            sub = None
+        self.kind = write_kind(self.method, self.resource, sub, self.body)
+
+    def json(self) -> Any:
+        try:
+            return json.loads(self.body)
+        except ValueError:
+            return None
+
+
+_Request = Request
+
+
+def write_kind(method: str, resource: str | None, sub: str | None, body: bytes) -> str | None:
+    """What a write is, by what it sets: ``retirement``, ``attestation``, ``conditions``,
+    ``heartbeat`` (a registration's status), ``create``/``delete`` (a registration), ``event``,
+    ``event-update``, ``lease``; None for reads and anything else."""
+    if method in ("GET", "HEAD", "OPTIONS"):
+        return None
+    if resource == "workerregistrations":
+        if method == "DELETE":
+            return "delete"
+        if method == "POST":
+            return "create"
+        if sub != "status":
+            return "registration"
+        try:
+            parsed = json.loads(body)
+        except ValueError:
+            return "status"
+        keys: set[str] = set()
+        if isinstance(parsed, list):  # JSON patch: what the non-test operations set
+            for op in parsed:
+                if not isinstance(op, dict) or op.get("op") == "test":
+                    continue
+                path = str(op.get("path", ""))
+                if path == "/status" and isinstance(op.get("value"), dict):
+                    keys.update(op["value"])
+                elif path.startswith("/status/"):
+                    keys.add(path.split("/")[2])
+        elif isinstance(parsed, dict):
+            keys.update((parsed.get("status") or {}) if isinstance(parsed.get("status"), dict) else {})
+        for key, kind in (
+            ("retirement", "retirement"),
+            ("attestation", "attestation"),
+            ("conditions", "conditions"),
+            ("lastHeartbeatTime", "heartbeat"),
+        ):
+            if key in keys:
+                return kind
+        return "status"
+    if resource == "events":
+        return "event" if method == "POST" else "event-update"
+    if resource == "leases":
+        return "lease"
+    return None
+
+
+class Tap:
+    """Sees every answered request `match` accepts (kind, object, status), and, with `nth`, runs
+    `action` once, right after the API server answered the n-th successful (2xx) one and before
+    the component reads that answer (the connection is then aborted: the answer never arrives)."""
+
+    def __init__(
+        self, match: Callable[[Request], bool], *, nth: int = 0, action: Callable[[Request], None] | None = None
+    ) -> None:
+        self.match = match
+        self.nth = nth
+        self.action = action
+        self.seen: list[tuple[str | None, str | None, int]] = []
+        self.successes = 0
+        self.fired = threading.Event()
+        self.fired_request: Request | None = None
+
+    def statuses(self, name: str | None = None) -> list[int]:
+        return [status for _, n, status in self.seen if name is None or n == name]
+
+
+class EventGate:
+    """Watch events `match` accepts (the decoded event: ``{"type": ..., "object": ...}``) are
+    held (``hold``) or discarded (``drop``) instead of delivered, until the gate is released."""
+
+    def __init__(self, match: Callable[[dict[str, Any]], bool], *, mode: str = "hold") -> None:
+        self.match = match
+        self.mode = mode
+        self.held: list[tuple[_Conn, bytes, dict[str, Any]]] = []
+        self.dropped = 0
+        self.released = threading.Event()
+
+    def events(self) -> list[dict[str, Any]]:
+        return [event for _, _, event in self.held]
+
+
+def event_of(namespace: str, name: str) -> Callable[[dict[str, Any]], bool]:
+    """A gate's match: the events of one object (by namespace and name, whatever its uid)."""
+
+    def match(event: dict[str, Any]) -> bool:
+        meta = (event.get("object") or {}).get("metadata") or {}
+        return meta.get("namespace") == namespace and meta.get("name") == name
+
+    return match
 
 
 class _Conn:
@@ -99,6 +231,9 @@ class ApiProxy:
         self._conns: set[_Conn] = set()
         self._server: asyncio.base_events.Server | None = None
         self._lock = threading.Lock()
+        self._taps: list[Tap] = []
+        self._rewrites: list[tuple[Callable[[Request], bool], Callable[[bytes], bytes]]] = []
+        self._gates: list[EventGate] = []
 
     # --- control (any thread) --------------------------------------------------------------------
 
@@ -119,6 +254,91 @@ class ApiProxy:
     def end_watches(self) -> int:
         """Finish every in-flight watch response cleanly; returns how many were asked to end."""
         return int(self._call(self._end_watches()))
+
+    def tap(self, match: Callable[[Request], bool], *, nth: int = 0, action: Any = None) -> Tap:
+        """See `Tap`; removed with `untap`."""
+        tap = Tap(match, nth=nth, action=action)
+        with self._lock:
+            self._taps.append(tap)
+        return tap
+
+    def untap(self, tap: Tap) -> None:
+        with self._lock, contextlib.suppress(ValueError):
+            self._taps.remove(tap)
+
+    def rewrite(self, match: Callable[[Request], bool], change: Callable[[bytes], bytes]) -> Any:
+        """Requests `match` accepts are sent with `change(body)`; returns the handle for `unrewrite`."""
+        entry = (match, change)
+        with self._lock:
+            self._rewrites.append(entry)
+        return entry
+
+    def unrewrite(self, entry: Any) -> None:
+        with self._lock, contextlib.suppress(ValueError):
+            self._rewrites.remove(entry)
+
+    def hold_events(self, match: Callable[[dict[str, Any]], bool], *, mode: str = "hold") -> EventGate:
+        """From now on, watch events `match` accepts are held (or, mode ``drop``, discarded)."""
+        gate = EventGate(match, mode=mode)
+        with self._lock:
+            self._gates.append(gate)
+        return gate
+
+    def release(
+        self, gate: EventGate, keep: Callable[[list[dict[str, Any]]], Iterable[int]] | None = None
+    ) -> dict[str, int]:
+        """Ends the gate: delivers the held events `keep` selects (indexes into the held events, in
+        order; default all) on the watch connection each came from; the others are never delivered.
+        Returns counts: delivered, withheld (selected out), lost (their connection had closed)."""
+        return dict(self._call(self._release(gate, keep)))
+
+    async def _release(
+        self, gate: EventGate, keep: Callable[[list[dict[str, Any]]], Iterable[int]] | None
+    ) -> dict[str, int]:
+        with self._lock, contextlib.suppress(ValueError):
+            self._gates.remove(gate)
+        held = list(gate.held)
+        chosen = set(range(len(held)) if keep is None else keep([event for _, _, event in held]))
+        counts = {"delivered": 0, "withheld": 0, "lost": 0, "dropped": gate.dropped}
+        for index, (conn, line, _event) in enumerate(held):
+            if index not in chosen:
+                counts["withheld"] += 1
+            elif conn in self._conns:
+                conn.client_writer.write(_chunk(line))
+                with contextlib.suppress(Exception):
+                    await conn.client_writer.drain()
+                counts["delivered"] += 1
+            else:
+                counts["lost"] += 1
+        gate.held.clear()
+        gate.released.set()
+        self._count("events_withheld", counts["withheld"])
+        return counts
+
+    def _gate_line(self, conn: _Conn, line: bytes) -> bool:
+        """True: a gate took this watch event line (held or dropped); False: deliver it."""
+        with self._lock:
+            gates = list(self._gates)
+        if not gates:
+            return False
+        try:
+            event = json.loads(line)
+        except ValueError:
+            return False
+        if not isinstance(event, dict):
+            return False
+        for gate in gates:
+            if gate.match(event):
+                if gate.mode == "drop":
+                    gate.dropped += 1
+                else:
+                    gate.held.append((conn, line, event))
+                return True
+        return False
+
+    def _holds(self, conn: _Conn) -> bool:
+        with self._lock:
+            return any(c is conn for gate in self._gates for c, _, _ in gate.held)
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:
@@ -251,11 +471,45 @@ class ApiProxy:
                         self._count("watch_resumes")
                 elif method == "GET" and "/workerregistrations" in target:
                     self._count("registration_lists")
-                await conn.pending.put(_Request(method=method, path=target, watch=watch, resumes=resumes))
+                length = headers.get("content-length")
+                if watch or length is None or not length.isdigit() or int(length) > _BODY_LIMIT:
+                    await conn.pending.put(_Request(method=method, path=target, watch=watch, resumes=resumes))
+                    await self._wait_flowing()
+                    writer.write(head)
+                    await _forward_body(reader, writer, headers, wait=self._wait_flowing, scan=None)
+                    await writer.drain()
+                    continue
+                body = await reader.readexactly(int(length))
+                request = _Request(method=method, path=target, watch=watch, resumes=resumes, body=body)
+                with self._lock:
+                    rewrites = [change for match, change in self._rewrites if match(request)]
+                for change in rewrites:
+                    body = change(body)
+                if rewrites:
+                    self._count("rewritten")
+                    head = re.sub(rb"(?im)^content-length:[ \t]*\d+", b"Content-Length: %d" % len(body), head)
+                await conn.pending.put(request)
                 await self._wait_flowing()
-                writer.write(head)
-                await _forward_body(reader, writer, headers, wait=self._wait_flowing, scan=None)
+                writer.write(head + body)
                 await writer.drain()
+
+    def _tapped(self, request: Request, status: int) -> bool:
+        """Records the answer in every tap that matches; True if one fired its action."""
+        with self._lock:
+            taps = [tap for tap in self._taps if tap.match(request)]
+        fired = False
+        for tap in taps:
+            tap.seen.append((request.kind, request.name, status))
+            if tap.nth and not tap.fired.is_set() and 200 <= status < 300:
+                tap.successes += 1
+                if tap.successes == tap.nth:
+                    tap.fired_request = request
+                    if tap.action is not None:
+                        tap.action(request)
+                    tap.fired.set()
+                    self._count("tap_fired")
+                    fired = True
+        return fired
 
     def _scanner(self, request: _Request | None) -> Any:
         """Counts a 410 (Gone / Expired) once per response body."""
@@ -286,6 +540,9 @@ class ApiProxy:
                 request = conn.pending.get_nowait() if not conn.pending.empty() else None
                 if status == 410:
                     self._count("gone_410")
+                if request is not None and self._tapped(request, status):
+                    conn.abort()  # the component never reads this answer
+                    return
                 await self._wait_flowing(conn)
                 writer.write(head)
                 if 100 <= status < 200 or status in (204, 304) or (request is not None and request.method == "HEAD"):
@@ -296,7 +553,14 @@ class ApiProxy:
                 conn.in_watch = request is not None and request.watch and status == 200
                 try:
                     await _forward_body(
-                        reader, writer, headers, wait=lambda: self._wait_flowing(conn), scan=scan, conn=conn
+                        reader,
+                        writer,
+                        headers,
+                        wait=lambda: self._wait_flowing(conn),
+                        scan=scan,
+                        conn=conn,
+                        gate=(lambda line: self._gate_line(conn, line)) if conn.in_watch else None,
+                        holds=(lambda: self._holds(conn)) if conn.in_watch else None,
                     )
                 except _Finished:
                     # Clean end of a watch: the terminating chunk, as after the server's timeout.
@@ -339,8 +603,18 @@ async def _forward_body(
     wait: Any,
     scan: Any,
     conn: _Conn | None = None,
+    gate: Callable[[bytes], bool] | None = None,
+    holds: Callable[[], bool] | None = None,
 ) -> None:
-    """Forwards one message body (chunked: chunk by chunk, each after `wait()`)."""
+    """Forwards one message body (chunked: chunk by chunk, each after `wait()`).
+
+    With `gate` (a watch response): re-framed event by event, one chunk per newline-terminated
+    event line; an event `gate` takes is not written; the stream's end waits until `holds()` is
+    False (the held events were released or dropped), so a held event is never overtaken by it.
+    """
+    if gate is not None and "chunked" in headers.get("transfer-encoding", "").lower():
+        await _forward_events(reader, writer, wait=wait, scan=scan, conn=conn, gate=gate, holds=holds)
+        return
     if "chunked" in headers.get("transfer-encoding", "").lower():
         while True:
             chunk = await _read_chunk(reader, conn)
@@ -377,6 +651,50 @@ async def _forward_body(
             writer.write(data)
             scan(data)
         raise ConnectionAbortedError("closed by server")
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n" % len(data) + data + b"\r\n"
+
+
+async def _forward_events(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    *,
+    wait: Any,
+    scan: Any,
+    conn: _Conn | None,
+    gate: Callable[[bytes], bool],
+    holds: Callable[[], bool] | None,
+) -> None:
+    buffer = b""
+    while True:
+        chunk = await _read_chunk(reader, conn)
+        if chunk is None:
+            await wait()
+            if conn is not None and conn.end_requested.is_set():
+                raise _Finished
+            raise asyncio.IncompleteReadError(b"", None)
+        await wait()
+        if chunk.startswith(b"0\r\n") or chunk.startswith(b"0;"):
+            if buffer:
+                writer.write(_chunk(buffer))
+            while holds is not None and holds():
+                await asyncio.sleep(0.05)  # the end must not overtake a held event
+                if conn is not None and conn.end_requested.is_set():
+                    raise _Finished
+            writer.write(chunk)
+            return
+        size_line = chunk.split(b"\r\n", 1)[0]
+        buffer += chunk[len(size_line) + 2 : -2]
+        if scan is not None:
+            scan(chunk)
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            if line.strip() and gate(line + b"\n"):
+                continue
+            writer.write(_chunk(line + b"\n"))
+        await writer.drain()
 
 
 async def _read_chunk(reader: asyncio.StreamReader, conn: _Conn | None) -> bytes | None:

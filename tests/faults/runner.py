@@ -1,4 +1,11 @@
-"""Choosing fault mixes, running trials back to back on one plane, and adding up the results."""
+"""Choosing fault mixes, running trials back to back on one plane, and adding up the results.
+
+Lanes run trials concurrently on disjoint nodes. A trial with a cluster-wide fault runs alone
+(exclusive), except a *shared round*: when a group of `lanes` consecutive trials draws an API
+server restart or a watch expiry (faults with `shared_round`), every trial of the group carries it
+(one variant for the group), the group runs at once, one trial per lane, and one injection serves
+all of them (`Round`): one restart, `lanes` trials' worth of checks (`plan_round`).
+"""
 
 from __future__ import annotations
 
@@ -16,8 +23,22 @@ from faults.trial import BOUND, COUNTERS, FAULTS, MASS_BOUND, Trial, TrialResult
 
 #: How often each fault is drawn relative to the others (500 deaths take ~2 minutes here).
 WEIGHTS = {name: 1.0 for name in FAULTS if name not in ("none", "selftest")} | {"mass_death": 0.05}
-#: Faults that cannot share a trial (both restart the API server).
-EXCLUSIVE = [{"apiserver_restart", "watch_expiry"}]
+#: Pairs of faults that cannot share a trial: both restart the API server; or one needs a view the
+#: other resets (a restarted operator or a relisting agent sees the present, not the withheld past;
+#: a revoked grant means no retirement is tried on the stale view); or both kill the operator.
+_RESETS_OPERATOR_VIEW = ("operator_sigkill", "two_operators", "apiserver_restart", "watch_expiry", "crash_after_write")
+EXCLUSIVE = [
+    {"apiserver_restart", "watch_expiry"},
+    *({view, other} for view in ("stale_view_operator", "unobserved_operator") for other in _RESETS_OPERATOR_VIEW),
+    *(
+        {view, other}
+        for view in ("stale_view_agent", "unobserved_agent")
+        for other in ("apiserver_restart", "watch_expiry")
+    ),
+    {"stale_view_operator", "grant_revoked"},
+    {"crash_after_write", "operator_sigkill"},
+    {"crash_after_write", "two_operators"},
+]
 
 
 def choose_faults(rng: random.Random, *, nodes: int, max_faults: int = 3) -> list[str]:
@@ -41,6 +62,76 @@ def choose_faults(rng: random.Random, *, nodes: int, max_faults: int = 3) -> lis
     return chosen
 
 
+def shared(name: str) -> bool:
+    return FAULTS[name.partition(":")[0]].shared_round
+
+
+def plan_round(drawn: list[list[str]], rng: random.Random) -> tuple[str | None, list[list[str]]]:
+    """A group of consecutive trials' drawn faults -> (the group's shared-round fault spec or None,
+    each trial's faults). With one: every trial carries it (the variant drawn by `rng`, the group's),
+    and drops what cannot run beside it: its own shared faults, other cluster-wide faults (they need
+    the plane alone) and faults exclusive with it. Without: the draws unchanged."""
+    name = next((f for faults in drawn for f in faults if shared(f)), None)
+    if name is None:
+        return None, drawn
+    name = name.partition(":")[0]
+    spec = f"{name}:{rng.choice(FAULTS[name].variants)}"
+    lists = []
+    for faults in drawn:
+        kept = [
+            f
+            for f in faults
+            if not FAULTS[f.partition(":")[0]].cluster_wide
+            and not any({name, f.partition(":")[0]} <= pair for pair in EXCLUSIVE)
+        ]
+        lists.append([*kept, spec])
+    return spec, lists
+
+
+class Round:
+    """The trials of one shared round: each calls `together(key, contribution, action)` at the
+    same point of its run; when all have arrived, `action` runs once with every contribution and
+    each gets its result. A member that leaves (its trial ended, or failed before arriving) breaks
+    the points not yet reached, so that no member waits for it forever."""
+
+    def __init__(self, parties: int, *, timeout: float = 900.0) -> None:
+        self.parties = parties
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._points: dict[str, tuple[threading.Barrier, list[Any]]] = {}
+        self._results: dict[str, Any] = {}
+        self._broken = False
+
+    def together(self, key: str, contribution: Any, action: Callable[[list[Any]], Any]) -> Any:
+        with self._lock:
+            if self._broken:
+                raise RuntimeError(f"shared round: a member left before {key}")
+            point = self._points.get(key)
+            if point is None:
+                contributions: list[Any] = []
+
+                def run(key: str = key, contributions: list[Any] = contributions) -> None:
+                    try:
+                        self._results[key] = action(list(contributions))
+                    except Exception as exc:  # every member sees it, none is left waiting
+                        self._results[key] = exc
+
+                point = (threading.Barrier(self.parties, action=run, timeout=self.timeout), contributions)
+                self._points[key] = point
+            point[1].append(contribution)
+        point[0].wait()
+        result = self._results[key]
+        if isinstance(result, Exception):
+            raise RuntimeError(f"shared round: {key} failed: {result!r}") from result
+        return result
+
+    def leave(self) -> None:
+        with self._lock:
+            self._broken = True
+            for barrier, _ in self._points.values():
+                barrier.abort()
+
+
 def run_one(
     plane: Plane,
     *,
@@ -50,6 +141,7 @@ def run_one(
     mass_count: int,
     pool: list[str] | None = None,
     restart: bool = True,
+    shared_round: Round | None = None,
     **options: Any,
 ) -> TrialResult:
     """One trial; a harness error is recorded in the result (not raised), and the plane is healed.
@@ -59,7 +151,16 @@ def run_one(
     itself once no other trial is running. An API server restart alone is no reason: the operator
     must ride it out (docs/faults.md, finding 1), and the next trials check that it did.
     """
-    trial = Trial(plane, seed=seed, faults=faults, index=index, mass_count=mass_count, pool=pool, **options)
+    trial = Trial(
+        plane,
+        seed=seed,
+        faults=faults,
+        index=index,
+        mass_count=mass_count,
+        pool=pool,
+        shared_round=shared_round,
+        **options,
+    )
     try:
         result = trial.run()
     except Exception as exc:
@@ -69,7 +170,7 @@ def run_one(
         result.violations.append(
             {
                 "counter": "harness_errors",
-                "detail": f"{exc!r}",
+                "detail": f"{exc!r} {str(getattr(exc, 'body', '') or '')[:600]}".strip(),
                 "seed": seed,
                 "faults": result.labels,
                 "traceback": traceback.format_exc()[-2000:],
@@ -127,18 +228,53 @@ class Gate:
                 self._cond.notify_all()
 
 
+Item = tuple[int, int, list[str]]
+
+
+def run_round(plane: Plane, members: list[Item], *, pools: list[list[str]], mass_count: int) -> list[TrialResult]:
+    """The trials of one shared round at once, member k on pools[k]; the plane is theirs alone."""
+    shared_round = Round(len(members))
+    results: list[TrialResult | None] = [None] * len(members)
+
+    def member(k: int) -> None:
+        index, seed, faults = members[k]
+        results[k] = run_one(
+            plane,
+            seed=seed,
+            faults=faults,
+            index=index,
+            mass_count=mass_count,
+            pool=pools[k],
+            restart=False,
+            shared_round=shared_round,
+        )
+
+    threads = [threading.Thread(target=member, args=(k,), name=f"round-{k}", daemon=True) for k in range(len(members))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    done = [r for r in results if r is not None]
+    if len(done) != len(members):
+        raise RuntimeError("a trial of a shared round ended without a result")
+    if any(needs_operator_restart(r) for r in done):
+        restart_operator(plane)
+    return done
+
+
 def run_lanes(
     plane: Plane,
     *,
     lanes: int,
-    next_trial: Callable[[], tuple[int, int, list[str]] | None],
+    next_trial: Callable[[], Item | list[Item] | None],
     on_result: Callable[[int, TrialResult], None],
     mass_count: int,
     stop: Callable[[], None] | None = None,
 ) -> None:
     """Runs trials from `next_trial` in `lanes` threads; lane i owns nodes i*k..i*k+k-1 (k = nodes /
     lanes) for ordinary trials. A trial with a cluster-wide fault waits until it runs alone, over
-    every node. `next_trial` returns (index, seed, faults) or None when done."""
+    every node. `next_trial` returns (index, seed, faults), a list of those (a shared round: run
+    together, one per lane's nodes, alone on the plane), or None when done."""
     names = list(plane.agents)
     size = len(names) // lanes
     pools = [names[i * size : (i + 1) * size] for i in range(lanes)]
@@ -148,6 +284,12 @@ def run_lanes(
     def lane(pool: list[str]) -> None:
         try:
             while (item := next_trial()) is not None:
+                if isinstance(item, list):
+                    with gate.exclusive():
+                        results = run_round(plane, item, pools=pools, mass_count=mass_count)
+                    for (index, _, _), result in zip(item, results, strict=True):
+                        on_result(index, result)
+                    continue
                 index, seed, faults = item
                 if cluster_wide(faults):
                     with gate.exclusive():

@@ -3,6 +3,9 @@
 Safety: no registration whose incarnation is alive is ever Retired, none is retired twice, every
 retirement carries a Dead attestation for exactly its incarnation by its own node's agent, admission
 refuses every write an identity may not make, and nothing is retired while the grant is revoked.
+Sieve's three patterns (stale view, unobserved state, a crash right after each kind of write) are
+faults of the catalogue too (faults/catalogue/sieve.py); each alone once, and each detector they
+rely on is shown to fire on a broken variant of the guard they exercise.
 Liveness: every dead worker whose node's agent is healthy is Retired within `trial.BOUND` (30 s;
 `MASS_BOUND`, 90 s, for the mass death), and every one a fault keeps carries the reason the fault
 explains. See docs/faults.md; the long run is `bench/faults.py`.
@@ -58,6 +61,14 @@ ALONE = [
     ("grant_revoked", 119),
     ("malformed", 120),
     ("mass_death", 121),
+    ("stale_view_operator", 122),
+    ("stale_view_agent", 123),
+    ("unobserved_operator", 124),
+    ("unobserved_agent", 125),
+    ("crash_after_write:conditions", 126),
+    ("crash_after_write:retirement", 127),
+    ("crash_after_write:event", 128),
+    ("agent_crash_after_write", 129),
 ]
 COMBINED = [
     (["pid_reuse:killed", "grant_revoked", "heartbeat_race"], 201),
@@ -93,3 +104,23 @@ def test_the_detectors_fire(plane: Plane) -> None:
     assert counts["double_retired"] >= 1, result.violations
     assert counts["dead_left_active"] >= 1, result.violations
     assert not counts["harness_errors"], result.violations
+
+
+#: Sieve's faults with the guard they exercise removed at the wire, and the detectors that must fire.
+SIEVE_MUTANTS = [
+    ("stale_view_operator:mutant-no-cas", 402, {"live_retired", "bad_provenance"}),
+    ("stale_view_agent:mutant-no-cas", 403, {"bad_provenance"}),
+    ("unobserved_operator:mutant-drop-all", 404, {"dead_left_active"}),
+    ("crash_after_write:mutant-repost", 405, {"double_retired"}),
+]
+
+
+@pytest.mark.parametrize(("fault", "seed", "expected"), SIEVE_MUTANTS, ids=[f for f, _, _ in SIEVE_MUTANTS])
+def test_the_sieve_detectors_fire(plane: Plane, fault: str, seed: int, expected: set[str]) -> None:
+    """A retirement and an attestation without their `test` operations on a stale view, a watch
+    that never delivers the cancelling event, an Event posted again after a crash: each must be
+    reported by the detector named."""
+    result = runner.run_one(plane, seed=seed, faults=[fault], index=seed, mass_count=MASS, bound=10.0)
+    missing = {c for c in expected if not result.counts[c]}
+    assert not missing, (missing, result.violations, result.facts.get("timeline"))
+    assert not result.counts["harness_errors"], result.violations

@@ -20,10 +20,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import functools
+import inspect
 import os
 import pathlib
 import select
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -199,6 +202,9 @@ class Worker:
     client_instance_id: str | None = None
     """None: launcher-minted; otherwise a hand-made identity."""
     registered_boot: str = ""
+    forgotten: bool = False
+    """Its registration was deleted (a fault re-created the name for another incarnation): it is
+    no longer judged (no retirement is due), and `Trial.by_name` names the new one."""
 
     @property
     def dead(self) -> bool:
@@ -299,6 +305,21 @@ def spawn(worker: Worker, *, pidns: PidNamespace | None = None) -> None:
     worker.start_time = stat[1]
 
 
+@functools.cache
+def _launcher_client(client: k8s.ApiClient) -> Any:
+    """The client `coroner.launcher.register` takes: a `kubernetes` ApiClient, or (issue 15 step 4,
+    one client for resident processes) a `coroner.client.rest.Rest` for the same identity."""
+    if "Rest" not in str(inspect.signature(launcher.register).parameters["client"].annotation):
+        return client
+    from coroner.client.rest import Rest
+
+    config = client.configuration
+    keys = config.api_key or {}
+    header = keys.get("BearerToken") or keys.get("authorization") or ""
+    token = str(header).removeprefix("Bearer ").strip() or None
+    return Rest(config.host, ssl_context=ssl.create_default_context(cafile=config.ssl_ca_cert), token=token)
+
+
 def register(
     worker: Worker,
     *,
@@ -314,7 +335,7 @@ def register(
     worker.incarnation = incarnation.spec()
     if client_instance_id is None:
         launcher.register(
-            client=client,
+            client=_launcher_client(client),
             namespace=namespace,
             node_name=worker.node,
             incarnation=incarnation,
