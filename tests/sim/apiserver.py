@@ -401,6 +401,9 @@ class Server:
         old = self.objects.get(key)
         if old is None:
             return self.create(identity, kind, body)
+        sent = meta.get("resourceVersion")
+        if sent is not None and sent != old["metadata"]["resourceVersion"]:
+            raise SimApiError(409, "Conflict", f"{key}: the object has been modified")
         new = {
             **jcopy(body),
             "metadata": {**old["metadata"], **jcopy(meta), "resourceVersion": old["metadata"]["resourceVersion"]},

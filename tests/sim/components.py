@@ -31,17 +31,14 @@ from typing import TYPE_CHECKING, Any
 
 from sim import kernel
 from sim.apiserver import SimApiError, Watcher
-from sim.clock import CURRENT, dt, iso
+from sim.clock import CURRENT, dt
 from sim.prod import (
-    ConditionType,
     Policy,
     World,
-    agent_kube,
     agent_probe,
     agent_service,
     api,
     cli_plan,
-    conditions,
     decide,
     lease_expiry,
     model,
@@ -222,7 +219,7 @@ class SimAgent:
         CURRENT.call_later = lambda delay, callback, *args: self.later(delay, lambda: callback(*args))
         return fn()
 
-    def start(self) -> None:
+    def start(self, *, cap: int | None = None) -> None:
         self.epoch += 1
         self.up = True
         ns = kernel.CHILD_NS_POOL[-1] if self.confined else kernel.ROOT_NS
@@ -252,13 +249,25 @@ class SimAgent:
             kind="wreg",
             selector=lambda b: ((b.get("metadata") or {}).get("labels") or {}).get(api.NODE_LABEL) == node,
             lag=self.lag,
-            on_event=lambda etype, body: self._as_me(lambda: self.agent.on_event(etype, body)),
+            on_event=self._on_event,
             on_relist=lambda items: self._as_me(lambda: self.agent.on_relist(items)),
         )
+        self.watch.cap = cap
         self.trial.server.watchers.append(self.watch)
         self._as_me(self.watch.start)
         self.renew()
         self.later(RESYNC_SECONDS, self.resync)
+
+    @property
+    def watches(self) -> list[Watcher]:
+        return [] if self.watch is None else [self.watch]
+
+    def _on_event(self, etype: str, body: dict[str, Any]) -> None:
+        travel = self.trial.travel
+        rv = _rv(body)
+        if travel is not None and travel[0] is self and self.trial.labels.get(rv) == travel[1]:
+            self.trial.at(self.trial.now, lambda: self.trial.time_travel(rv))
+        self._as_me(lambda: self.agent.on_event(etype, body))
 
     def crash(self) -> None:
         if not self.up:
@@ -282,25 +291,27 @@ class SimAgent:
         self.later(0.001, run)
 
     def renew(self) -> None:
-        body = {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {
-                "name": f"{api.AGENT_LEASE_PREFIX}{self.node.name}",
-                "namespace": api.SYSTEM_NAMESPACE,
-                "annotations": {
-                    api.AGENT_LEASE_BOOT_ID: self.prober.boot_id() or "",
-                    api.AGENT_LEASE_HOST_ID: self.prober.host_id(),
-                },
-            },
-            "spec": {
-                "holderIdentity": f"coroner-agent-{self.node.name}-{self.epoch}",
-                "leaseDurationSeconds": LEASE_SECONDS,
-                "renewTime": iso(self.now()),
-            },
+        """The Lease renewal of `AgentApi.renew_lease`: create, or the Lease as read renewed now."""
+        name = f"{api.AGENT_LEASE_PREFIX}{self.node.name}"
+        annotations = {
+            api.AGENT_LEASE_BOOT_ID: self.prober.boot_id() or "",
+            api.AGENT_LEASE_HOST_ID: self.prober.host_id(),
         }
+        holder = f"coroner-agent-{self.node.name}-{self.epoch}"
         if not self.trial.partitioned(self):
-            self.trial.server.upsert(self.identity, "lease", body)
+            server = self.trial.server
+            current = server.objects.get(("lease", api.SYSTEM_NAMESPACE, name))
+            now = dt(self.now())
+            if current is None:
+                body = wire.lease_body(
+                    namespace=api.SYSTEM_NAMESPACE, name=name, holder=holder, duration=LEASE_SECONDS,
+                    annotations=annotations, now=now,
+                )  # fmt: skip
+            else:
+                body = wire.lease_renewal(
+                    current, holder=holder, duration=LEASE_SECONDS, annotations=annotations, now=now
+                )
+            server.upsert(self.identity, "lease", body)
         self.later(RENEW_SECONDS, self.renew)
 
     def resync(self) -> None:
@@ -332,7 +343,7 @@ class SimAgent:
             registration.attestation, attestation, last_heartbeat_raw=registration.last_heartbeat_raw
         ):
             return
-        ops = agent_kube.attestation_ops(body, attestation)
+        ops = wire.attestation_ops(body, attestation)
         self.trial.stats["attest_sent"] += 1
         self.later(self.trial.latency(), lambda: self._write(key, ops))
 
@@ -691,19 +702,14 @@ class Worker:
             node_name=node.name,
         )
         self.spec_incarnation = incarnation.spec()
-        spec: dict[str, Any] = {
-            "nodeName": node.name,
-            "incarnation": self.spec_incarnation,
-            "clientInstanceId": f"{api.CLIENT_INSTANCE_PREFIX}{self.trial.seed}-{self.name}",
-        }
-        if self.heartbeat is not None:
-            spec["heartbeat"] = {"intervalSeconds": self.heartbeat[0], "ttlSeconds": self.heartbeat[1]}
-        body = {
-            "apiVersion": api.API_VERSION,
-            "kind": api.KIND,
-            "metadata": {"name": self.name, "namespace": self.namespace, "labels": {api.NODE_LABEL: node.name}},
-            "spec": spec,
-        }
+        body = wire.registration_body(
+            name=self.name,
+            namespace=self.namespace,
+            node_name=node.name,
+            incarnation=self.spec_incarnation,
+            client_instance_id=f"{api.CLIENT_INSTANCE_PREFIX}{self.trial.seed}-{self.name}",
+            heartbeat=self.heartbeat,
+        )
         self.trial.server.create("launcher", "wreg", body)
         self.registered = True
         if self.heartbeat is not None:
@@ -714,7 +720,7 @@ class Worker:
             return
         with contextlib.suppress(SimApiError):  # a missed heartbeat is not fatal
             self.trial.server.merge_status(
-                "launcher", "wreg", self.namespace, self.name, {"status": {"lastHeartbeatTime": iso(self.now())}}
+                "launcher", "wreg", self.namespace, self.name, wire.heartbeat_patch(dt(self.now()))
             )
         assert self.heartbeat is not None
         self.trial.at(self.trial.now + self.heartbeat[0], self.beat)
@@ -722,16 +728,7 @@ class Worker:
     def goodbye(self) -> None:
         """The launcher's release after its child exited: one server-side apply of Released."""
         self.said_goodbye = True
-        condition = conditions.render_condition(
-            model.Condition(
-                type=ConditionType.RELEASED.value,
-                status="True",
-                reason="CleanExit",
-                message="the worker exited cleanly",
-                last_transition_time=dt(self.now()).replace(microsecond=0),
-                observed_generation=1,
-            )
-        )
+        condition = wire.released_condition(message="the worker exited cleanly", now=dt(self.now()), generation=1)
         body = wire.release_apply(name=self.name, namespace=self.namespace, condition=condition)
         try:
             self.trial.server.apply_status("launcher", "wreg", body)

@@ -16,7 +16,6 @@ from coroner.core.reasons import ConditionType, Evidence, Reason, Verdict
 from coroner.core.world import World, lease_facts
 
 # The agent: the probe over a ProcReader, the attestation's building, confirmation and write rule.
-from coroner_agent import kube as agent_kube
 from coroner_agent import probe as agent_probe
 from coroner_agent import service as agent_service
 
@@ -33,7 +32,6 @@ __all__ = [
     "Reason",
     "Verdict",
     "World",
-    "agent_kube",
     "agent_probe",
     "agent_service",
     "api",

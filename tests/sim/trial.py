@@ -103,7 +103,7 @@ class Trial:
         self.attested_by: dict[tuple[Key, str], str] = {}
         self.labels: dict[int, str] = {}
         self.retired_seen: dict[Key, Any] = {}
-        self.travel: tuple[SimOperator, str, float] | None = None
+        self.travel: tuple[SimOperator | SimAgent, str, float] | None = None
         self._draw(faults)
 
     # --- the scheduler -------------------------------------------------------------------------
@@ -296,18 +296,21 @@ class Trial:
         self.at(self.now + 0.2 + self.rng.random() * 5.0, lambda: component.up or component.start())
 
     def _fault_sieve_time_travel(self) -> None:
-        op = self.rng.choice(self.operators)
+        # The destructive write each component may make on the stale view: the operator's (or a
+        # second operator's) retirement, the agent's overwrite of an attestation.
+        op = self.rng.choice([*self.operators, *self.agents.values()])
         label = self.rng.choice(NOTIFICATIONS)
         duration = 1.0 + self.rng.random() * 12.0
         self.travel = (op, label, duration)
 
     def time_travel(self, rv: int) -> None:
-        """Sieve's stale state: restart the operator on a replica that is behind notification `rv`."""
+        """Sieve's stale state: restart the component on a replica that is behind notification `rv`."""
         if self.travel is None:
             return
         op, label, duration = self.travel
         self.travel = None
-        self.stats[f"sieve:time_travel:{label}:retirement"] += 1
+        write = "retirement" if isinstance(op, SimOperator) else "attestation"
+        self.stats[f"sieve:time_travel:{label}:{write}"] += 1
         op.crash()
         op.start(cap=rv - 1)
         epoch = op.epoch
