@@ -94,7 +94,7 @@ class Demo:
             result = k8s.CustomObjectsApi(client).list_namespaced_custom_object(
                 api.GROUP, api.VERSION, NAMESPACE, api.PLURAL
             )
-        return list(result["items"])
+        return list(result["items"])  # type: ignore[index]
 
     def wait_for(self, what: str, predicate: Any, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout

@@ -19,9 +19,12 @@ import jsonpatch
 import pytest
 import yaml
 from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
 from rich.console import Console
 
-from coroner.cli import doctor, plan, render
+from coroner.cli import doctor, options, plan, render, session
+from coroner.cli.commands import completion
 from coroner.cli.kubectl import main
 from coroner.core import api
 from coroner.core.decision import Policy
@@ -877,3 +880,297 @@ def test_the_pure_cli_modules_import_no_output_and_no_client(module: Any) -> Non
     assert not {
         name for name in imported if name.startswith(("coroner.client", "coroner.cli.session", "coroner.cli.render"))
     }
+
+
+# --- kubectl conventions: durations, saved plans, every candidate, -o ---------------------------
+
+
+class TestRequestTimeout:
+    @pytest.mark.parametrize(
+        ("text", "seconds"),
+        [
+            ("0", 0.0),
+            ("30", 30.0),
+            ("2.5", 2.5),
+            ("30s", 30.0),
+            ("1m", 60.0),
+            ("1m30s", 90.0),
+            ("1h2m3s", 3723.0),
+            ("500ms", 0.5),
+            (" 5s ", 5.0),
+        ],
+    )
+    def test_kubectl_durations(self, text: str, seconds: float) -> None:
+        assert options.parse_duration(text) == pytest.approx(seconds)
+
+    @pytest.mark.parametrize("text", ["", "s", "5x", "-1", "-1s", "1s-", "nan", "inf", "1 m", "m1"])
+    def test_anything_else_is_refused(self, text: str) -> None:
+        with pytest.raises(ValueError, match="duration"):
+            options.parse_duration(text)
+
+    @given(
+        hours=st.integers(0, 48),
+        minutes=st.integers(0, 120),
+        seconds=st.integers(0, 120),
+        millis=st.integers(0, 2000),
+    )
+    def test_parts_add_up(self, hours: int, minutes: int, seconds: int, millis: int) -> None:
+        text = f"{hours}h{minutes}m{seconds}s{millis}ms"
+        expected = hours * 3600 + minutes * 60 + seconds + millis / 1000
+        assert options.parse_duration(text) == pytest.approx(expected)
+
+
+def saved(result: plan.Plan, *, namespace: str | None = NAMESPACE, **policy_flags: Any) -> dict[str, Any]:
+    """A plan as `plan -o json` saves it, read back."""
+    published = Policy()
+    choice = plan.choose_policy(published=published, flags=policy_flags, system_namespace=api.SYSTEM_NAMESPACE)
+    document = render.plan_document(
+        result, namespace=namespace, now=NOW, retire_permission={NAMESPACE: True}, policy=choice
+    )
+    loaded: dict[str, Any] = json.loads(render.dump(document, output="json"))
+    return loaded
+
+
+class TestSavedPlan:
+    def test_a_saved_plan_carries_its_approval(self) -> None:
+        result = planned([worker("a"), worker("b"), worker("c", attested=False)])
+        approval = plan.read_saved_plan(saved(result), source="plan.json")
+        assert approval.registry_fingerprint == result.registry_fingerprint
+        assert approval.candidate_fingerprint == result.candidate_fingerprint
+        assert approval.namespace == NAMESPACE
+        assert approval.candidates == ((NAMESPACE, "a"), (NAMESPACE, "b"))
+        assert approval.policy_flags == {}
+
+    def test_yaml_reads_the_same(self) -> None:
+        result = planned([worker("a")])
+        document = render.plan_document(result, namespace=None, now=NOW, retire_permission={})
+        approval = plan.read_saved_plan(yaml.safe_load(render.dump(document, output="yaml")), source="plan.yaml")
+        assert approval.namespace is None and approval.candidates == ((NAMESPACE, "a"),)
+
+    def test_the_policy_flags_of_the_plan_travel_with_it(self) -> None:
+        result = planned([worker("a")])
+        document = saved(result, node_deletion_evidence=True, node_deletion_quarantine_seconds=0.0)
+        approval = plan.read_saved_plan(document, source="plan.json")
+        assert approval.policy_flags == {"node_deletion_evidence": True, "node_deletion_quarantine_seconds": 0.0}
+
+    @pytest.mark.parametrize(
+        "spoil",
+        [
+            pytest.param(lambda d: [d], id="not-an-object"),
+            pytest.param(lambda d: {**d, "kind": "ApplyResult"}, id="another-kind"),
+            pytest.param(lambda d: {**d, "apiVersion": "coroner.dev/v9"}, id="another-version"),
+            pytest.param(lambda d: {**d, "registryFingerprint": "v1:sha256:abc"}, id="cut-fingerprint"),
+            pytest.param(lambda d: {k: v for k, v in d.items() if k != "candidateFingerprint"}, id="no-fingerprint"),
+            pytest.param(lambda d: {**d, "scope": {"namespace": None, "allNamespaces": False}}, id="bad-scope"),
+            pytest.param(lambda d: {**d, "candidates": "jobs/a"}, id="candidates-not-a-list"),
+            pytest.param(lambda d: {**d, "candidates": ["a"]}, id="candidate-without-namespace"),
+            pytest.param(lambda d: {**d, "candidates": ["elsewhere/a"]}, id="candidate-outside-the-scope"),
+            pytest.param(
+                lambda d: {**d, "policy": {**d["policy"], "fromFlags": ["retireEverything"]}}, id="unknown-flag"
+            ),
+        ],
+    )
+    def test_anything_but_a_plan_is_one_sentence(self, spoil: Any) -> None:
+        document = spoil(saved(planned([worker("a")])))
+        with pytest.raises(ValueError, match=r"^plan.json is not a plan saved with `kubectl coroner plan -o json`"):
+            plan.read_saved_plan(document, source="plan.json")
+
+
+class TestAllCandidates:
+    def test_the_candidates_now_when_nothing_moved(self) -> None:
+        approved = planned([worker("a"), worker("b"), worker("c", attested=False)])
+        again = planned([worker("a"), worker("b"), worker("c", attested=False)], now=NOW + 3 * S)
+        keys = plan.all_candidates(
+            again,
+            registry_fingerprint=approved.registry_fingerprint,
+            candidate_fingerprint=approved.candidate_fingerprint,
+        )
+        assert keys == [(NAMESPACE, "a"), (NAMESPACE, "b")]
+        assessment = assess(again, approved, *(name for _, name in keys))
+        assert assessment.abort is None and len(assessment.to_retire) == 2
+
+    def test_after_a_partial_run_the_rows_it_retired_count_as_the_candidates_they_were(self) -> None:
+        bodies = [worker("a"), worker("b")]
+        approved = planned(bodies)
+        partly = [retire(bodies[0], approved), bodies[1]]
+        again = planned(partly)
+        keys = plan.all_candidates(
+            again,
+            registry_fingerprint=approved.registry_fingerprint,
+            candidate_fingerprint=approved.candidate_fingerprint,
+        )
+        assert keys == [(NAMESPACE, "a"), (NAMESPACE, "b")]
+        assessment = assess(again, approved, "a", "b")
+        assert assessment.abort is None
+        assert [e.registration.name for e in assessment.already_retired] == ["a"]
+        assert [e.registration.name for e in assessment.to_retire] == ["b"]
+
+    def test_a_new_candidate_is_never_added_to_the_approved_set(self) -> None:
+        approved = planned([worker("a")])
+        again = planned([worker("a"), worker("b")])
+        keys = plan.all_candidates(
+            again,
+            registry_fingerprint=approved.registry_fingerprint,
+            candidate_fingerprint=approved.candidate_fingerprint,
+        )
+        assessment = plan.assess_apply(
+            plan=again,
+            names=keys,
+            registry_fingerprint=approved.registry_fingerprint,
+            candidate_fingerprint=approved.candidate_fingerprint,
+        )
+        assert assessment.abort == ApplyAbort.CANDIDATE_SET_MOVED
+
+    def test_an_old_retirement_is_not_mistaken_for_this_plans(self) -> None:
+        bodies = [worker("old"), worker("a")]
+        before = planned(bodies)
+        bodies = [retire(bodies[0], before), bodies[1]]
+        approved = planned(bodies)  # "old" was already terminal when this plan was approved
+        keys = plan.all_candidates(
+            approved,
+            registry_fingerprint=approved.registry_fingerprint,
+            candidate_fingerprint=approved.candidate_fingerprint,
+        )
+        assert keys == [(NAMESPACE, "a")]
+
+
+class TestOutputs:
+    def test_names_are_kubectls(self) -> None:
+        result = planned([worker("a"), worker("b", attested=False)])
+        assert render.plan_names(result) == [
+            "workerregistration.coroner.dev/a",
+            "workerregistration.coroner.dev/b",
+        ]
+        results = [
+            plan.RowResult(key=(NAMESPACE, "a"), outcome=plan.RowOutcome.RETIRED, detail=""),
+            plan.RowResult(key=(NAMESPACE, "b"), outcome=plan.RowOutcome.RETIRE_CONFLICT, detail=""),
+        ]
+        assert render.apply_names(results) == ["workerregistration.coroner.dev/a"]
+        checks = [
+            doctor.failed("agents", "x", objects=("node/x", "node/y")),
+            doctor.passed("crd", "fine"),
+            doctor.failed("node-loss", "x", objects=("node/x",)),
+        ]
+        assert render.doctor_names(checks) == ["node/x", "node/y"]
+
+    def test_wide_adds_columns(self) -> None:
+        result = planned([worker("a")])
+
+        def draw(wide: bool) -> str:
+            return rendered(
+                lambda c: render.render_plan(result, console=c, namespace=NAMESPACE, retire_permission={}, wide=wide)
+            )
+
+        assert "DEATH EVIDENCE" in draw(True) and "DEATH EVIDENCE" not in draw(False)
+        assert result.entries[0].registration.uid in draw(True)
+
+    @pytest.mark.parametrize("output", options.OUTPUTS)
+    def test_every_command_takes_every_output(self, output: str) -> None:
+        for command in ("plan", "apply", "doctor", "version"):
+            result = CliRunner().invoke(main, [command, "-o", output, "--help"])
+            assert result.exit_code == 0, (command, result.output)
+
+
+class TestKubectlConventions:
+    def run(self, *args: str) -> Any:
+        return CliRunner().invoke(main, list(args))
+
+    def test_usage_says_kubectl_coroner(self) -> None:
+        result = self.run("plan", "--bogus")
+        assert result.exit_code == 2 and "Usage: kubectl coroner plan" in result.output
+
+    def test_every_command_takes_kubectls_connection_flags(self) -> None:
+        for command in ("plan", "apply", "doctor", "version"):
+            text = self.run(command, "--help").output
+            for flag in ("--kubeconfig", "--context", "--as ", "--as-group", "--request-timeout", "--output"):
+                assert flag in text, (command, flag)
+
+    def test_as_group_needs_as(self) -> None:
+        result = self.run("plan", "-n", "x", "--as-group", "admins")
+        assert result.exit_code == 2 and "--as-group needs --as" in result.output
+
+    def test_a_context_the_kubeconfig_lacks_is_named(self, tmp_path: pathlib.Path) -> None:
+        config = tmp_path / "config"
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+                    "users": [{"name": "u", "user": {"token": "t"}}],
+                    "contexts": [{"name": "one", "context": {"cluster": "c", "user": "u", "namespace": "jobs"}}],
+                    "current-context": "one",
+                }
+            )
+        )
+        result = self.run("plan", "--kubeconfig", str(config), "--context", "two")
+        assert result.exit_code == 2
+        assert result.output.strip() == (
+            f"error: the kubeconfig {config} has no context 'two' (it has one); pass one of those to --context."
+        )
+
+    def test_the_context_picks_the_default_namespace(self, tmp_path: pathlib.Path) -> None:
+        config = tmp_path / "config"
+        contexts = [
+            {"name": "one", "context": {"cluster": "c", "user": "u", "namespace": "jobs"}},
+            {"name": "two", "context": {"cluster": "c", "user": "u", "namespace": "batch"}},
+        ]
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+                    "users": [{"name": "u", "user": {"token": "t"}}],
+                    "contexts": contexts,
+                    "current-context": "one",
+                }
+            )
+        )
+        assert session.context_namespace(session.Connection(kubeconfig=str(config))) == "jobs"
+        assert session.context_namespace(session.Connection(kubeconfig=str(config), context="two")) == "batch"
+
+    @pytest.mark.parametrize(
+        ("args", "message"),
+        [
+            (["--all-candidates", "a"], "not both"),
+            ([], "NAMES..."),
+            (["--registry-fingerprint", "v1:sha256:" + "0" * 64, "a"], "--candidate-fingerprint"),
+        ],
+    )
+    def test_apply_needs_one_way_to_name_rows_and_an_approval(self, args: list[str], message: str) -> None:
+        fp = ["--registry-fingerprint", "v1:sha256:" + "0" * 64, "--candidate-fingerprint", "v1:sha256:" + "0" * 64]
+        result = self.run("apply", "-n", "x", *(args if "--registry-fingerprint" in args else [*fp, *args]))
+        assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+
+    def test_from_plan_refuses_a_name_outside_its_candidates_before_any_request(self, tmp_path: pathlib.Path) -> None:
+        file = tmp_path / "plan.json"
+        file.write_text(json.dumps(saved(planned([worker("a"), worker("b", attested=False)]))))
+        result = self.run("apply", "--from-plan", str(file), "b", "--kubeconfig", str(tmp_path / "none"))
+        assert result.exit_code == 2
+        assert "not among the candidates of the approved plan" in result.output and "kubeconfig" not in result.output
+
+    def test_from_plan_keeps_its_scope(self, tmp_path: pathlib.Path) -> None:
+        file = tmp_path / "plan.json"
+        file.write_text(json.dumps(saved(planned([worker("a")]))))
+        result = self.run("apply", "--from-plan", str(file), "-n", "elsewhere", "a")
+        assert result.exit_code == 2 and f"was made with -n {NAMESPACE}, not -n elsewhere" in result.output
+
+    def test_from_plan_refuses_a_file_that_is_not_a_plan(self, tmp_path: pathlib.Path) -> None:
+        file = tmp_path / "plan.json"
+        file.write_text("{not: [json")
+        result = self.run("apply", "--from-plan", str(file), "--all-candidates")
+        assert result.exit_code == 2 and "is not a plan saved with" in result.output
+
+    def test_completion_offers_commands_flags_and_outputs(self) -> None:
+        offered, directive = completion.completions(main, [""])
+        assert {"plan", "apply", "doctor", "version", "completion"} <= {value for value, _ in offered}
+        assert directive == 4
+        offered, _ = completion.completions(main, ["plan", "-o", ""])
+        assert [value for value, _ in offered] == list(options.OUTPUTS)
+        _, directive = completion.completions(main, ["apply", "--from-plan", ""])
+        assert directive == 0  # a file name
+
+    @pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
+    def test_completion_scripts(self, shell: str) -> None:
+        result = self.run("completion", shell)
+        assert result.exit_code == 0 and "_KUBECTL_CORONER_COMPLETE" in result.output
+        assert "kubectl-coroner" in result.output

@@ -18,16 +18,25 @@ cluster; 3 apply aborted on drift (nothing written) or a row moved under its wri
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Final
 
 import click
 
-from coroner.cli.commands import apply, doctor, plan
+from coroner.cli.commands import apply, completion, doctor, plan, version
 from coroner.cli.session import DEBUG_ENV, EXIT_USAGE, PluginError
+
+#: How a user types it; kubectl runs the plugin as ``kubectl-coroner``.
+PROG_NAME: Final = "kubectl coroner"
 
 
 class PluginGroup(click.Group):
-    """Turns any failure into one ``error:`` sentence and its exit code; a traceback only on request."""
+    """Turns any failure into one ``error:`` sentence and its exit code; a traceback only on request.
+    Its usage lines say ``kubectl coroner``, not the executable's name ``kubectl-coroner``."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("prog_name", PROG_NAME)
+        kwargs.setdefault("complete_var", completion.COMPLETE_VAR)
+        return super().main(*args, **kwargs)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -50,7 +59,7 @@ class PluginGroup(click.Group):
             raise click.exceptions.Exit(EXIT_USAGE) from None
 
 
-@click.group(cls=PluginGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(PROG_NAME, cls=PluginGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """See what Coroner would retire, retire it under your own retire verb, diagnose the install.
 
@@ -63,6 +72,8 @@ def main() -> None:
 main.add_command(plan.plan_command)
 main.add_command(apply.apply_command)
 main.add_command(doctor.doctor_command)
+main.add_command(version.version_command)
+main.add_command(completion.completion_command)
 
 
 if __name__ == "__main__":

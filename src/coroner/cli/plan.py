@@ -482,6 +482,102 @@ def apply_command(*, plan: Plan, entries: Sequence[PlanEntry], namespace: str | 
     )
 
 
+# --- a saved plan, and every candidate ----------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SavedPlan:
+    """What ``apply --from-plan`` takes from a plan saved with ``plan -o json`` (or yaml)."""
+
+    registry_fingerprint: str
+    candidate_fingerprint: str
+    namespace: str | None
+    """The planned namespace; None for every namespace (``-A``)."""
+    candidates: tuple[Key, ...]
+    """The approved set: nothing outside it is retired."""
+    policy_flags: Mapping[str, object]
+    """The policy fields the plan set on its command line (`POLICY_FLAGS` names), to decide alike."""
+
+
+def read_saved_plan(document: object, *, source: str) -> SavedPlan:
+    """The approval a ``Plan`` document carries; ValueError (one sentence naming `source`) when it
+    is not a plan document or any field apply needs is missing or malformed."""
+
+    def bad(what: str) -> ValueError:
+        return ValueError(
+            f"{source} is not a plan saved with `kubectl coroner plan -o json` ({what}); save one with "
+            f"`kubectl coroner plan -o json > plan.json`."
+        )
+
+    if not isinstance(document, Mapping):
+        raise bad("not a JSON or YAML object")
+    if document.get("kind") != "Plan" or document.get("apiVersion") != api.API_VERSION:
+        raise bad(f"kind {document.get('kind')!r}, apiVersion {document.get('apiVersion')!r}")
+    fingerprints = {}
+    for key in ("registryFingerprint", "candidateFingerprint"):
+        value = document.get(key)
+        if not isinstance(value, str) or not valid_fingerprint(value):
+            raise bad(f"{key} is {value!r}")
+        fingerprints[key] = value
+    scope = document.get("scope")
+    if not isinstance(scope, Mapping) or not isinstance(scope.get("allNamespaces"), bool):
+        raise bad("no scope")
+    namespace = scope.get("namespace")
+    if scope["allNamespaces"] != (namespace is None) or not (namespace is None or isinstance(namespace, str)):
+        raise bad(f"scope {dict(scope)!r}")
+    listed = document.get("candidates")
+    if not isinstance(listed, list) or not all(isinstance(item, str) for item in listed):
+        raise bad("candidates is not a list of NAMESPACE/NAME")
+    keys: list[Key] = []
+    for item in listed:
+        ns, sep, name = item.partition("/")
+        if not sep or not ns or not name or "/" in name or (namespace is not None and ns != namespace):
+            raise bad(f"candidate {item!r} is not NAMESPACE/NAME in the planned scope")
+        keys.append((ns, name))
+    policy = document.get("policy")
+    flags: dict[str, object] = {}
+    if isinstance(policy, Mapping):
+        from_flags = policy.get("fromFlags") or []
+        values = policy.get("values") or {}
+        if not isinstance(from_flags, list) or not isinstance(values, Mapping):
+            raise bad("policy.fromFlags or policy.values is malformed")
+        for camel_name in from_flags:
+            field = policy_json.FIELD_NAMES.get(str(camel_name))
+            if field not in POLICY_FLAGS or camel_name not in values:
+                raise bad(f"policy.fromFlags names {camel_name!r}")
+            flags[field] = values[camel_name]
+    return SavedPlan(
+        registry_fingerprint=fingerprints["registryFingerprint"],
+        candidate_fingerprint=fingerprints["candidateFingerprint"],
+        namespace=namespace,
+        candidates=tuple(keys),
+        policy_flags=flags,
+    )
+
+
+def all_candidates(plan: Plan, *, registry_fingerprint: str, candidate_fingerprint: str) -> list[Key]:
+    """``apply --all-candidates`` without a saved plan: the rows the approved fingerprints pin.
+
+    The candidates of the recomputed plan, when its fingerprints are the approved ones. Otherwise
+    — an earlier run retired some of them — those and every row retired as planned since
+    (`replayed_row`), if counting all of those as the candidates they were gives exactly the
+    approved fingerprints. Else the candidates now, and `assess_apply` aborts on the drift. The
+    candidate fingerprint is a hash of the approved set, so whatever matches it is that set.
+    """
+    now = [key_of(entry.registration) for entry in candidates(plan)]
+    if plan.registry_fingerprint == registry_fingerprint and plan.candidate_fingerprint == candidate_fingerprint:
+        return now
+    replayed = {key_of(entry.registration): row for entry in plan.entries if (row := replayed_row(entry)) is not None}
+    rows = [replayed.get(key_of(entry.registration), entry.row) for entry in plan.entries]
+    if (
+        replayed
+        and fingerprint.registry_fingerprint(rows) == registry_fingerprint
+        and fingerprint.candidate_fingerprint(rows) == candidate_fingerprint
+    ):
+        return sorted([*now, *replayed])
+    return now
+
+
 # --- small pure pieces --------------------------------------------------------------------------
 
 

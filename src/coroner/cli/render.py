@@ -7,14 +7,17 @@ they decided. Tables go to a `rich.console.Console` (`console()`); documents are
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import enum
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Final, Protocol
 
+import click
+import rich.progress
 import yaml
 from rich import box
 from rich.console import Console
@@ -42,6 +45,80 @@ def console() -> Console:
     """stdout; a pipe gets 160 columns instead of rich's 80, so that logs keep one row per line."""
     wide = sys.stdout.isatty() or "COLUMNS" in os.environ
     return Console(highlight=False, width=None if wide else 160)
+
+
+#: ``-o name`` prints objects as ``kubectl get -o name`` does: ``<kind>.<group>/<name>``.
+REGISTRATION_NAME_PREFIX: Final = f"{api.KIND.lower()}.{api.GROUP}/"
+
+
+def emit(
+    output: str, *, document: Mapping[str, Any], table: Callable[[Console, bool], None], names: Iterable[str]
+) -> None:
+    """Print one command's result in the ``-o`` asked for: ``table``/``wide`` (`table` draws it on
+    stdout's console, wide or not), ``json``/``yaml`` (`document`), ``name`` (`names`, one a line)."""
+    if output in ("json", "yaml"):
+        click.echo(dump(document, output=output), nl=False)
+    elif output == "name":
+        for name in names:
+            click.echo(name)
+    else:
+        table(console(), output == "wide")
+
+
+def registration_name(key: tuple[str, str]) -> str:
+    """``workerregistration.coroner.dev/NAME``, as ``kubectl get -o name`` prints it (no namespace)."""
+    return f"{REGISTRATION_NAME_PREFIX}{key[1]}"
+
+
+def plan_names(plan: Plan) -> list[str]:
+    """``-o name`` of a plan: every registration."""
+    return [registration_name(key_of(entry.registration)) for entry in plan.entries]
+
+
+def apply_names(results: Sequence[RowResult]) -> list[str]:
+    """``-o name`` of an apply run: the rows retired, already retired, or (preview) that would be."""
+    return [registration_name(result.key) for result in results if result.outcome.done]
+
+
+def doctor_names(checks: Sequence[Check]) -> list[str]:
+    """``-o name`` of a doctor run: the objects the failing checks name, each once."""
+    return list(dict.fromkeys(o for check in checks if check.status == CheckStatus.FAIL for o in check.objects))
+
+
+class Progress(Protocol):
+    """Counts finished rows; `progress` gives one."""
+
+    def advance(self) -> None: ...
+
+
+class _Silent:
+    def advance(self) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def progress(total: int, *, what: str) -> Iterator[Progress]:
+    """A progress bar on stderr while `total` rows are worked on, when stderr is a terminal (never
+    in a pipe or a log: stdout stays the document, stderr the sentences)."""
+    if total < 2 or not sys.stderr.isatty():
+        yield _Silent()
+        return
+    bar = rich.progress.Progress(
+        rich.progress.TextColumn("{task.description}"),
+        rich.progress.BarColumn(),
+        rich.progress.MofNCompleteColumn(),
+        rich.progress.TimeElapsedColumn(),
+        console=Console(stderr=True, highlight=False),
+        transient=True,
+    )
+    with bar:
+        task = bar.add_task(what, total=total)
+
+        class _Bar:
+            def advance(self) -> None:
+                bar.advance(task)
+
+        yield _Bar()
 
 
 # --- plan and apply -----------------------------------------------------------------------------
@@ -150,8 +227,10 @@ def render_plan(
     namespace: str | None,
     retire_permission: Mapping[str, bool | None],
     policy: PolicyChoice | None = None,
+    wide: bool = False,
 ) -> None:
-    """The human table: every registration, counts by reason, fingerprints, and the apply line."""
+    """The human table: every registration, counts by reason, fingerprints, and the apply line.
+    `wide` adds each row's UID, attestation evidence and death evidence."""
     scope = "all namespaces" if namespace is None else f"namespace {namespace}"
     if policy is not None:
         console.print(Text(policy.describe()), soft_wrap=True)
@@ -163,18 +242,29 @@ def render_plan(
     table.add_column("PID", justify="right", no_wrap=True)
     table.add_column("VERDICT", no_wrap=True)
     table.add_column("REASON", no_wrap=True)
+    if wide:
+        table.add_column("UID", no_wrap=True)
+        table.add_column("EVIDENCE", no_wrap=True)
+        table.add_column("DEATH EVIDENCE", no_wrap=True)
     table.add_column("DETAIL", overflow="fold", ratio=1, min_width=20)
     for entry in plan.entries:
         registration = entry.registration
         reason = entry.decision.reason
+        attestation = registration.attestation
         cells = [
             Text(registration.name or "?"),
             Text(registration.node_name or "?"),
             Text("?" if registration.incarnation.pid is None else str(registration.incarnation.pid)),
             Text(entry.row.verdict or "-"),
             Text(reason.value, style=_REASON_STYLE.get(reason, "yellow")),
-            Text(entry.decision.detail),
         ]
+        if wide:
+            cells += [
+                Text(registration.uid or "?"),
+                Text("-" if attestation is None or attestation.evidence is None else str(attestation.evidence)),
+                Text(entry.row.death_evidence or "-"),
+            ]
+        cells.append(Text(entry.decision.detail))
         if namespace is None:
             cells.insert(0, Text(registration.namespace or "?"))
         table.add_row(*cells)
@@ -212,8 +302,9 @@ def render_apply(
     preview: bool,
     retired_by: str | None,
     policy: PolicyChoice | None = None,
+    wide: bool = False,
 ) -> None:
-    """The human table of one apply run."""
+    """The human table of one apply run; `wide` adds each row's death evidence."""
     if policy is not None:
         console.print(Text(policy.describe()), soft_wrap=True)
     if preview:
@@ -228,16 +319,20 @@ def render_apply(
     table.add_column("NODE", no_wrap=True)
     table.add_column("PID", justify="right", no_wrap=True)
     table.add_column("OUTCOME", no_wrap=True)
+    if wide:
+        table.add_column("DEATH EVIDENCE", no_wrap=True)
     table.add_column("DETAIL", overflow="fold", ratio=1, min_width=20)
     for result in results:
-        table.add_row(
+        cells = [
             Text(result.key[0]),
             Text(result.key[1]),
             Text(result.node_name or "?"),
             Text("?" if result.pid is None else str(result.pid)),
             Text(result.outcome.value, style=_OUTCOME_STYLE.get(result.outcome, "bold red")),
-            Text(result.detail),
-        )
+        ]
+        if wide:
+            cells.append(Text(result.evidence or "-"))
+        table.add_row(*cells, Text(result.detail))
     console.print(table)
     if preview and any(result.outcome == RowOutcome.WOULD_RETIRE for result in results):
         console.print(Text("Nothing was changed. Run the same command with --yes to retire these rows."))
@@ -269,18 +364,23 @@ def doctor_document(
 _STATUS_STYLE: Final = {CheckStatus.PASS: "green", CheckStatus.FAIL: "bold red", CheckStatus.UNKNOWN: "yellow"}
 
 
-def render_doctor(checks: Sequence[Check], *, console: Console, policy: PolicyChoice | None = None) -> None:
-    """The human table of one doctor run."""
+def render_doctor(
+    checks: Sequence[Check], *, console: Console, policy: PolicyChoice | None = None, wide: bool = False
+) -> None:
+    """The human table of one doctor run; `wide` adds the objects each check names."""
     if policy is not None:
         console.print(Text(policy.describe()), soft_wrap=True)
     table = Table(title=Text("Coroner doctor"), box=box.SIMPLE_HEAD, title_justify="left")
     table.add_column("CHECK", no_wrap=True)
     table.add_column("STATUS", no_wrap=True)
+    if wide:
+        table.add_column("OBJECTS", overflow="fold", max_width=60)
     table.add_column("DETAIL", overflow="fold", ratio=1, min_width=20)
     for check in checks:
-        table.add_row(
-            Text(check.name), Text(check.status.value, style=_STATUS_STYLE[check.status]), Text(check.summary)
-        )
+        cells = [Text(check.name), Text(check.status.value, style=_STATUS_STYLE[check.status])]
+        if wide:
+            cells.append(Text(" ".join(check.objects) or "-"))
+        table.add_row(*cells, Text(check.summary))
     console.print(table)
 
 

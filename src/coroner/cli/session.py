@@ -17,19 +17,19 @@ import datetime
 import json
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final, NoReturn
 
 import click
 import kubernetes
 import urllib3
 from kubernetes import client as k8s
+from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config import ConfigException
 
 from coroner.cli import doctor as diagnosis
 from coroner.cli import plan as planning
-from coroner.client.kube import api_client
 from coroner.core import api
 from coroner.core import wire as retirement
 from coroner.core.decision import Policy
@@ -40,10 +40,11 @@ EXIT_USAGE: Final = 2
 EXIT_DRIFT: Final = 3
 
 #: (connect, read) seconds: an unreachable API server is reported, not waited on forever.
-_TIMEOUT: Final = (10, 120)
+DEFAULT_TIMEOUT: Final = (10.0, 120.0)
 #: LIST page size, as kubectl chunks; the pages of one LIST share one snapshot.
 _PAGE: Final = 500
 DEBUG_ENV: Final = "KUBECTL_CORONER_DEBUG"
+_DEFAULT_KUBECONFIG: Final = "~/.kube/config"
 _VIEW_FIX: Final = "ask for the coroner-viewer ClusterRole (get/list workerregistrations) and list on leases and nodes"
 
 
@@ -66,29 +67,61 @@ def utcnow() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Connection:
+    """Which cluster, as whom, and how patiently: kubectl's connection flags."""
+
+    kubeconfig: str | None = None
+    """--kubeconfig; None: KUBECONFIG (its files merged), then ~/.kube/config, then in-cluster."""
+    context: str | None = None
+    """--context; None: the kubeconfig's current-context."""
+    as_user: str | None = None
+    """--as: every request impersonates this user (Impersonate-User)."""
+    as_groups: tuple[str, ...] = ()
+    """--as-group: ... and these groups (one Impersonate-Group header each)."""
+    request_timeout: float | None = None
+    """--request-timeout in seconds; 0 waits forever; None: `DEFAULT_TIMEOUT`."""
+
+    @property
+    def timeout(self) -> float | tuple[float, float] | None:
+        """The timeout of one request, as the kubernetes client takes it."""
+        if self.request_timeout is None:
+            return DEFAULT_TIMEOUT
+        return self.request_timeout or None
+
+    def describe_timeout(self) -> str:
+        if self.request_timeout is None:
+            return f"{DEFAULT_TIMEOUT[1]:g}s"
+        return f"--request-timeout {self.request_timeout:g}s"
+
+
 class Session:
     """One identity's connection to one cluster: every API request of the plugin goes through here."""
 
-    def __init__(self, *, kubeconfig: str | None) -> None:
-        try:
-            self.client = api_client(kubeconfig)
-        except (ConfigException, OSError, ValueError, TypeError) as exc:
-            where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
-            raise PluginError(
-                f"cannot load the kubeconfig {where} ({str(exc).strip() or type(exc).__name__}); pass "
-                f"--kubeconfig with a valid file or set KUBECONFIG."
-            ) from None
+    def __init__(self, connection: Connection | None = None, /, *, kubeconfig: str | None = None) -> None:
+        self.connection = connection if connection is not None else Connection(kubeconfig=kubeconfig)
+        self.client = _api_client(self.connection)
         self.server = str(self.client.configuration.host)
-        self.kubeconfig = kubeconfig
+        self.kubeconfig = self.connection.kubeconfig
+        self.timeout = self.connection.timeout
 
     # --- plumbing ------------------------------------------------------------------------------
 
     def unreachable(self, exc: BaseException) -> PluginError:
+        if isinstance(exc, urllib3.exceptions.TimeoutError) or isinstance(
+            getattr(exc, "reason", None), urllib3.exceptions.TimeoutError
+        ):
+            return PluginError(
+                f"the Kubernetes API server at {self.server} did not answer within "
+                f"{self.connection.describe_timeout()}; check that the cluster is running, or allow more time "
+                f"with --request-timeout.",
+                unreachable=True,
+            )
         cause = getattr(exc, "reason", None) or exc
         text = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
         return PluginError(
             f"cannot reach the Kubernetes API server at {self.server} ({text[:200]}); check that the "
-            f"cluster is running and that --kubeconfig (or KUBECONFIG) points at it.",
+            f"cluster is running and that --kubeconfig (or KUBECONFIG) and --context point at it.",
             unreachable=True,
         )
 
@@ -100,12 +133,19 @@ class Session:
         if status == 401:
             return PluginError(
                 f"the API server at {self.server} rejected the credentials of the kubeconfig while trying to "
-                f"{what} (401 Unauthorized); refresh them or pass another --kubeconfig.",
+                f"{what} (401 Unauthorized); refresh them or pass another --kubeconfig or --context.",
                 status=status,
             )
         if status == 403:
+            if self.connection.as_user and "impersonate" in message:
+                return PluginError(
+                    f"forbidden to impersonate {self._impersonated()} (--as): {message}; the identity of the "
+                    f"kubeconfig needs the impersonate verb on users (and groups) for --as (and --as-group).",
+                    status=status,
+                )
             return PluginError(
-                f"forbidden to {what}: {message}; {fix or 'ask a cluster admin for that permission'}.", status=status
+                f"forbidden to {what}{self._as()}: {message}; {fix or 'ask a cluster admin for that permission'}.",
+                status=status,
             )
         if status == 404 and not_found:
             return PluginError(not_found, status=status)
@@ -117,12 +157,19 @@ class Session:
             )
         return PluginError(f"cannot {what}: {status} {exc.reason}: {message}.", status=status)
 
+    def _impersonated(self) -> str:
+        groups = f" in group(s) {', '.join(self.connection.as_groups)}" if self.connection.as_groups else ""
+        return f"user {self.connection.as_user}{groups}"
+
+    def _as(self) -> str:
+        return f" as {self._impersonated()} (--as)" if self.connection.as_user else ""
+
     def request(
         self, call: Callable[..., Any], *args: Any, what: str, fix: str = "", not_found: str = "", **kwargs: Any
     ) -> Any:
         """One API call with its JSON body decoded; failures become a `PluginError` sentence."""
         try:
-            response = call(*args, _preload_content=False, _request_timeout=_TIMEOUT, **kwargs)
+            response = call(*args, _preload_content=False, _request_timeout=self.timeout, **kwargs)
         except ApiException as exc:
             raise self.api_error(exc, what=what, fix=fix, not_found=not_found) from None
         except urllib3.exceptions.HTTPError as exc:
@@ -357,21 +404,93 @@ def confirm_gone_nodes(
     return dataclasses.replace(listing, nodes_gone=gone)
 
 
-def context_namespace(kubeconfig: str | None) -> str:
-    """The namespace of the kubeconfig's current context, as kubectl picks it; else ``default``."""
+def context_namespace(connection: Connection) -> str:
+    """The namespace of the kubeconfig context in use (--context, else current-context), as kubectl
+    picks it; else ``default``."""
     try:
-        _, active = kubernetes.config.list_kube_config_contexts(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+        contexts, active = kubernetes.config.list_kube_config_contexts(config_file=connection.kubeconfig)  # type: ignore[no-untyped-call]
     except (ConfigException, OSError, ValueError, TypeError, KeyError):
         return "default"
+    if connection.context is not None:
+        active = next((c for c in contexts or [] if c.get("name") == connection.context), None)
     return str(((active or {}).get("context") or {}).get("namespace") or "default")
 
 
-def scope_of(*, namespace: str | None, all_namespaces: bool, kubeconfig: str | None) -> str | None:
+def _api_client(connection: Connection) -> ApiClient:
+    """An ApiClient for `connection`, found as kubectl finds it: --kubeconfig, else KUBECONFIG (its
+    files merged), else ~/.kube/config, else the pod's ServiceAccount; with its impersonation."""
+    configuration = k8s.Configuration()
+    in_cluster = (
+        connection.kubeconfig is None
+        and connection.context is None
+        and "KUBECONFIG" not in os.environ
+        and not os.path.exists(os.path.expanduser(_DEFAULT_KUBECONFIG))
+        and bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+    )
+    where = connection.kubeconfig or os.environ.get("KUBECONFIG") or _DEFAULT_KUBECONFIG
+    try:
+        if in_cluster:
+            kubernetes.config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        else:
+            kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=connection.kubeconfig,
+                context=connection.context,
+                client_configuration=configuration,
+                persist_config=False,
+            )
+    except (ConfigException, OSError, ValueError, TypeError, KeyError) as exc:
+        text = str(exc).strip() or type(exc).__name__
+        if connection.context is not None and connection.context not in _context_names(connection):
+            raise PluginError(
+                f"the kubeconfig {where} has no context {connection.context!r} (it has "
+                f"{', '.join(_context_names(connection)) or 'none'}); pass one of those to --context."
+            ) from None
+        raise PluginError(
+            f"cannot load the kubeconfig {where} ({text}); pass --kubeconfig with a valid file or set KUBECONFIG."
+        ) from None
+    client = ApiClient(configuration)
+    if connection.as_user:
+        client.set_default_header("Impersonate-User", connection.as_user)  # type: ignore[no-untyped-call]
+    if connection.as_groups:
+        pool = client.rest_client.pool_manager
+        client.rest_client.pool_manager = _ImpersonatingPool(pool, groups=connection.as_groups)  # type: ignore[assignment]
+    return client
+
+
+def _context_names(connection: Connection) -> list[str]:
+    try:
+        contexts, _ = kubernetes.config.list_kube_config_contexts(config_file=connection.kubeconfig)  # type: ignore[no-untyped-call]
+    except (ConfigException, OSError, ValueError, TypeError, KeyError):
+        return []
+    return sorted(str(c.get("name")) for c in contexts or [])
+
+
+class _ImpersonatingPool:
+    """The client's urllib3 pool, adding one ``Impersonate-Group`` header per group to every request
+    (the kubernetes client's default headers are a dict: one value per name)."""
+
+    def __init__(self, pool: Any, *, groups: Sequence[str]) -> None:
+        self._pool = pool
+        self._groups = tuple(groups)
+
+    def request(self, method: str, url: str, *args: Any, headers: Any = None, **kwargs: Any) -> Any:
+        merged = urllib3.HTTPHeaderDict(headers or {})
+        merged.discard("Impersonate-Group")
+        for group in self._groups:
+            merged.add("Impersonate-Group", group)
+        return self._pool.request(method, url, *args, headers=merged, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pool, name)
+
+
+def scope_of(*, namespace: str | None, all_namespaces: bool, connection: Connection) -> str | None:
+    """The planned namespace (-n, else the context's), or None for every namespace (-A)."""
     if namespace and all_namespaces:
         raise PluginError("use either -n/--namespace or -A/--all-namespaces, not both.")
     if all_namespaces:
         return None
-    return namespace or context_namespace(kubeconfig)
+    return namespace or context_namespace(connection)
 
 
 def lease_policy(

@@ -70,12 +70,12 @@ def mint_token(
         bound = None
         if node is not None:
             node_object = ensure_node(cluster, name=node, ready=False) if not _node_exists(core, node) else None
-            uid = (node_object or core.read_node(node)).metadata.uid
+            uid = (node_object or core.read_node(node)).metadata.uid  # type: ignore[union-attr]
             bound = k8s.V1BoundObjectReference(api_version="v1", kind="Node", name=node, uid=uid)
         request = k8s.AuthenticationV1TokenRequest(
             spec=k8s.V1TokenRequestSpec(audiences=[], expiration_seconds=seconds, bound_object_ref=bound)
         )
-        token = core.create_namespaced_service_account_token(name, namespace, request).status.token
+        token = core.create_namespaced_service_account_token(name, namespace, request).status.token  # type: ignore[union-attr]
     suffix = f".node-{node}" if node else ""
     path = cluster.directory / "tokens" / f"{namespace}.{name}{suffix}.kubeconfig"
     return write_kubeconfig(

@@ -7,10 +7,13 @@ capability review, Lease fence, compare-and-swap patch, Event.
 
 from __future__ import annotations
 
+import concurrent.futures
 from collections.abc import Sequence
+from typing import Final, TextIO
 
 import click
 import urllib3
+import yaml
 from kubernetes.client.exceptions import ApiException
 
 from coroner.cli import options, render
@@ -19,6 +22,7 @@ from coroner.cli.session import (
     EXIT_DRIFT,
     EXIT_OK,
     EXIT_USAGE,
+    Connection,
     PluginError,
     Session,
     confirm_gone_nodes,
@@ -36,48 +40,103 @@ from coroner.core.fingerprint import PlanEntry
 from coroner.core.reasons import EventReason
 from coroner.core.world import Key, World, lease_facts
 
+#: Rows retired at the same time by default, and at most (each is four requests in a row).
+DEFAULT_PARALLELISM: Final = 4
+MAX_PARALLELISM: Final = 32
+_RESOURCE_PREFIXES: Final = (f"{api.KIND.lower()}.{api.GROUP}/", f"{api.PLURAL}.{api.GROUP}/")
+
 
 @click.command("apply")
 @options.scoped
-@click.option("--registry-fingerprint", required=True, help="registryFingerprint from the plan you approved.")
-@click.option("--candidate-fingerprint", required=True, help="candidateFingerprint from the plan you approved.")
+@click.option(
+    "--from-plan",
+    "from_plan",
+    type=click.File("r"),
+    default=None,
+    metavar="FILE",
+    help="A plan saved with `kubectl coroner plan -o json` (or yaml; - for stdin): its fingerprints, scope, "
+    "policy flags and candidates. Nothing outside its candidates is retired.",
+)
+@click.option("--registry-fingerprint", default=None, help="registryFingerprint from the plan you approved.")
+@click.option("--candidate-fingerprint", default=None, help="candidateFingerprint from the plan you approved.")
+@click.option(
+    "--all-candidates",
+    is_flag=True,
+    help="Every candidate of the approved plan (its candidate fingerprint pins the set) instead of NAMES.",
+)
 @click.option("--yes", is_flag=True, help="Retire. Without it apply only previews and writes nothing.")
-@click.option("--output", "-o", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option(
+    "--parallelism",
+    type=click.IntRange(1, MAX_PARALLELISM),
+    default=DEFAULT_PARALLELISM,
+    show_default=True,
+    help="How many rows are retired at the same time.",
+)
+@options.output
 @options.common
-@click.argument("names", nargs=-1, required=True)
+@click.argument("names", nargs=-1)
 @click.pass_context
 def apply_command(
     ctx: click.Context,
     namespace: str | None,
     all_namespaces: bool,
-    registry_fingerprint: str,
-    candidate_fingerprint: str,
+    from_plan: TextIO | None,
+    registry_fingerprint: str | None,
+    candidate_fingerprint: str | None,
+    all_candidates: bool,
     yes: bool,
+    parallelism: int,
     output: str,
-    kubeconfig: str | None,
+    connection: Connection,
     system_namespace: str,
     node_deletion_evidence: bool | None,
     node_quarantine_seconds: float | None,
     names: tuple[str, ...],
 ) -> None:
-    """Retire NAMES (or NAMESPACE/NAME with -A) of an approved plan, under your own retire verb.
+    """Retire NAMES (or NAMESPACE/NAME with -A), or --all-candidates, of an approved plan, under your own
+    retire verb. The plan is approved by its fingerprints, or by the file it was saved to (--from-plan).
 
     Re-reads and recomputes the plan; aborts with exit code 3 (RegistryMoved, CandidateSetMoved)
     if it is not the approved one. Replaying a successful apply reports its rows AlreadyRetired
     and exits 0.
     """
+    saved = _saved_plan(from_plan) if from_plan is not None else None
+    if saved is not None:
+        registry_fingerprint = _agreeing("--registry-fingerprint", registry_fingerprint, saved.registry_fingerprint)
+        candidate_fingerprint = _agreeing("--candidate-fingerprint", candidate_fingerprint, saved.candidate_fingerprint)
+        namespace, all_namespaces = _saved_scope(saved, namespace=namespace, all_namespaces=all_namespaces)
+        if node_deletion_evidence is None and "node_deletion_evidence" in saved.policy_flags:
+            node_deletion_evidence = bool(saved.policy_flags["node_deletion_evidence"])
+        if node_quarantine_seconds is None and "node_deletion_quarantine_seconds" in saved.policy_flags:
+            node_quarantine_seconds = _seconds(saved.policy_flags["node_deletion_quarantine_seconds"])
     for flag, value in (
         ("--registry-fingerprint", registry_fingerprint),
         ("--candidate-fingerprint", candidate_fingerprint),
     ):
+        if value is None:
+            raise click.UsageError(f"apply needs {flag} (from the plan you approved), or --from-plan FILE.")
         if not planning.valid_fingerprint(value):
             raise PluginError(
                 f"{flag} {value!r} is not a Coroner fingerprint (v1:sha256:<64 hex digits>); copy it from the "
                 f"output of `kubectl coroner plan`."
             )
-    scope = scope_of(namespace=namespace, all_namespaces=all_namespaces, kubeconfig=kubeconfig)
+    assert registry_fingerprint is not None and candidate_fingerprint is not None
+    if all_candidates and names:
+        raise click.UsageError("name the rows to retire, or pass --all-candidates; not both.")
+    if not all_candidates and not names:
+        raise click.UsageError("name the rows to retire (NAMES...), or pass --all-candidates.")
+    scope = scope_of(namespace=namespace, all_namespaces=all_namespaces, connection=connection)
     keys = _keys(names, scope=scope)
-    session = Session(kubeconfig=kubeconfig)
+    if saved is not None:
+        outside = [key for key in keys if key not in saved.candidates]
+        if outside:
+            raise PluginError(
+                f"{planning.names_text([planning.display(key) for key in outside])} "
+                f"{'is' if len(outside) == 1 else 'are'} not among the candidates of the approved plan "
+                f"{from_plan.name if from_plan is not None else ''}; apply retires nothing outside them. Nothing was "
+                f"changed."
+            )
+    session = Session(connection)
     listing = gather(
         session,
         namespace=scope,
@@ -92,6 +151,14 @@ def apply_command(
     listing = confirm_gone_nodes(session, listing, policy=policy, now=now)
     world = planning.build_world(listing)
     plan = planning.decide_all(world=world, policy=policy, now=now)
+    if all_candidates:
+        keys = (
+            list(saved.candidates)
+            if saved is not None
+            else planning.all_candidates(
+                plan, registry_fingerprint=registry_fingerprint, candidate_fingerprint=candidate_fingerprint
+            )
+        )
     assessment = planning.assess_apply(
         plan=plan,
         names=keys,
@@ -99,11 +166,11 @@ def apply_command(
         candidate_fingerprint=candidate_fingerprint,
     )
     if assessment.abort is not None or assessment.refusals:
-        if output == "json":
+        if output in ("json", "yaml"):
             document = render.apply_document(
                 assessment=assessment, results=(), preview=not yes, retired_by=None, policy=choice
             )
-            click.echo(render.dump(document, output="json"), nl=False)
+            click.echo(render.dump(document, output=output), nl=False)
         if assessment.abort is not None:
             fail(ctx, f"apply aborted: {assessment.abort_detail}", code=EXIT_DRIFT)
         *others, last = assessment.refusals
@@ -135,25 +202,100 @@ def apply_command(
             )
             for entry in assessment.to_retire
         ]
-    else:
-        retired_by = session.whoami() if assessment.to_retire else None
-        for entry in assessment.to_retire:
-            assert retired_by is not None
-            results.append(_retire(session, world=world, entry=entry, policy=policy, retired_by=retired_by))
+    elif assessment.to_retire:
+        retired_by = session.whoami()
+        results += _retire_all(
+            session,
+            world=world,
+            entries=assessment.to_retire,
+            policy=policy,
+            retired_by=retired_by,
+            parallelism=parallelism,
+        )
     results.sort(key=lambda result: result.key)
-    if output == "json":
-        document = render.apply_document(
+    render.emit(
+        output,
+        document=render.apply_document(
             assessment=assessment, results=results, preview=not yes, retired_by=retired_by, policy=choice
-        )
-        click.echo(render.dump(document, output="json"), nl=False)
-    else:
-        render.render_apply(
-            results=results, console=render.console(), preview=not yes, retired_by=retired_by, policy=choice
-        )
+        ),
+        table=lambda console, wide: render.render_apply(
+            results=results, console=console, preview=not yes, retired_by=retired_by, policy=choice, wide=wide
+        ),
+        names=render.apply_names(results),
+    )
     code = planning.apply_exit_code(results)
     if code != EXIT_OK:
         failed = [f"{planning.display(r.key)} {r.outcome}" for r in results if not r.outcome.done]
         fail(ctx, f"apply did not complete: {', '.join(failed)}; run `kubectl coroner plan` to see why.", code=code)
+
+
+def _retire_all(
+    session: Session,
+    *,
+    world: World,
+    entries: Sequence[PlanEntry],
+    policy: Policy,
+    retired_by: str,
+    parallelism: int,
+) -> list[planning.RowResult]:
+    """`_retire` for every entry, at most `parallelism` at a time, with a progress bar on a terminal."""
+    results: list[planning.RowResult] = []
+    with (
+        render.progress(len(entries), what=f"Retiring as {retired_by}") as shown,
+        concurrent.futures.ThreadPoolExecutor(max_workers=min(parallelism, len(entries))) as pool,
+    ):
+        futures = [
+            pool.submit(_retire, session, world=world, entry=entry, policy=policy, retired_by=retired_by)
+            for entry in entries
+        ]
+        try:
+            for future in concurrent.futures.as_completed(futures):
+                results.append(future.result())
+                shown.advance()
+        except KeyboardInterrupt:
+            # Rows not started are not retired; those in flight finish (a write is never cut in half).
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+    return results
+
+
+def _saved_plan(file: TextIO) -> planning.SavedPlan:
+    source = "standard input" if file.name == "<stdin>" else file.name
+    try:
+        document = yaml.safe_load(file.read())
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise PluginError(
+            f"{source} is not a plan saved with `kubectl coroner plan -o json` (it is neither JSON nor YAML: "
+            f"{str(exc).splitlines()[0]}); save one with `kubectl coroner plan -o json > plan.json`."
+        ) from None
+    try:
+        return planning.read_saved_plan(document, source=source)
+    except ValueError as exc:
+        raise PluginError(str(exc)) from None
+
+
+def _agreeing(flag: str, given: str | None, saved: str) -> str:
+    if given is not None and given != saved:
+        raise PluginError(f"{flag} {given} is not the one in the plan given with --from-plan ({saved}); pass one.")
+    return saved
+
+
+def _saved_scope(saved: planning.SavedPlan, *, namespace: str | None, all_namespaces: bool) -> tuple[str | None, bool]:
+    """The saved plan's scope; -n/-A may repeat it but not change it (a plan is approved for its scope)."""
+    planned = "-A" if saved.namespace is None else f"-n {saved.namespace}"
+    if (all_namespaces and saved.namespace is not None) or (namespace is not None and namespace != saved.namespace):
+        given = "-A" if all_namespaces else f"-n {namespace}"
+        raise PluginError(
+            f"the plan given with --from-plan was made with {planned}, not {given}; apply it with {planned} (or "
+            f"neither), or plan again with {given}."
+        )
+    return saved.namespace, saved.namespace is None
+
+
+def _seconds(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise PluginError(f"the plan given with --from-plan sets nodeDeletionQuarantineSeconds to {value!r}.")
+    return float(value)
 
 
 def _already_retired_detail(entry: PlanEntry) -> str:
@@ -165,7 +307,8 @@ def _already_retired_detail(entry: PlanEntry) -> str:
 
 def _keys(names: Sequence[str], *, scope: str | None) -> list[Key]:
     keys: list[Key] = []
-    for name in names:
+    for given in names:
+        name = _without_resource(given)
         namespace, sep, rest = name.partition("/")
         if sep:
             if not namespace or not rest or "/" in rest:
@@ -180,6 +323,15 @@ def _keys(names: Sequence[str], *, scope: str | None) -> list[Key]:
         else:
             keys.append((scope, name))
     return keys
+
+
+def _without_resource(name: str) -> str:
+    """NAME from ``workerregistration.coroner.dev/NAME`` (what ``plan -o name`` prints); a namespace
+    never holds a dot, so the dotted prefix cannot be one."""
+    for prefix in _RESOURCE_PREFIXES:
+        if name.startswith(prefix):
+            return name[len(prefix) :]
+    return name
 
 
 def _retire(session: Session, *, world: World, entry: PlanEntry, policy: Policy, retired_by: str) -> planning.RowResult:

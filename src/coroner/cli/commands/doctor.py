@@ -11,14 +11,14 @@ from kubernetes import client as k8s
 from coroner.cli import doctor as diagnosis
 from coroner.cli import options, render
 from coroner.cli import plan as planning
-from coroner.cli.session import EXIT_OK, PluginError, Session, fail, lease_policy, utcnow
+from coroner.cli.session import EXIT_OK, Connection, PluginError, Session, fail, lease_policy, utcnow
 from coroner.core import api
 from coroner.core.fingerprint import Plan
 from coroner.core.world import World
 
 
 @click.command("doctor")
-@click.option("--output", "-o", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@options.output
 @click.option(
     "--expect-plan-only",
     is_flag=True,
@@ -38,13 +38,13 @@ def doctor_command(
     output: str,
     expect_plan_only: bool,
     attestation_grace_seconds: float,
-    kubeconfig: str | None,
+    connection: Connection,
     system_namespace: str,
     node_deletion_evidence: bool | None,
     node_quarantine_seconds: float | None,
 ) -> None:
     """PASS / FAIL / UNKNOWN for each part Coroner needs; exit code 1 if any check FAILs."""
-    session = Session(kubeconfig=kubeconfig)
+    session = Session(connection)
     extensions = k8s.ApiextensionsV1Api(session.client)
     admission = k8s.AdmissionregistrationV1Api(session.client)
     coordination = k8s.CoordinationV1Api(session.client)
@@ -123,11 +123,12 @@ def doctor_command(
             now=now,
         )
     )
-    if output == "json":
-        document = render.doctor_document(checks, now=now, policy=choice)
-        click.echo(render.dump(document, output="json"), nl=False)
-    else:
-        render.render_doctor(checks, console=render.console(), policy=choice)
+    render.emit(
+        output,
+        document=render.doctor_document(checks, now=now, policy=choice),
+        table=lambda console, wide: render.render_doctor(checks, console=console, policy=choice, wide=wide),
+        names=render.doctor_names(checks),
+    )
     code = diagnosis.doctor_exit_code(checks)
     if code != EXIT_OK:
         failing = [check.name for check in checks if check.status == diagnosis.CheckStatus.FAIL]

@@ -6,25 +6,28 @@ import click
 
 from coroner.cli import options, render
 from coroner.cli import plan as planning
-from coroner.cli.session import Session, confirm_gone_nodes, gather, listed_policy, scope_of, utcnow
+from coroner.cli.session import Connection, Session, confirm_gone_nodes, gather, listed_policy, scope_of, utcnow
 
 
 @click.command("plan")
 @options.scoped
-@click.option("--output", "-o", type=click.Choice(["table", "json", "yaml"]), default="table", show_default=True)
+@options.output
 @options.common
 def plan_command(
     namespace: str | None,
     all_namespaces: bool,
     output: str,
-    kubeconfig: str | None,
+    connection: Connection,
     system_namespace: str,
     node_deletion_evidence: bool | None,
     node_quarantine_seconds: float | None,
 ) -> None:
-    """Every registration with its reason, counts by reason, and the fingerprints apply needs. Read-only."""
-    scope = scope_of(namespace=namespace, all_namespaces=all_namespaces, kubeconfig=kubeconfig)
-    session = Session(kubeconfig=kubeconfig)
+    """Every registration with its reason, counts by reason, and the fingerprints apply needs. Read-only.
+
+    Save it for apply with -o json (or yaml): `kubectl coroner apply --from-plan FILE`.
+    """
+    scope = scope_of(namespace=namespace, all_namespaces=all_namespaces, connection=connection)
+    session = Session(connection)
     listing = gather(
         session,
         namespace=scope,
@@ -37,12 +40,18 @@ def plan_command(
     )
     listing = confirm_gone_nodes(session, listing, policy=choice.policy, now=now)
     plan = planning.decide_all(world=planning.build_world(listing), policy=choice.policy, now=now)
-    if output == "table":
-        render.render_plan(
-            plan, console=render.console(), namespace=scope, retire_permission=listing.retire_permission, policy=choice
-        )
-    else:
-        document = render.plan_document(
+    render.emit(
+        output,
+        document=render.plan_document(
             plan, namespace=scope, now=now, retire_permission=listing.retire_permission, policy=choice
-        )
-        click.echo(render.dump(document, output=output), nl=False)
+        ),
+        table=lambda console, wide: render.render_plan(
+            plan,
+            console=console,
+            namespace=scope,
+            retire_permission=listing.retire_permission,
+            policy=choice,
+            wide=wide,
+        ),
+        names=render.plan_names(plan),
+    )
