@@ -22,6 +22,7 @@ bumps it, and every callback scheduled by an older epoch is a no-op).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import os
@@ -43,7 +44,9 @@ from sim.prod import (
     lease_expiry,
     model,
     operator_status,
+    operator_step,
     procfs,
+    retire_protocol,
     wire,
 )
 
@@ -548,6 +551,9 @@ class SimOperator:
 
     def reconcile(self, key: tuple[str, str]) -> None:
         self.trial.stats["reconciles"] += 1
+        if operator_step is not None and self.trial.use_step:
+            self._step(key)
+            return
         body = self.world.bodies.get(key)
         if body is None:
             return
@@ -572,6 +578,55 @@ class SimOperator:
             self._write_conditions(key, body, registration, decision, now=now)
         if decision.next_evaluation_at is not None:
             self.schedule(key, (decision.next_evaluation_at - dt(0)).total_seconds())
+
+    # --- the production reconcile step and retire protocol (issue 15) --------------------------
+
+    def _step(self, key: tuple[str, str]) -> None:
+        """Gather the facts from the cache, run `coroner_operator.step.reconcile`, execute its Effects
+        as `coroner_operator.executor.Executor.run` does, against the model API server."""
+        body = self.world.bodies.get(key)
+        if body is None:
+            return
+        registration = self.world.parsed[key]
+        now = dt(self.now())
+        namespace = key[0]
+        if not registration.terminal and namespace not in self.world.retire_permission:
+            self.world.retire_permission[namespace] = self.trial.server.holds_retire(self.identity)
+        facts = self.world.facts_for(key, now=now)
+        effects = operator_step.reconcile(
+            body=body, registration=registration, facts=facts, policy=self.policy, now=now, retention_seconds=0
+        )
+        if effects.write_conditions is not None:
+            self._send(key, [dict(op) for op in effects.write_conditions.ops], intent=None)
+        if effects.retire is not None:
+            intent = effects.retire
+            # Steps 1-2 of the retire protocol are requests: they answer one round trip later.
+            self.later(self.trial.latency(), lambda: self._run_retire(key, intent))
+        if effects.requeue_at is not None:
+            self.schedule(key, (effects.requeue_at - dt(0)).total_seconds())
+
+    def _run_retire(self, key: tuple[str, str], intent: Any) -> None:
+        port = _RetirePort(self, view_rv=int(intent.resource_version or 0))
+        retirer = retire_protocol.Retirer(name=self.identity)
+        result = _run(retire_protocol.retire(port, intent, retirer=retirer, clock=lambda: dt(self.now())))
+        outcome = result.outcome
+        if outcome is retire_protocol.RetireOutcome.RETIRED:
+            self._observe(result.patched)
+            self.writes += 1
+            if self.crash_after_write is not None and self.writes == self.crash_after_write:
+                self.trial.sieve_crash(self)
+        elif outcome is retire_protocol.RetireOutcome.PERMISSION_MISSING:
+            self.world.retire_permission[key[0]] = False
+            self.enqueue(key)
+        elif outcome in (retire_protocol.RetireOutcome.LEASE_FENCE_MOVED, retire_protocol.RetireOutcome.ABANDONED):
+            self.world.leases[key[0]] = dict(result.leases or {})
+            self.enqueue(key)
+        elif outcome is retire_protocol.RetireOutcome.CONFLICT:
+            self.trial.stats["cas_conflicts"] += 1
+            self._reread(key)
+        else:
+            self.trial.stats[f"retire:{outcome}"] += 1
+            self.later(1.0, lambda: self.enqueue(key))
 
     def _write_conditions(self, key, body, registration, decision, *, now) -> None:  # type: ignore[no-untyped-def]
         desired = operator_status.desired_conditions(registration, decision, now=now)
@@ -650,6 +705,46 @@ class SimOperator:
         cached = self.world.bodies.get(key)
         if cached is None or _rv(body) >= _rv(cached):
             self.world.put_registration(body)
+
+
+class _RetirePort:
+    """`coroner.retire.RetirePort` over the model API server, as the operator's identity."""
+
+    def __init__(self, operator: SimOperator, *, view_rv: int) -> None:
+        self.operator = operator
+        self.view_rv = view_rv
+
+    async def can_retire(self, *, namespace: str, name: str) -> bool | None:
+        return self.operator.trial.server.holds_retire(self.operator.identity)
+
+    async def list_leases(self, *, namespace: str) -> list[dict[str, Any]]:
+        items, _ = self.operator.trial.server.list(
+            "lease", lambda b: (b.get("metadata") or {}).get("namespace") == namespace
+        )
+        return items
+
+    async def patch_status(self, *, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
+        try:
+            return self.operator.trial.server.patch(
+                self.operator.identity, "wreg", namespace, name, ops, view_rv=self.view_rv
+            )
+        except SimApiError as exc:
+            raise retire_protocol.PortError(exc.status, exc.message, reason=exc.reason) from exc
+
+    async def post_event(self, *, involved: Any, reason: str, evidence: str, message: str) -> None:
+        self.operator.trial.stats["events"] += 1
+
+
+def _run(coroutine: Any) -> Any:
+    """Run a coroutine of the retire protocol to its end: the port never waits on anything."""
+    loop = _LOOP[0] if _LOOP else None
+    if loop is None or loop.is_closed():
+        loop = asyncio.new_event_loop()
+        _LOOP[:] = [loop]
+    return loop.run_until_complete(coroutine)
+
+
+_LOOP: list[asyncio.AbstractEventLoop] = []
 
 
 def _rv(body: dict[str, Any]) -> int:

@@ -22,6 +22,15 @@ from coroner_agent import service as agent_service
 # The operator: the conditions and the compare-and-swap patches it writes.
 from coroner_operator import status as operator_status
 
+# The operator's reconcile step (effects as data) and the one retire protocol (issue 15), where
+# this tree has them: the simulated operator then runs them instead of its mirror of the reconciler.
+try:
+    from coroner import retire as retire_protocol
+    from coroner_operator import step as operator_step
+except ImportError:  # an older tree: SimOperator mirrors Reconciler.reconcile
+    retire_protocol = None  # type: ignore[assignment]
+    operator_step = None  # type: ignore[assignment]
+
 __all__ = [
     "AgentFacts",
     "ConditionType",
@@ -43,6 +52,8 @@ __all__ = [
     "lease_facts",
     "model",
     "operator_status",
+    "operator_step",
     "procfs",
+    "retire_protocol",
     "wire",
 ]
