@@ -93,7 +93,11 @@ class SimNode:
     def __init__(self, *, name: str, rng: random.Random, now: float) -> None:
         self.name = name
         self.rng = rng
-        self.host_id = f"{rng.getrandbits(128):032x}"
+        # Ids from small pools (a trial only needs them distinct within itself), so that the files
+        # `NodeFacts.read` reads are written once per process, not once per trial.
+        self.index = int(name.lstrip("n") or 0)
+        self.host_id = f"{self.index:016x}{rng.randrange(8):016x}"
+        self.boot_id = ""
         self.boots = 0
         self.serials = 0
         self.generations = 1000
@@ -102,7 +106,9 @@ class SimNode:
     def boot(self, now: float) -> None:
         """A (re)boot: every process is gone, a new boot id, pid numbering and ticks start over."""
         self.boots += 1
-        b = f"{self.rng.getrandbits(128):032x}"
+        b = self.boot_id.replace("-", "")
+        while b == self.boot_id.replace("-", "") or not b:
+            b = f"{self.index:04x}{self.rng.randrange(64):04x}" + "0" * 24
         self.boot_id = f"{b[:8]}-{b[8:12]}-4{b[13:16]}-8{b[17:20]}-{b[20:32]}"
         self.boot_time = now
         self.procs: dict[int, SimProcess] = {}
