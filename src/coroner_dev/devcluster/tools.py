@@ -1,0 +1,174 @@
+"""Finding or building the packaging and monitoring tools the tests use: helm and promtool.
+
+Built from Go modules by the helper module `testenv/tools/` (a module of its own, so its pins never
+move the control plane's cache key in `binaries.py`), cached beside the control plane under
+`<cache>/tools/<versions>-<go.sum digest>/`: a pin that moves rebuilds, nothing else does.
+`CORONER_TOOLS_DIR` pointing at a directory that already holds `helm` and `promtool` skips the
+build. The Prometheus Operator's CRDs (PodMonitor, PrometheusRule), which the monitoring component's
+objects are validated against, come from that project's Go module through the same module proxy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+
+from coroner_dev.devcluster.binaries import _build_lock, _complete, cache_root, testenv_dir
+from coroner_dev.devcluster.errors import DevClusterError
+
+HELM_VERSION = "v4.3.2"
+PROMETHEUS_VERSION = "v0.316.0"
+#: The release PROMETHEUS_VERSION is (the Go module's v0.3XX.Y is Prometheus 3.XX.Y).
+PROMETHEUS_RELEASE = "3.16.0"
+PROMETHEUS_OPERATOR_VERSION = "v0.85.0"
+
+#: Binary name -> Go package built for it.
+PACKAGES: dict[str, str] = {
+    "helm": "helm.sh/helm/v4/cmd/helm",
+    "promtool": "github.com/prometheus/prometheus/cmd/promtool",
+}
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Tools:
+    """Absolute paths of the tools in use."""
+
+    directory: pathlib.Path
+    source: str
+    """`CORONER_TOOLS_DIR`, `cache` or `built`."""
+
+    def path(self, name: str) -> pathlib.Path:
+        return self.directory / name
+
+
+def module_dir() -> pathlib.Path:
+    """The `testenv/tools` Go module."""
+    return testenv_dir() / "tools"
+
+
+def cache_key(module: pathlib.Path) -> str:
+    """Versions plus a digest of go.mod/go.sum: a moved pin is a new key, a rerun is not."""
+    digest = hashlib.sha256()
+    for name in ("go.mod", "go.sum"):
+        file = module / name
+        if file.exists():
+            digest.update(file.read_bytes())
+    return f"helm-{HELM_VERSION}-prometheus-{PROMETHEUS_VERSION}-{digest.hexdigest()[:12]}"
+
+
+def ensure_tools(*, progress: Callable[[str], None] | None = None) -> Tools:
+    """Returns usable helm and promtool, building them (once, under a lock) when none are cached."""
+    say = progress or (lambda message: print(message, file=sys.stderr))
+    given = os.environ.get("CORONER_TOOLS_DIR")
+    if given:
+        directory = pathlib.Path(given)
+        if _complete(directory, tuple(PACKAGES)):
+            return Tools(directory=directory, source="CORONER_TOOLS_DIR")
+        say(f"CORONER_TOOLS_DIR={given} lacks one of {', '.join(PACKAGES)}; building instead")
+    module = module_dir()
+    target = cache_root() / "tools" / cache_key(module)
+    if _complete(target, tuple(PACKAGES)):
+        return Tools(directory=target, source="cache")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _build_lock(target.parent / ".build.lock"):
+        if _complete(target, tuple(PACKAGES)):
+            return Tools(directory=target, source="cache")
+        _build(module=module, target=target, say=say)
+    return Tools(directory=target, source="built")
+
+
+def ldflags() -> str:
+    """Version stamps, so `helm version` and `promtool --version` say what they are."""
+    stamps = [
+        f"-X helm.sh/helm/v4/internal/version.version={HELM_VERSION}",
+        "-X helm.sh/helm/v4/internal/version.metadata=",
+        "-X helm.sh/helm/v4/internal/version.gitTreeState=clean",
+        f"-X github.com/prometheus/common/version.Version={PROMETHEUS_RELEASE}",
+    ]
+    return " ".join(["-s", "-w", *stamps])
+
+
+def _build(*, module: pathlib.Path, target: pathlib.Path, say: Callable[[str], None]) -> None:
+    go = shutil.which("go")
+    if go is None:
+        raise DevClusterError(
+            "the Go toolchain (`go`) is not on PATH; it is needed to build helm and promtool",
+            fix="install Go >= 1.26 and put it on PATH, or set CORONER_TOOLS_DIR to a directory holding both",
+        )
+    staging = pathlib.Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
+    log_path = target.parent / f"build-{target.name}.log"
+    say(
+        f"building helm {HELM_VERSION} and promtool (Prometheus {PROMETHEUS_VERSION}) from Go modules; "
+        f"the first build takes 10-20 minutes on 2 cores (log: {log_path})"
+    )
+    started = time.monotonic()
+    env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-mod=mod"}
+    command = [go, "build", "-trimpath", "-ldflags", ldflags(), "-o", f"{staging}/", *PACKAGES.values()]
+    with open(log_path, "w") as log:
+        log.write(" ".join(command) + "\n")
+        log.flush()
+        result = subprocess.run(command, cwd=module, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
+    missing = [name for name in PACKAGES if not (staging / name).exists()]
+    if result.returncode != 0 or missing:
+        shutil.rmtree(staging, ignore_errors=True)
+        tail = "".join(log_path.read_text(errors="replace").splitlines(keepends=True)[-15:])
+        raise DevClusterError(
+            f"building helm and promtool failed (go build exit {result.returncode}); last lines:\n{tail}",
+            fix=f"read {log_path}; check that the Go module proxy is reachable (GOPROXY) and disk space is free",
+        )
+    if target.exists():
+        shutil.rmtree(target)
+    staging.rename(target)  # atomic: a half-built directory is never mistaken for a cache hit
+    say(f"built helm and promtool in {time.monotonic() - started:.0f} s into {target}")
+
+
+def prometheus_operator_crds() -> dict[str, pathlib.Path]:
+    """The Prometheus Operator's CRD files by kind (PodMonitor, PrometheusRule, ...), from its Go
+    module at PROMETHEUS_OPERATOR_VERSION (downloaded once into the module cache)."""
+    go = shutil.which("go")
+    if go is None:
+        raise DevClusterError("the Go toolchain (`go`) is not on PATH", fix="install Go >= 1.26")
+    module = f"github.com/prometheus-operator/prometheus-operator@{PROMETHEUS_OPERATOR_VERSION}"
+    result = subprocess.run(
+        [go, "mod", "download", "-json", module],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "GOFLAGS": "-mod=mod"},
+        cwd=module_dir(),
+    )
+    if result.returncode != 0:
+        raise DevClusterError(f"go mod download {module} failed: {result.stdout}{result.stderr}", fix="check GOPROXY")
+    directory = pathlib.Path(json.loads(result.stdout)["Dir"]) / "example" / "prometheus-operator-crd"
+    kinds = {"podmonitors": "PodMonitor", "prometheusrules": "PrometheusRule", "servicemonitors": "ServiceMonitor"}
+    return {kind: directory / f"monitoring.coreos.com_{plural}.yaml" for plural, kind in kinds.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m coroner_dev.devcluster.tools helm|promtool`: builds if needed, prints the path."""
+    names = (argv if argv is not None else sys.argv[1:]) or list(PACKAGES)
+    unknown = [name for name in names if name not in PACKAGES]
+    if unknown:
+        print(f"unknown tool(s) {', '.join(unknown)}; known: {', '.join(PACKAGES)}", file=sys.stderr)
+        return 2
+    try:
+        tools = ensure_tools()
+    except DevClusterError as exc:
+        print(f"{exc}", file=sys.stderr)
+        return 1
+    for name in names:
+        print(tools.path(name))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
