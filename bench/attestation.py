@@ -33,10 +33,11 @@ from kubernetes import watch
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-import common  # noqa: E402  (bench/common.py: machine facts and versions, shared by every bench)
+import harness as common  # noqa: E402  (bench/harness: machine facts and versions, shared by every bench)
 
 from coroner import launcher  # noqa: E402
 from coroner.client.kube import api_client  # noqa: E402
+from coroner.client.rest import Rest  # noqa: E402
 from coroner.core import api  # noqa: E402
 from coroner_dev.devcluster import cluster as cluster_mod  # noqa: E402
 from coroner_dev.devcluster.identities import ensure_node, mint_token  # noqa: E402
@@ -76,6 +77,7 @@ def main() -> None:
         boot = pathlib.Path("/proc/sys/kernel/random/boot_id").read_text().strip()
         ensure_node(cluster, name=NODE, boot_id=boot)
         admin = api_client(cluster.kubeconfig)
+        worker = Rest.from_kubeconfig(cluster.kubeconfig)  # the launcher's own client
         registrations: dict[str, subprocess.Popen[bytes]] = {}
         for index in range(args.workers):
             proc = subprocess.Popen(["sleep", "3600"])
@@ -83,7 +85,7 @@ def main() -> None:
             incarnation = launcher.probe_incarnation(proc.pid, node_name=NODE)
             name = f"w{index:05d}"
             launcher.register(
-                client=admin,
+                client=worker,
                 namespace=NAMESPACE,
                 node_name=NODE,
                 incarnation=incarnation,

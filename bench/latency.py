@@ -44,7 +44,7 @@ import threading
 import time
 from typing import Any
 
-import common as c
+import harness as c
 
 from coroner.core import model
 
@@ -91,7 +91,7 @@ class FloorProbe:
     """Status JSON-patch -> watch delivery on one registration nobody else touches, at 4 Hz."""
 
     def __init__(self, bench: c.Bench, tracker: c.Tracker, *, period: float = 0.25) -> None:
-        self.http = c.Http(bench.admin.endpoint)
+        self.http = c.client(bench.cluster.kubeconfig)
         self.period = period
         self.samples: list[float] = []
         self.round_trips: list[float] = []
@@ -116,12 +116,12 @@ class FloorProbe:
                 "heartbeat": {"intervalSeconds": 10, "ttlSeconds": 30},
             },
         }
-        bench.admin.json("POST", c.registrations_path(NS_FLOOR), body)
+        bench.admin.request("POST", c.registrations_path(NS_FLOOR), body=body)
         beat = {"status": {"lastHeartbeatTime": c.now_text()}}
-        patched = bench.admin.json(
+        patched = bench.admin.request(
             "PATCH",
-            c.registrations_path(NS_FLOOR, "floor", status=True),
-            beat,
+            c.registrations_path(NS_FLOOR, "floor") + "/status",
+            body=beat,
             content_type="application/merge-patch+json",
         )
         self.rv = patched["metadata"]["resourceVersion"]
@@ -140,7 +140,7 @@ class FloorProbe:
         (self._running.set if on else self._running.clear)()
 
     def _run(self) -> None:
-        path = c.registrations_path(NS_FLOOR, "floor", status=True)
+        path = c.registrations_path(NS_FLOOR, "floor") + "/status"
         deadline = time.monotonic() + 4 * 3600
         while not self._stop.is_set() and time.monotonic() < deadline and len(self.samples) < 100_000:
             if not self._running.wait(timeout=0.5):
@@ -151,7 +151,7 @@ class FloorProbe:
             ]
             sent = time.monotonic()
             try:
-                status, data = self.http.request("PATCH", path, ops, content_type="application/json-patch+json")
+                status, data = self.http.send("PATCH", path, body=ops, content_type="application/json-patch+json")
             except Exception:
                 self._stop.wait(self.period)
                 continue
@@ -180,7 +180,7 @@ class TtlReaper:
     """The naive baseline: every sweep, list the namespace and delete registrations silent >= TTL."""
 
     def __init__(self, bench: c.Bench, *, namespace: str, ttl: float, sweep: float) -> None:
-        self.http = c.Http(bench.admin.endpoint, timeout=120)
+        self.http = c.client(bench.cluster.kubeconfig, timeout=120)
         self.namespace = namespace
         self.ttl = ttl
         self.sweep = sweep
@@ -202,7 +202,7 @@ class TtlReaper:
             self._stop.wait(max(0.0, self.sweep - (time.monotonic() - started)))
 
     def _sweep_once(self) -> None:
-        items = self.http.json("GET", c.registrations_path(self.namespace))["items"]
+        items = self.http.request("GET", c.registrations_path(self.namespace))["items"]
         now = datetime.datetime.now(datetime.UTC)
         for item in items:
             status = item.get("status") or {}
@@ -210,7 +210,7 @@ class TtlReaper:
             if beat is None:
                 beat = model.parse_time(item["metadata"]["creationTimestamp"])
             if beat is not None and (now - beat).total_seconds() >= self.ttl:
-                status_code, _ = self.http.request(
+                status_code, _ = self.http.send(
                     "DELETE", c.registrations_path(self.namespace, item["metadata"]["name"])
                 )
                 if status_code in (200, 202):
@@ -379,9 +379,9 @@ def main() -> int:
         kubeconfig = bench.worker_identity([NS, NS_TTL])
         nodes = bench.nodes(args.nodes)
         tracker = c.Tracker()
-        watch = c.Watch(bench.admin.endpoint, tracker.on_event).start()
+        watch = c.Watch(bench.admin, tracker.on_event).start()
         bench.on_close(watch.close)
-        hb = c.Heartbeater(c.Endpoint.from_token_kubeconfig(bench.cluster, kubeconfig), interval=args.heartbeat_seconds)
+        hb = c.Heartbeater(kubeconfig, interval=args.heartbeat_seconds)
         bench.on_close(hb.close)
         floor = FloorProbe(bench, tracker)
         bench.on_close(floor.close)

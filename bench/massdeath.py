@@ -55,7 +55,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import common as c
+import harness as c
 import psutil
 
 from coroner.core import api, procfs
@@ -163,10 +163,9 @@ def main() -> int:
                 modifications[key] = modifications.get(key, 0) + 1
 
         tracker.hooks.append(keep_bodies)
-        watch = c.Watch(bench.admin.endpoint, tracker.on_event).start()
+        watch = c.Watch(bench.admin, tracker.on_event).start()
         bench.on_close(watch.close)
-        worker_endpoint = c.Endpoint.from_token_kubeconfig(bench.cluster, kubeconfig)
-        hb = c.Heartbeater(worker_endpoint, interval=args.heartbeat_seconds)
+        hb = c.Heartbeater(kubeconfig, interval=args.heartbeat_seconds)
         bench.on_close(hb.close)
         port = c.free_port()
         operator = bench.start_operator(f"--namespace={NS}", "--namespace=coroner-system", metrics_port=port)
@@ -284,7 +283,7 @@ def main() -> int:
         )
         live_retired = 0
         for namespace, name in survivors:
-            body = bench.admin.json("GET", c.registrations_path(namespace, name))
+            body = bench.admin.request("GET", c.registrations_path(namespace, name))
             if "retirement" in (body.get("status") or {}) or (namespace, name) in tracker.retired_at:
                 live_retired += 1
         requests = c.diff_requests(api_after, api_before)
@@ -492,10 +491,10 @@ def measure_floor(
     from coroner_dev.devcluster.identities import mint_token
 
     floor_nodes = [c.Node(bench, f"floor-node-{i}", real_boot=False) for i in range(1, lost_nodes + 1)]
-    agent_http = {n.name: c.Http(c.Endpoint.from_token_kubeconfig(bench.cluster, n.kubeconfig)) for n in floor_nodes}
+    agent_http = {n.name: c.client(n.kubeconfig) for n in floor_nodes}
     operator_kubeconfig = mint_token(bench.cluster, service_account=f"{c.SYSTEM}/coroner-operator")
-    operator_http = c.Http(c.Endpoint.from_token_kubeconfig(bench.cluster, operator_kubeconfig))
-    admin = c.Http(bench.admin.endpoint)
+    operator_http = c.client(operator_kubeconfig)
+    admin = c.client(bench.cluster.kubeconfig)
     pairs = [k for k in victims if k in alive_bodies and k in latest_bodies]
     c.log(f"floor: preparing {len(pairs)} copies of the victims in {NS_FLOOR}")
     t_setup = time.monotonic()
@@ -507,10 +506,10 @@ def measure_floor(
         spec = copy.deepcopy(alive["spec"])
         spec["nodeName"] = node.name
         name = f"floor-{i}"
-        created = admin.json(
+        created = admin.request(
             "POST",
             c.registrations_path(NS_FLOOR),
-            {
+            body={
                 "apiVersion": alive["apiVersion"],
                 "kind": alive["kind"],
                 "metadata": {"name": name, "namespace": NS_FLOOR, "labels": {api.NODE_LABEL: node.name}},
@@ -521,10 +520,10 @@ def measure_floor(
         attestation["incarnation"] = spec["incarnation"]
         attestation["agent"] = {**attestation.get("agent", {}), "nodeName": node.name}
         rv = created["metadata"]["resourceVersion"]
-        attested = agent_http[node.name].json(
+        attested = agent_http[node.name].request(
             "PATCH",
-            c.registrations_path(NS_FLOOR, name, status=True),
-            [
+            c.registrations_path(NS_FLOOR, name) + "/status",
+            body=[
                 {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
                 {"op": "add", "path": "/status", "value": {"attestation": attestation}},
             ],
@@ -532,10 +531,10 @@ def measure_floor(
         )
         conditions = (alive.get("status") or {}).get("conditions") or []
         if conditions:
-            attested = operator_http.json(
+            attested = operator_http.request(
                 "PATCH",
-                c.registrations_path(NS_FLOOR, name, status=True),
-                {
+                c.registrations_path(NS_FLOOR, name) + "/status",
+                body={
                     "metadata": {"resourceVersion": attested["metadata"]["resourceVersion"]},
                     "status": {"conditions": conditions},
                 },
@@ -563,24 +562,24 @@ def measure_floor(
     finished: list[float] = []
 
     def two_writes(plan: dict[str, Any]) -> None:
-        path = c.registrations_path(NS_FLOOR, plan["name"], status=True)
+        path = c.registrations_path(NS_FLOOR, plan["name"]) + "/status"
         try:
-            status, data = agent_http[plan["node"]].request(
+            status, data = agent_http[plan["node"]].send(
                 "PATCH",
                 path,
-                [
+                body=[
                     {"op": "test", "path": "/metadata/resourceVersion", "value": plan["rv"]},
                     {"op": "replace", "path": "/status/attestation", "value": plan["dead"]},
                 ],
                 content_type="application/json-patch+json",
             )
             if status != 200:
-                raise c.HttpError(status, data)
+                raise c.ApiError(status, "", data.decode(errors="replace"))
             rv = json_rv(data)
-            status, data = operator_http.request(
+            status, data = operator_http.send(
                 "PATCH",
                 path,
-                [
+                body=[
                     {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
                     {"op": "add", "path": "/status/retirement", "value": plan["retirement"]},
                     {"op": "replace", "path": "/status/conditions", "value": plan["conditions"]},
@@ -588,7 +587,7 @@ def measure_floor(
                 content_type="application/json-patch+json",
             )
             if status != 200:
-                raise c.HttpError(status, data)
+                raise c.ApiError(status, "", data.decode(errors="replace"))
         except Exception as exc:
             with lock:
                 label = str(getattr(exc, "status", type(exc).__name__))

@@ -20,12 +20,11 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import common as c
+import harness as c
 
 from coroner.core import api
 from coroner_dev.devcluster.identities import mint_token
@@ -75,19 +74,11 @@ def main() -> None:
     with c.Bench(args.name) as bench:
         bench.namespace(NS)
         pid = _apiserver_pid(bench)
-        operator = c.Endpoint.from_token_kubeconfig(
-            bench.cluster, mint_token(bench.cluster, service_account=f"{c.SYSTEM}/coroner-operator")
+        # One pooled client per identity, a keep-alive connection per request in flight.
+        admin = c.client(bench.cluster.kubeconfig, pool_size=args.connections)
+        operator = c.client(
+            mint_token(bench.cluster, service_account=f"{c.SYSTEM}/coroner-operator"), pool_size=args.connections
         )
-        local = threading.local()
-
-        def http(endpoint: c.Endpoint) -> c.Http:
-            key = id(endpoint)
-            clients = getattr(local, "clients", None)
-            if clients is None:
-                clients = local.clients = {}
-            if key not in clients:
-                clients[key] = c.Http(endpoint)
-            return clients[key]
 
         def create(name: str) -> str:
             body = {
@@ -101,7 +92,7 @@ def main() -> None:
                     "clientInstanceId": f"inst-{name}",
                 },
             }  # fmt: skip
-            created = http(bench.admin.endpoint).json("POST", c.registrations_path(NS), body)
+            created = admin.request("POST", c.registrations_path(NS), body=body)
             return str(created["metadata"]["resourceVersion"])
 
         results: dict[str, Any] = {}
@@ -115,8 +106,8 @@ def main() -> None:
                 def write(item: tuple[int, str, str], kind: str = kind) -> int:
                     i, name, rv = item
                     body, content_type = request(kind, i, rv)
-                    status, _ = http(operator).request(
-                        "PATCH", c.registrations_path(NS, name, status=True), body, content_type=content_type
+                    status, _ = operator.send(
+                        "PATCH", c.registrations_path(NS, name) + "/status", body=body, content_type=content_type
                     )
                     return status
 

@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import itertools
-import json
 import os
 import sys
 import threading
@@ -53,12 +52,13 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import common as c
+import harness as c
 import psutil
 
+from coroner.client.rest import upsert_lease
 from coroner.core import api
+from coroner.core.wire import attestation_ops
 from coroner.launcher import probe_incarnation
-from coroner_agent.kube import attestation_ops
 
 AGENT_IDENTITY = f"system:serviceaccount:{c.SYSTEM}:coroner-agent"
 LEASE_SECONDS = 10.0  # coroner-agent --renew-seconds default
@@ -106,9 +106,7 @@ class EmulatedAgents:
 
     def __init__(self, bench: c.Bench, nodes: list[c.Node], host_id: str) -> None:
         self.nodes = {node.name: node for node in nodes}
-        self.http = {
-            node.name: c.Http(c.Endpoint.from_token_kubeconfig(bench.cluster, node.kubeconfig)) for node in nodes
-        }
+        self.http = {node.name: c.client(node.kubeconfig) for node in nodes}
         self.host_id = host_id
         self.bodies: dict[tuple[str, str], dict[str, Any]] = {}
         self.lease_requests = 0
@@ -134,34 +132,24 @@ class EmulatedAgents:
                     self.lease_failures += 1
 
     def _renew(self, node: str) -> None:
-        http_ = self.http[node]
-        name = f"{api.AGENT_LEASE_PREFIX}{node}"
-        path = f"/apis/coordination.k8s.io/v1/namespaces/{c.SYSTEM}/leases"
-        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        """The agent's own Lease renewal (`coroner.client.rest.upsert_lease`: a GET, then a PUT, or a
+        POST the first time)."""
         annotations = {api.AGENT_LEASE_BOOT_ID: self.nodes[node].boot_id, api.AGENT_LEASE_HOST_ID: self.host_id}
-        status, data = http_.request("GET", f"{path}/{name}")
-        with self._lock:
-            self.lease_requests += 1
-        if status == 404:
-            body = {
-                "metadata": {"name": name, "annotations": annotations},
-                "spec": {
-                    "holderIdentity": AGENT_IDENTITY,
-                    "leaseDurationSeconds": LEASE_DURATION,
-                    "acquireTime": now,
-                    "renewTime": now,
-                },
-            }
-            http_.json("POST", path, body)
-        else:
-            lease = json.loads(data)
-            lease["metadata"].setdefault("annotations", {}).update(annotations)
-            lease["spec"].update(
-                {"holderIdentity": AGENT_IDENTITY, "leaseDurationSeconds": LEASE_DURATION, "renewTime": now}
+        try:
+            upsert_lease(
+                self.http[node],
+                namespace=c.SYSTEM,
+                name=f"{api.AGENT_LEASE_PREFIX}{node}",
+                holder=AGENT_IDENTITY,
+                duration=LEASE_DURATION,
+                annotations=annotations,
             )
-            http_.json("PUT", f"{path}/{name}", lease)
+        except Exception:
+            with self._lock:
+                self.lease_requests += 1  # the GET at least (the write, if it was sent, is not counted)
+            raise
         with self._lock:
-            self.lease_requests += 1
+            self.lease_requests += 2
 
     def attestation(self, key: tuple[str, str], seen: str) -> dict[str, Any]:
         body = self.bodies[key]
@@ -184,17 +172,17 @@ class EmulatedAgents:
         body = self.bodies[key]
         seen = (body.get("status") or {}).get("lastHeartbeatTime") or ""
         ops = attestation_ops(body, self.attestation(key, seen))
-        self.http[body["spec"]["nodeName"]].json(
-            "PATCH", c.registrations_path(*key, status=True), ops, content_type="application/json-patch+json"
+        self.http[body["spec"]["nodeName"]].request(
+            "PATCH", c.registrations_path(*key) + "/status", body=ops, content_type="application/json-patch+json"
         )
 
-    def refresh_request(self, key: tuple[str, str]) -> tuple[c.Http, str, str, Any, str]:
+    def refresh_request(self, key: tuple[str, str]) -> tuple[c.Rest, str, str, Any, str]:
         """A refresh of an unchanged Alive verdict (merge patch of status.attestation, same content
         but observedTime). heartbeatSeen is the heartbeat the benchmark last wrote for it."""
         seen = (self.heartbeats.last.get(key) if self.heartbeats else None) or ""
         body = {"status": {"attestation": self.attestation(key, seen)}}
         node = self.bodies[key]["spec"]["nodeName"]
-        return self.http[node], "PATCH", c.registrations_path(*key, status=True), body, "application/merge-patch+json"
+        return self.http[node], "PATCH", c.registrations_path(*key) + "/status", body, "application/merge-patch+json"
 
     def close(self) -> None:
         self._stop.set()
@@ -254,7 +242,6 @@ def main() -> int:
         background_rps = idle_total / idle_seconds
 
         kubeconfig = bench.worker_identity(namespaces)
-        worker = c.Endpoint.from_token_kubeconfig(bench.cluster, kubeconfig)
         nodes = bench.nodes(args.nodes)
         real_node, emulated_nodes = nodes[0], nodes[1:]
         reference = probe_incarnation(os.getpid(), node_name=real_node.name)
@@ -278,7 +265,7 @@ def main() -> int:
         t1 = time.monotonic()
         synthetic_n = args.registrations - args.agent_workers
         c.log(f"registering {synthetic_n} registrations on {len(emulated_nodes)} nodes with emulated agents")
-        creator = c.Http(worker, timeout=60)
+        creator = c.client(kubeconfig, timeout=60, pool_size=args.create_threads)
 
         def create(i: int) -> tuple[str, str]:
             node = emulated_nodes[i % len(emulated_nodes)]
@@ -303,13 +290,13 @@ def main() -> int:
             }
             if spec_interval is not None:
                 body["spec"]["heartbeat"] = {"intervalSeconds": spec_interval, "ttlSeconds": spec_ttl}
-            stored = creator.json("POST", c.registrations_path(namespace), body)
+            stored = creator.request("POST", c.registrations_path(namespace), body=body)
             if args.heartbeat:  # the launcher's first heartbeat, right after the create
                 beat = {"status": {"lastHeartbeatTime": c.now_text()}}
-                stored = creator.json(
+                stored = creator.request(
                     "PATCH",
-                    c.registrations_path(namespace, name, status=True),
-                    beat,
+                    c.registrations_path(namespace, name) + "/status",
+                    body=beat,
                     content_type="application/merge-patch+json",
                 )
             emulated.bodies[(namespace, name)] = stored
@@ -332,7 +319,7 @@ def main() -> int:
         result["parameters"]["registration_seconds"] = round(time.monotonic() - t0, 1)
 
         tracker = c.Tracker()
-        watch = c.Watch(bench.admin.endpoint, tracker.on_event).start()
+        watch = c.Watch(bench.admin, tracker.on_event).start()
         port = c.free_port()
         operator = bench.start_operator(metrics_port=port)
         t0 = time.monotonic()
@@ -348,7 +335,7 @@ def main() -> int:
         result["settled"] = ok
         watch.close()  # the benchmark's own watch is not part of the steady state
 
-        hb = c.Heartbeater(worker, interval=args.heartbeat_seconds, senders=64)
+        hb = c.Heartbeater(kubeconfig, interval=args.heartbeat_seconds, senders=64)
         bench.on_close(hb.close)
         emulated.heartbeats = hb
         if args.heartbeat:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import datetime
+import http
 import json
 import os
 import pathlib
@@ -43,6 +44,9 @@ TOKEN_REREAD_SECONDS = 60.0
 #: methods (urllib3's default set: GET, PUT, DELETE, ...), never a POST or a PATCH, whose first
 #: attempt may have landed; HTTP error statuses are returned, not retried.
 RETRIES = urllib3.Retry(total=3, connect=3, read=2, status=0, redirect=0, backoff_factor=0.1)
+
+
+_REASONS = {status.value: status.phrase for status in http.HTTPStatus}
 
 
 class ApiError(Exception):
@@ -147,6 +151,28 @@ class Rest:
 
     # --- requests --------------------------------------------------------------------------------
 
+    def send(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: dict[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = JSON,
+        timeout: float | None = None,
+    ) -> tuple[int, bytes]:
+        """One request, answered as (HTTP status, body bytes): no error for an error status, and
+        no JSON decoding (a /metrics scrape, or a caller that counts statuses)."""
+        response = self._pool.request(
+            method,
+            self._url(path, query),
+            body=None if body is None else json.dumps(body).encode(),
+            headers=self._headers(content_type if body is not None else None),
+            timeout=urllib3.Timeout(connect=10.0, read=timeout or self._timeout),
+            retries=RETRIES,
+        )
+        return response.status, response.data
+
     def request(
         self,
         method: str,
@@ -157,17 +183,11 @@ class Rest:
         content_type: str = JSON,
         timeout: float | None = None,
     ) -> dict[str, Any]:
-        response = self._pool.request(
-            method,
-            self._url(path, query),
-            body=None if body is None else json.dumps(body).encode(),
-            headers=self._headers(content_type if body is not None else None),
-            timeout=urllib3.Timeout(connect=10.0, read=timeout or self._timeout),
-            retries=RETRIES,
-        )
-        if response.status >= 400:
-            raise ApiError(response.status, response.reason or "", response.data.decode(errors="replace"))
-        result: dict[str, Any] = json.loads(response.data or b"{}")
+        """One request; an error status raises ApiError, a success returns the decoded JSON body."""
+        status, data = self.send(method, path, query=query, body=body, content_type=content_type, timeout=timeout)
+        if status >= 400:
+            raise ApiError(status, _REASONS.get(status, ""), data.decode(errors="replace"))
+        result: dict[str, Any] = json.loads(data or b"{}")
         return result
 
     def watch(self, path: str, *, query: dict[str, Any], timeout_seconds: int) -> Iterator[dict[str, Any]]:

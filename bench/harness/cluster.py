@@ -1,0 +1,511 @@
+"""The benchmark's cluster: a private control plane with Coroner's manifests, Coroner's own
+processes on it, the API clients (`coroner.client.rest`, as Coroner's components speak), a watch
+of the registrations, and the API server's and the operator's metrics."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import os
+import pathlib
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.parse
+import urllib.request
+import uuid
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from harness.machine import BIN, MANIFESTS, REAL_BOOT_ID_FILE, SYSTEM, LoadMonitor, _pdeathsig, log, tail
+from harness.workers import Workers
+
+from coroner.client.rest import ApiError, Rest, registrations_path
+from coroner.core import api
+from coroner_dev.devcluster import cluster as cluster_mod
+from coroner_dev.devcluster.identities import ensure_node, mint_token
+
+# --- API clients ---------------------------------------------------------------------------------------
+
+
+def client(kubeconfig: pathlib.Path | str, *, pool_size: int = 16, timeout: float = 30.0) -> Rest:
+    """A client for the identity of `kubeconfig` (the admin's, or a minted token's), `pool_size`
+    connections kept alive for as many threads."""
+    rest = Rest.from_kubeconfig(kubeconfig, pool_size=pool_size, timeout=timeout, user_agent="coroner-bench")
+    assert urllib.parse.urlsplit(rest.server).hostname in ("127.0.0.1", "localhost", "::1"), (
+        "benchmarks talk to loopback only"
+    )
+    return rest
+
+
+def create(client: Rest, path: str, body: dict[str, Any]) -> None:
+    """POSTs `body`; an object that already exists (409) is fine."""
+    status, data = client.send("POST", path, body=body)
+    if status not in (200, 201, 409):
+        raise ApiError(status, "", data.decode(errors="replace"))
+
+
+# --- metrics ---------------------------------------------------------------------------------------
+
+
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_prometheus(text: str, metric: str) -> list[tuple[dict[str, str], float]]:
+    """Samples of one metric from Prometheus text format (label sets and values)."""
+    samples = []
+    prefix = metric + "{"
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            labels_text, _, value = line[len(prefix) :].rpartition("} ")
+            samples.append((dict(_LABEL.findall(labels_text)), float(value.split()[0])))
+        elif line.startswith(metric + " "):
+            samples.append(({}, float(line.split()[1])))
+    return samples
+
+
+RequestKey = tuple[str, str, str, str]  # verb, group, resource, subresource
+
+
+def metrics_text(client: Rest) -> str:
+    """The API server's /metrics (Prometheus text)."""
+    status, data = client.send("GET", "/metrics")
+    if status != 200:
+        raise ApiError(status, "", data.decode(errors="replace"))
+    return data.decode()
+
+
+def apiserver_requests(admin: Rest) -> Counter[RequestKey]:
+    """apiserver_request_total summed over codes, keyed by (verb, group, resource, subresource)."""
+    counts: Counter[RequestKey] = Counter()
+    for labels, value in parse_prometheus(metrics_text(admin), "apiserver_request_total"):
+        key = (
+            labels.get("verb", ""),
+            labels.get("group", ""),
+            labels.get("resource", ""),
+            labels.get("subresource", ""),
+        )
+        counts[key] += int(value)
+    return counts
+
+
+def diff_requests(after: Counter[RequestKey], before: Counter[RequestKey]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for key in sorted(set(after) | set(before)):
+        delta = after[key] - before[key]
+        if delta:
+            verb, group, resource_, sub = key
+            name = f"{verb} {group + '/' if group else ''}{resource_ or '(non-resource)'}{'/' + sub if sub else ''}"
+            out[name] = delta
+    return out
+
+
+WRITE_VERBS = ["create", "update", "patch", "delete", "deletecollection"]
+#: Request classes an Attribution tells apart, most specific first: (class, apiGroups, resources,
+#: verbs). Reviews (SelfSubjectAccessReview and the like) are `create`s that store nothing: reads.
+ATTRIBUTION_CLASSES: list[tuple[str, list[str], list[str], list[str]]] = [
+    ("registration_writes", ["coroner.dev"], ["workerregistrations", "workerregistrations/status"], WRITE_VERBS),
+    ("lease_writes", ["coordination.k8s.io"], ["leases"], WRITE_VERBS),
+    ("event_writes", ["", "events.k8s.io"], ["events"], WRITE_VERBS),
+    ("reviews", ["authorization.k8s.io", "authentication.k8s.io"], ["*"], ["create"]),
+    ("other_writes", ["*"], ["*"], WRITE_VERBS),
+    ("reads", ["*"], ["*"], ["get", "list", "watch"]),
+]
+
+
+class Attribution:
+    """Counts the API server's requests by who sent them and what they were, without an audit log:
+    one FlowSchema per (identity, request class) that matches only that ServiceAccount's requests
+    of that class, mapped to the priority level such requests use anyway (`workload-low`, where the
+    suggested `service-accounts` FlowSchema sends every ServiceAccount), with the same
+    distinguisher. The API server counts each request it dispatches under its FlowSchema
+    (`apiserver_flowcontrol_dispatched_requests_total{flow_schema=...}`), so the counts are the API
+    server's own, and the FlowSchemas change no request's priority or queueing.
+
+    `identities`: label -> (namespace, ServiceAccount name). Node-bound agent tokens are the
+    coroner-agent ServiceAccount's, so every agent (and the benchmark's emulated agents, which use
+    those tokens) counts as `agent`.
+    """
+
+    PREFIX = "bench-"
+    PRECEDENCE = 50  # after exempt (1) and probes (2), before every suggested FlowSchema (>= 100)
+    PRIORITY_LEVEL = "workload-low"
+
+    def __init__(self, admin: Rest, identities: dict[str, tuple[str, str]]) -> None:
+        self.admin = admin
+        self.identities = identities
+        for label, (namespace, sa) in identities.items():
+            for i, (cls, groups, resources, verbs) in enumerate(ATTRIBUTION_CLASSES):
+                rule: dict[str, Any] = {
+                    "subjects": [{"kind": "ServiceAccount", "serviceAccount": {"name": sa, "namespace": namespace}}],
+                    "resourceRules": [
+                        {
+                            "verbs": verbs,
+                            "apiGroups": groups,
+                            "resources": resources,
+                            "clusterScope": True,
+                            "namespaces": ["*"],
+                        }
+                    ],
+                }
+                if cls == "reads":
+                    rule["nonResourceRules"] = [{"verbs": ["*"], "nonResourceURLs": ["*"]}]
+                body = {
+                    "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
+                    "kind": "FlowSchema",
+                    "metadata": {"name": self.schema(label, cls)},
+                    "spec": {
+                        "priorityLevelConfiguration": {"name": self.PRIORITY_LEVEL},
+                        "matchingPrecedence": self.PRECEDENCE + i,
+                        "distinguisherMethod": {"type": "ByUser"},
+                        "rules": [rule],
+                    },
+                }
+                create(admin, "/apis/flowcontrol.apiserver.k8s.io/v1/flowschemas", body)
+
+    def schema(self, label: str, cls: str) -> str:
+        return f"{self.PREFIX}{label}-{cls.replace('_', '-')}"
+
+    def snapshot(self) -> dict[tuple[str, str], int]:
+        """(identity, class) -> requests dispatched so far."""
+        by_schema: Counter[str] = Counter()
+        for labels, value in parse_prometheus(
+            metrics_text(self.admin), "apiserver_flowcontrol_dispatched_requests_total"
+        ):
+            by_schema[labels.get("flow_schema", "")] += int(value)
+        return {
+            (label, cls): by_schema[self.schema(label, cls)]
+            for label in self.identities
+            for cls, *_ in ATTRIBUTION_CLASSES
+        }
+
+    @staticmethod
+    def diff(after: dict[tuple[str, str], int], before: dict[tuple[str, str], int]) -> dict[str, dict[str, int]]:
+        """identity -> class -> requests between two snapshots."""
+        out: dict[str, dict[str, int]] = {}
+        for (label, cls), value in after.items():
+            out.setdefault(label, {})[cls] = value - before.get((label, cls), 0)
+        return out
+
+
+def scrape_operator(port: int) -> dict[str, float]:
+    """Counters of the operator's own /metrics (flattened 'name{label=value}' -> value)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("coroner_") or " " not in line:
+            continue
+        name, _, value = line.rpartition(" ")
+        with contextlib.suppress(ValueError):
+            out[name] = float(value)
+    return out
+
+
+def operator_status_writes(metrics: dict[str, float]) -> dict[str, float]:
+    return {
+        kind: metrics.get(f'coroner_status_writes_total{{kind="{kind}"}}', 0.0) for kind in ("conditions", "retirement")
+    }
+
+
+# --- processes -------------------------------------------------------------------------------------
+
+
+class Component:
+    """A Coroner process (operator or agent) in its own session, logging to a file."""
+
+    def __init__(self, name: str, argv: list[str], *, log_path: pathlib.Path) -> None:
+        self.name = name
+        self.argv = argv
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as out:
+            self.proc = subprocess.Popen(
+                _pdeathsig(argv, "TERM"),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.pid = self.proc.pid  # setpriv execs the component: same pid
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout: float = 60.0) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+
+
+class Node:
+    """A simulated node: its name, its boot id file, its agent's node-bound token."""
+
+    def __init__(self, bench: Bench, name: str, *, real_boot: bool) -> None:
+        self.name = name
+        self.boot_id = REAL_BOOT_ID_FILE.read_text().strip() if real_boot else str(uuid.uuid4())
+        self.boot_file = bench.dir / f"{name}.boot_id"
+        self.boot_file.write_text(self.boot_id + "\n")
+        ensure_node(bench.cluster, name=name, boot_id=self.boot_id)
+        self.kubeconfig = mint_token(bench.cluster, service_account=f"{SYSTEM}/coroner-agent", node=name)
+        self.agent: Component | None = None
+
+
+class Bench:
+    """The benchmark's world: a private control plane with Coroner's manifests, and cleanup."""
+
+    def __init__(self, name: str, *, keep: bool = False) -> None:
+        self.name = name
+        self.keep = keep
+        self.dir = pathlib.Path(tempfile.mkdtemp(prefix=f"coroner-bench-{name}-"))
+        self.cluster: cluster_mod.Cluster = None  # type: ignore[assignment]
+        self.components: list[Component] = []
+        self.workers: Workers | None = None
+        self._closers: list[Callable[[], None]] = []
+        self.started = time.monotonic()
+
+    def __enter__(self) -> Bench:
+        signal.signal(signal.SIGTERM, _raise_interrupt)
+        signal.signal(signal.SIGHUP, _raise_interrupt)
+        log(f"starting a dev cluster in {self.dir}")
+        try:
+            # No kube-controller-manager: nothing here needs it, and its own requests would blur the
+            # API server's request counts that the benchmarks attribute to Coroner.
+            self.cluster = cluster_mod.up(self.dir / "cluster", controller_manager=False)
+            self.kubectl("apply", "-k", str(MANIFESTS / "overlays" / "production"))
+            self.kubectl("wait", "--for=condition=Established", f"crd/{api.CRD_NAME}", "--timeout=60s")
+        except BaseException:
+            self.close()
+            raise
+        self.admin = client(self.cluster.kubeconfig)
+        self.load = LoadMonitor().start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def on_close(self, closer: Callable[[], None]) -> None:
+        self._closers.append(closer)
+
+    def close(self) -> None:
+        # Ctrl-C during cleanup must not leave things half-stopped.
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            for closer in reversed(self._closers):
+                with contextlib.suppress(Exception):
+                    closer()
+            self._closers.clear()
+            # Coroner's processes first: killing the workers under a running agent and operator
+            # would only make them attest and retire a thousand deaths on the way out.
+            for component in reversed(self.components):
+                t0 = time.monotonic()
+                with contextlib.suppress(Exception):
+                    component.stop()
+                if time.monotonic() - t0 > 5:
+                    log(f"stopping {component.name} took {time.monotonic() - t0:.0f} s")
+            if self.workers is not None:
+                self.workers.close()
+            if self.cluster is not None:
+                with contextlib.suppress(Exception):
+                    cluster_mod.down(self.cluster.directory)
+            if self.keep:
+                log(f"kept {self.dir} (logs in {self.dir}/logs and {self.dir}/cluster/logs)")
+            else:
+                shutil.rmtree(self.dir, ignore_errors=True)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    # --- the cluster -------------------------------------------------------------------------
+
+    def kubectl(self, *args: str) -> str:
+        command = [str(self.cluster.binary("kubectl")), f"--kubeconfig={self.cluster.kubeconfig}", *args]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+        if result.returncode != 0:
+            raise RuntimeError(f"{shlex.join(command)} failed:\n{result.stdout}\n{result.stderr}")
+        return result.stdout
+
+    def namespace(self, name: str) -> None:
+        create(self.admin, "/api/v1/namespaces", {"metadata": {"name": name}})
+
+    def worker_identity(self, namespaces: Sequence[str]) -> pathlib.Path:
+        """A worker ServiceAccount (in the first namespace) bound to coroner-worker in every one."""
+        home = namespaces[0]
+        for ns in namespaces:
+            self.namespace(ns)
+            body = {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "RoleBinding",
+                "metadata": {"name": "bench-worker", "namespace": ns},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "coroner-worker"},
+                "subjects": [{"kind": "ServiceAccount", "name": "worker", "namespace": home}],
+            }
+            create(self.admin, f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings", body)
+        return mint_token(self.cluster, service_account=f"{home}/worker")
+
+    def nodes(self, count: int) -> list[Node]:
+        """node-1 uses this machine's real boot id, the others a random one (simulated nodes)."""
+        return [Node(self, f"node-{i}", real_boot=(i == 1)) for i in range(1, count + 1)]
+
+    # --- Coroner's processes -----------------------------------------------------------------
+
+    def start_operator(self, *extra: str, metrics_port: int) -> Component:
+        token = mint_token(self.cluster, service_account=f"{SYSTEM}/coroner-operator")
+        argv = [
+            str(BIN / "coroner-operator"),
+            f"--kubeconfig={token}",
+            f"--metrics-port={metrics_port}",
+            "--metrics-bind-address=127.0.0.1",
+            *extra,
+        ]
+        component = Component("operator", argv, log_path=self.dir / "logs" / "operator.log")
+        self.components.append(component)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if not component.running():
+                raise RuntimeError(f"the operator exited; see {component.log_path}:\n{tail(component.log_path)}")
+            with contextlib.suppress(OSError, http.client.HTTPException):  # not serving yet
+                scrape_operator(metrics_port)
+                return component
+            time.sleep(0.2)
+        raise RuntimeError(f"the operator did not serve /metrics within 60 s; see {component.log_path}")
+
+    def start_agent(self, node: Node, *extra: str) -> Component:
+        argv = [
+            str(BIN / "coroner-agent"),
+            f"--node-name={node.name}",
+            f"--kubeconfig={node.kubeconfig}",
+            f"--boot-id-file={node.boot_file}",
+            # A benchmark's agents are stopped among live workers (restarts, phase changes, cleanup):
+            # a restart, not a node drain, so no waiting for the node's workers to exit on SIGTERM.
+            *(["--shutdown-grace-seconds=0"] if agent_supports("--shutdown-grace-seconds") else []),
+            *extra,
+        ]
+        component = Component(f"agent-{node.name}", argv, log_path=self.dir / "logs" / f"agent-{node.name}.log")
+        self.components.append(component)
+        node.agent = component
+        return component
+
+    def stop_component(self, component: Component) -> None:
+        component.stop()
+        with contextlib.suppress(ValueError):
+            self.components.remove(component)
+
+    def spawn_workers(self, count: int) -> list[int]:
+        if self.workers is None:
+            self.workers = Workers()
+        return self.workers.spawn(count)
+
+
+def _raise_interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+_AGENT_HELP: str | None = None
+
+
+def agent_supports(flag: str) -> bool:
+    """Whether this build's coroner-agent accepts `flag` (from its --help, read once)."""
+    global _AGENT_HELP
+    if _AGENT_HELP is None:
+        result = subprocess.run(
+            [str(BIN / "coroner-agent"), "--help"], capture_output=True, text=True, timeout=60, check=False
+        )
+        _AGENT_HELP = result.stdout + result.stderr
+    return re.search(rf"(^|\s){re.escape(flag)}([\s=,]|$)", _AGENT_HELP, re.MULTILINE) is not None
+
+
+# --- watching registrations ------------------------------------------------------------------------
+
+
+class Watch:
+    """A list-then-watch of workerregistrations (all namespaces) as admin, in a thread.
+
+    `on_event(type, obj, monotonic_arrival)` runs in the watch thread for the initial list (as
+    ADDED) and every event. Re-watches from the last resourceVersion when the server closes the
+    stream; relists on 410. Bounded by `max_seconds`.
+    """
+
+    #: How long each watch request lasts before the server ends it and it is re-made.
+    WATCH_SECONDS = 60
+
+    def __init__(
+        self,
+        admin: Rest,
+        on_event: Callable[[str, dict[str, Any], float], None],
+        *,
+        path: str | None = None,
+        max_seconds: float = 4 * 3600,
+    ) -> None:
+        self.client = admin
+        self.on_event = on_event
+        self.path = path or registrations_path()
+        self.deadline = time.monotonic() + max_seconds
+        self._stop = threading.Event()
+        self.synced = threading.Event()
+        self.errors = 0
+        self.thread = threading.Thread(target=self._run, name="watch", daemon=True)
+
+    def start(self) -> Watch:
+        self.thread.start()
+        if not self.synced.wait(timeout=120):
+            raise RuntimeError("the benchmark's watch did not sync within 120 s")
+        return self
+
+    def _list(self) -> str:
+        body = self.client.request("GET", self.path, timeout=120)
+        now = time.monotonic()
+        for item in body.get("items", []):
+            self.on_event("ADDED", item, now)
+        return str(body["metadata"]["resourceVersion"])
+
+    def _run(self) -> None:
+        rv = None
+        while not self._stop.is_set() and time.monotonic() < self.deadline:
+            try:
+                if rv is None:
+                    rv = self._list()
+                    self.synced.set()
+                rv = self._stream(rv)
+            except Exception:
+                if self._stop.is_set():
+                    return
+                self.errors += 1
+                time.sleep(min(5.0, 0.2 * self.errors))
+
+    def _stream(self, rv: str) -> str | None:
+        """Watches from `rv` until the server ends the stream (or close()); the resourceVersion to go
+        on from, or None to relist (410 Gone)."""
+        query = {"allowWatchBookmarks": True, "resourceVersion": rv}
+        try:
+            for event in self.client.watch(self.path, query=query, timeout_seconds=self.WATCH_SECONDS):
+                arrived = time.monotonic()
+                obj = event.get("object") or {}
+                kind = event.get("type")
+                if kind == "ERROR":
+                    return None if obj.get("code") == 410 else rv
+                rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
+                if kind != "BOOKMARK":
+                    self.on_event(kind, obj, arrived)
+                if self._stop.is_set():
+                    break
+        except ApiError as exc:
+            return None if exc.status == 410 else rv
+        return rv
+
+    def close(self) -> None:
+        # The watch thread notices at its next event or bookmark, or when the server ends the
+        # stream (WATCH_SECONDS); it is a daemon thread, and nothing waits for it past 10 s.
+        self._stop.set()
+        self.thread.join(timeout=10)
