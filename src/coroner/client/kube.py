@@ -1,6 +1,8 @@
-"""Kubernetes client construction for the launcher, the CLI, the demo and the tests.
+"""The `kubernetes` package's client, for the human-facing CLI (full kubeconfig support: contexts,
+exec credential plugins, `--context`), the dev cluster, the demo and the tests.
 
-The operator and the agent use the lighter `coroner.client.rest` instead (see there why).
+The resident processes — the operator, the agent and the launcher (one per worker) — speak the
+lighter `coroner.client.rest` instead (see there why).
 
 Pure modules never import this. Clients are built from an explicit kubeconfig when given, from the
 in-cluster ServiceAccount when running in a pod, else from the default kubeconfig.
