@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint unit install sim sim-bench
+.PHONY: demo test lint unit install locks sim sim-bench
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
@@ -37,3 +37,10 @@ sim: $(BIN)/.installed
 
 sim-bench: $(BIN)/.installed
 	$(BIN)/python bench/sim.py
+
+# The images' hashed locks (images/<name>.lock): one per deployable, from pyproject's extras.
+locks: $(BIN)/.installed
+	for image in agent operator; do \
+	  $(BIN)/uv pip compile pyproject.toml --extra $$image --universal --python-version 3.11 \
+	    --generate-hashes --no-header --quiet -o images/$$image.lock; \
+	done

@@ -1,13 +1,17 @@
 # coroner-agent image. Build from the repository root:
 #   docker build -f images/agent.Dockerfile -t ghcr.io/coroner-dev/coroner-agent:v0.1.0 .
 # (Images cannot be built on the project's development machines, which have no container engine.)
+# It installs exactly the 'agent' extra, from its hashed lock (images/agent.lock, made by
+# `make locks`), and only the source roots it runs: never the dev cluster, the demo or the CLI's
+# kubernetes package.
 FROM python:3.11.7-slim-bookworm AS build
 WORKDIR /src
+COPY images/agent.lock ./
+RUN pip install --no-cache-dir --prefix=/install --require-hashes --only-binary=:all: -r agent.lock
 COPY pyproject.toml README.md ./
-COPY src ./src
-COPY operator ./operator
-COPY node-agent ./node-agent
-RUN pip install --no-cache-dir --prefix=/install .
+COPY src/coroner ./src/coroner
+COPY node-agent/src ./node-agent/src
+RUN pip install --no-cache-dir --prefix=/install --no-deps .
 
 FROM python:3.11.7-slim-bookworm
 COPY --from=build /install /usr/local

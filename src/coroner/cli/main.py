@@ -1,101 +1,18 @@
-"""The `coroner` command: the dev cluster, the worker launcher and the demo."""
+"""The `coroner` command: the worker launcher (`coroner run`); in a dev install also the dev cluster and the demo."""
 
 from __future__ import annotations
 
-import pathlib
+import importlib
 import sys
 
 import click
 
 from coroner.core.model import HEARTBEAT_INTERVAL_MAX, HEARTBEAT_TTL_MAX
-from coroner_dev.devcluster.errors import DevClusterError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """Coroner: retires stale WorkerRegistrations, and never a live one."""
-
-
-@main.group("dev-cluster")
-def dev_cluster() -> None:
-    """A real local control plane (etcd + kube-apiserver) built from Go modules."""
-
-
-_dir_option = click.option(
-    "--dir",
-    "directory",
-    required=True,
-    type=click.Path(file_okay=False, path_type=pathlib.Path),
-    help="Directory holding the cluster's state, certificates, logs and kubeconfig.",
-)
-
-
-def _fail(exc: DevClusterError) -> None:
-    click.echo(f"error: {exc}", err=True)
-    sys.exit(1)
-
-
-@dev_cluster.command("up")
-@_dir_option
-@click.option("--no-controller-manager", is_flag=True, help="Do not start kube-controller-manager.")
-def dev_cluster_up(directory: pathlib.Path, no_controller_manager: bool) -> None:
-    """Build (cached) and start the control plane; idempotent; returns once the API is ready."""
-    from coroner_dev.devcluster import cluster
-
-    try:
-        started = cluster.up(directory, controller_manager=not no_controller_manager, progress=click.echo)
-    except DevClusterError as exc:
-        _fail(exc)
-        return
-    click.echo(f"API server ready at {started.server}")
-    click.echo(f"export KUBECONFIG={started.kubeconfig}")
-
-
-@dev_cluster.command("build")
-def dev_cluster_build() -> None:
-    """Build (or find cached, or take from KUBEBUILDER_ASSETS) the control plane binaries."""
-    from coroner_dev.devcluster.binaries import ensure_binaries
-
-    try:
-        binaries = ensure_binaries(progress=click.echo)
-    except DevClusterError as exc:
-        _fail(exc)
-        return
-    click.echo(f"control plane binaries ({binaries.source}): {binaries.directory}")
-
-
-@dev_cluster.command("down")
-@_dir_option
-def dev_cluster_down(directory: pathlib.Path) -> None:
-    """Stop what `up` started in DIR, and nothing else."""
-    from coroner_dev.devcluster import cluster
-
-    try:
-        stopped = cluster.down(directory)
-    except DevClusterError as exc:
-        _fail(exc)
-        return
-    click.echo(f"stopped: {', '.join(stopped)}" if stopped else f"nothing running in {directory}")
-
-
-@dev_cluster.command("token")
-@_dir_option
-@click.option("--service-account", required=True, help="NAMESPACE/NAME of the ServiceAccount.")
-@click.option("--node", default=None, help="Bind the token to this Node (created if missing).")
-def dev_cluster_token(directory: pathlib.Path, service_account: str, node: str | None) -> None:
-    """Mint a ServiceAccount token and print the path of a kubeconfig that uses it."""
-    from coroner_dev.devcluster import cluster, identities
-
-    try:
-        running = cluster.Cluster.load(directory.resolve())
-        if running is None or not cluster.is_ready(running):
-            raise DevClusterError(
-                f"no ready dev cluster in {directory}",
-                fix=f"run `coroner dev-cluster up --dir {directory}` first",
-            )
-        click.echo(identities.mint_token(running, service_account=service_account, node=node))
-    except DevClusterError as exc:
-        _fail(exc)
 
 
 @main.command("run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -155,25 +72,23 @@ def run_command(
     sys.exit(status)
 
 
-@main.command("demo")
-@click.option(
-    "--dir",
-    "directory",
-    default=".cluster/demo",
-    show_default=True,
-    type=click.Path(file_okay=False, path_type=pathlib.Path),
-    help="Where the demo's control plane lives.",
-)
-@click.option("--keep", is_flag=True, help="Leave the control plane running afterwards.")
-def demo(directory: pathlib.Path, keep: bool) -> None:
-    """Run the main job on a local control plane, start to finish, and explain what happens."""
-    from coroner_dev.demo import run_demo
+def _add_dev_commands(group: click.Group) -> None:
+    """`coroner dev-cluster` and `coroner demo`, where the dev tooling is installed (never in an image).
 
+    Imported by name at run time, so that nothing shipped depends on `coroner_dev`
+    (tests/unit/test_packaging.py reads the imports of what each image runs).
+    """
     try:
-        run_demo(directory=directory, keep=keep)
-    except DevClusterError as exc:
-        _fail(exc)
+        commands = importlib.import_module("coroner_dev.commands")
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not exc.name.startswith("coroner_dev"):
+            raise
+        return
+    group.add_command(commands.dev_cluster)
+    group.add_command(commands.demo)
 
+
+_add_dev_commands(main)
 
 if __name__ == "__main__":
     main()
