@@ -33,9 +33,9 @@ from sim.trial import COUNTERS  # noqa: E402
 MUTANT_LIMIT = 2000
 
 
-def _replay(seed: int, mutant: str | None, trace: bool) -> int:
+def _replay(seed: int, mutant: str | None, trace: bool, faults: tuple[str, ...] | None) -> int:
     with run.installed(), run._mutant(mutant):
-        trial = run.one(seed, mutant=mutant, trace=True)
+        trial = run.one(seed, mutant=mutant, trace=True, faults=faults)
     result = trial.result  # type: ignore[attr-defined]
     print(f"seed {seed}: faults {list(result.faults)}, {result.steps} steps, mutant {mutant}")
     for worker in trial.workers:
@@ -72,9 +72,13 @@ def main() -> int:
     parser.add_argument("--replay", type=int, default=None, help="Run one trial with this seed, print it.")
     parser.add_argument("--mutant", choices=sorted(MUTANTS), default=None, help="With --replay: install this mutant.")
     parser.add_argument("--trace", action="store_true", help="With --replay: print every write and exit.")
+    parser.add_argument(
+        "--faults", default=None, help="With --replay: these faults (comma-separated) instead of the seed's draw."
+    )
     args = parser.parse_args()
     if args.replay is not None:
-        return _replay(args.replay, args.mutant, args.trace)
+        faults = None if args.faults is None else tuple(f for f in args.faults.split(",") if f)
+        return _replay(args.replay, args.mutant, args.trace, faults)
 
     load_before = os.getloadavg()
     started = time.time()

@@ -7,7 +7,7 @@ bumps it, and every callback scheduled by an older epoch is a no-op).
 
 - `SimAgent`: the production `coroner_agent.service.Agent` (its watch handlers, `attestation_for`,
   `_confirmed` and `needs_write`), the production probe (`coroner_agent.probe.probe`, `PidIndex`,
-  `PidfdTable`, `NodeFacts.read`) over a `SimProcReader`, and the production `attestation_ops`.
+  `PidfdTable`, `LocalNode.read`) over a `SimProcReader`, and the production `attestation_ops`.
   What is the sim's own: `Agent.attest`'s four lines of I/O (it is async and calls the network
   inline), the prober's bookkeeping (`ProcProber` opens a real /proc), and the Lease body.
 - `SimOperator`: the production `World` cache, `decide`, `status.desired_conditions`,
@@ -60,12 +60,12 @@ RESYNC_SECONDS = 30.0
 CONFIRM_SECONDS = 10.0
 
 _FILES: dict[str, str] = {}
-_NODE_FACTS: dict[tuple[str, str, str, int], agent_probe.NodeFacts] = {}
+_NODE_FACTS: dict[tuple[str, str, str, int], agent_probe.LocalNode] = {}
 _DIR: list[str] = []
 
 
 def _file(name: str, content: str, *, link: bool = False) -> str:
-    """A small file (or symlink) for `NodeFacts.read`, cached by content for the life of the process."""
+    """A small file (or symlink) for `LocalNode.read`, cached by content for the life of the process."""
     path = _FILES.get(name)
     if path is None:
         if not _DIR:
@@ -114,7 +114,7 @@ class SimProber:
         self.reuser_of: dict[tuple[str, str], procfs.IncarnationKey] = {}
         self.node = self._read_node()
 
-    def _read_node(self) -> agent_probe.NodeFacts:
+    def _read_node(self) -> agent_probe.LocalNode:
         node = self.agent.node
         view = self.reader.view_ns
         key = (node.name, node.boot_id, node.host_id, view)
@@ -123,10 +123,10 @@ class SimProber:
             facts = _NODE_FACTS[key] = self._read_node_files(node, view)
         return facts
 
-    def _read_node_files(self, node: kernel.SimNode, view: int) -> agent_probe.NodeFacts:
-        """The production `NodeFacts.read` over files holding this boot's facts (read once per
+    def _read_node_files(self, node: kernel.SimNode, view: int) -> agent_probe.LocalNode:
+        """The production `LocalNode.read` over files holding this boot's facts (read once per
         boot and pid-namespace view in a process: the files, and so the facts, never change)."""
-        return agent_probe.NodeFacts.read(
+        return agent_probe.LocalNode.read(
             node_name=node.name,
             reader=self.reader,
             boot_id_file=_file(f"boot-{node.boot_id}", node.boot_id + "\n"),

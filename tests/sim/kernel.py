@@ -94,7 +94,7 @@ class SimNode:
         self.name = name
         self.rng = rng
         # Ids from small pools (a trial only needs them distinct within itself), so that the files
-        # `NodeFacts.read` reads are written once per process, not once per trial.
+        # `LocalNode.read` reads are written once per process, not once per trial.
         self.index = int(name.lstrip("n") or 0)
         self.host_id = f"{self.index:016x}{rng.randrange(8):016x}"
         self.boot_id = ""
@@ -106,11 +106,13 @@ class SimNode:
     def boot(self, now: float) -> None:
         """A (re)boot: every process is gone, a new boot id, pid numbering and ticks start over."""
         self.boots += 1
-        b = self.boot_id.replace("-", "")
-        while b == self.boot_id.replace("-", "") or not b:
+        old = self.boot_id
+        while self.boot_id == old:  # a reboot never keeps its boot id
             b = f"{self.index:04x}{self.rng.randrange(64):04x}" + "0" * 24
-        self.boot_id = f"{b[:8]}-{b[8:12]}-4{b[13:16]}-8{b[17:20]}-{b[20:32]}"
+            self.boot_id = f"{b[:8]}-{b[8:12]}-4{b[13:16]}-8{b[17:20]}-{b[20:32]}"
         self.boot_time = now
+        for proc in getattr(self, "procs", {}).values():
+            proc.exited = proc.reaped = True  # every thread of every process ends with the boot
         self.procs: dict[int, SimProcess] = {}
         self.next_host_pid = 300
         self.next_ns_pid: dict[int, int] = {}

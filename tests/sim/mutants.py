@@ -46,7 +46,7 @@ def retire_without_rv_test() -> Iterator[None]:
 
 def trust_procabsent_nonroot() -> contextlib.AbstractContextManager[None]:
     """The agent believes its /proc shows every process even from a child pid namespace."""
-    return _patched(agent_probe.NodeFacts, "sees_every_process", property(lambda self: True))
+    return _patched(agent_probe.LocalNode, "sees_every_process", property(lambda self: True))
 
 
 class _AnyTick(int):

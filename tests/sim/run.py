@@ -62,9 +62,9 @@ def _mutant(name: str | None) -> Any:
         yield
 
 
-def one(seed: int, *, mutant: str | None = None, trace: bool = False) -> Trial:
+def one(seed: int, *, mutant: str | None = None, trace: bool = False, faults: tuple[str, ...] | None = None) -> Trial:
     """Run one trial (inside the simulation's clock and the mutant, if any); returns it, executed."""
-    trial = Trial(seed, trace=trace)
+    trial = Trial(seed, trace=trace, faults=faults)
     ACTIVE[:] = [trial]
     trial.result = trial.execute()  # type: ignore[attr-defined]
     return trial

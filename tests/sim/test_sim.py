@@ -174,6 +174,24 @@ def test_a_lagging_replica_lists_the_past() -> None:
     assert at == rv and [i["metadata"]["name"] for i in items] == ["a"]
 
 
+# --- the kernel ----------------------------------------------------------------------------------
+
+
+def test_a_reboot_ends_every_process_and_never_keeps_its_boot_id() -> None:
+    """Found by seed 5159 (generator of f5aaf34): drawn from a small pool, a reboot could keep its
+    boot id, and a process of the old boot still counted as alive for the oracle."""
+    import random
+
+    from sim.kernel import SimNode
+
+    node = SimNode(name="n0", rng=random.Random(1), now=0.0)
+    for _ in range(200):
+        proc = node.spawn(now=1.0)
+        before = node.boot_id
+        node.boot(2.0)
+        assert node.boot_id != before and not proc.alive and not node.procs
+
+
 # --- the simulation ------------------------------------------------------------------------------
 
 

@@ -154,7 +154,7 @@ class Trial:
         ]
         self.workers: list[Worker] = []
         self.by_name: dict[str, Worker] = {}
-        for i in range(rng.choice((1, 2, 2, 3))):
+        for i in range(rng.choice((1, 1, 2, 2, 3))):
             node = rng.choice(self.nodes)
             ns = kernel.ROOT_NS if rng.random() < 0.5 else rng.choice(kernel.CHILD_NS_POOL[:2])
             heartbeat = (10, 30) if rng.random() < 0.25 else None
@@ -431,7 +431,7 @@ class Trial:
         if worker is None or worker.proc is None:
             return
         alive = worker.proc.alive and worker.node.boot_id == worker.boot_id
-        self.stats[f"verdict:{result.verdict}/{result.evidence}"] += 1
+        self.stats["verdict:" + result.verdict.value + "/" + result.evidence.value] += 1
         if result.verdict == Verdict.DEAD and alive:
             self.violation(
                 "live_attested_dead", f"{worker.name} probed Dead ({result.evidence}) while alive: {result.detail}"
