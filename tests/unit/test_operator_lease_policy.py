@@ -12,8 +12,9 @@ import pytest
 from coroner.core import api, policy_json
 from coroner.core.decision import Policy
 from coroner.core.world import World
+from coroner_operator.app import Operator
 from coroner_operator.metrics import Metrics
-from coroner_operator.reconciler import OperatorSettings, Reconciler
+from coroner_operator.settings import OperatorSettings
 
 pytestmark = pytest.mark.unit
 
@@ -34,7 +35,7 @@ class RecordingKube:
 
 
 async def sweeps_until(kube: RecordingKube, policy: Policy, *, writes: int) -> None:
-    reconciler = Reconciler(
+    operator = Operator(
         world=World(system_namespace=api.SYSTEM_NAMESPACE),
         kube=kube,  # type: ignore[arg-type]
         policy=policy,
@@ -42,7 +43,7 @@ async def sweeps_until(kube: RecordingKube, policy: Policy, *, writes: int) -> N
         settings=OperatorSettings(resync_seconds=0.01),
         identity="system:serviceaccount:coroner-system:coroner-operator",
     )
-    task = asyncio.create_task(reconciler.run_sweeps())
+    task = asyncio.create_task(operator.sweeper.run())
     try:
         while len(kube.writes) < writes:
             kube.wrote.clear()

@@ -17,9 +17,10 @@ from coroner.core import api
 from coroner.core.decision import Policy
 from coroner.core.model import format_time
 from coroner.core.world import World
+from coroner_operator.app import Operator
 from coroner_operator.eventcorrelator import EventCorrelator
 from coroner_operator.metrics import Metrics
-from coroner_operator.reconciler import OperatorSettings, Reconciler
+from coroner_operator.settings import OperatorSettings
 from unit.builders import make_registration
 
 pytestmark = pytest.mark.unit
@@ -45,6 +46,9 @@ class FakeKube:
     async def get_registration(self, **_: Any) -> None:
         return None
 
+    async def can_retire(self, **_: Any) -> bool:
+        return False
+
     async def post_event(self, **kwargs: Any) -> None:
         if self.post_error:
             raise ApiError(500, "InternalError", "etcd is sad")
@@ -59,8 +63,8 @@ def released(*, ago: float | None, name: str = "w1") -> dict[str, Any]:
     return make_registration(name=name, uid=f"uid-{name}", conditions=[condition])
 
 
-def reconciler(kube: FakeKube, *, retention: float = 10.0, burst: int = 10) -> Reconciler:
-    return Reconciler(
+def reconciler(kube: FakeKube, *, retention: float = 10.0, burst: int = 10) -> Operator:
+    return Operator(
         world=World(system_namespace=api.SYSTEM_NAMESPACE),
         kube=kube,  # type: ignore[arg-type]
         policy=Policy(),
@@ -69,7 +73,7 @@ def reconciler(kube: FakeKube, *, retention: float = 10.0, burst: int = 10) -> R
     )
 
 
-def deleted(r: Reconciler, terminal: str) -> float:
+def deleted(r: Operator, terminal: str) -> float:
     return r.metrics.registry.get_sample_value("coroner_terminal_deletions_total", {"terminal": terminal}) or 0.0
 
 
@@ -77,7 +81,7 @@ def test_a_terminal_registration_past_its_retention_is_deleted_with_precondition
     kube = FakeKube()
     r = reconciler(kube)
     r.world.put_registration(released(ago=60))
-    asyncio.run(r.reconcile(("jobs", "w1")))
+    asyncio.run(r.reconciler.reconcile(("jobs", "w1")))
     assert kube.deletes == [{"namespace": "jobs", "name": "w1", "uid": "uid-w1", "resource_version": "1001"}]
     assert kube.patches == [], "no AlreadyTerminal write for an object being deleted"
     assert deleted(r, "Released") == 1
@@ -101,19 +105,24 @@ def test_nothing_is_deleted_before_it_is_due_or_when_kept(
     r = reconciler(kube, retention=retention)
     r.world.put_registration(body)
     key = (body["metadata"]["namespace"], body["metadata"]["name"])
-    gone = asyncio.run(r._collect_garbage(key, r.world.parsed[key], now=datetime.datetime.now(datetime.UTC)))
-    assert not gone and kube.deletes == []
+    asyncio.run(r.reconciler.reconcile(key))
+    assert kube.deletes == []
 
 
 def test_a_registration_kept_for_lack_of_a_time_is_logged_once_per_version(caplog: pytest.LogCaptureFixture) -> None:
-    r = reconciler(FakeKube())
-    r.world.put_registration(released(ago=None))
-    now = datetime.datetime.now(datetime.UTC)
+    kube = FakeKube()
+    r = reconciler(kube)
+    conditions = [
+        {"type": "Released", "status": "True", "reason": "CleanExit", "message": "bye"},
+        {"type": "Retirable", "status": "False", "reason": "AlreadyTerminal", "message": "released"},
+    ]
+    r.world.put_registration(make_registration(name="w1", uid="uid-w1", conditions=conditions))
     with caplog.at_level(logging.WARNING, logger="coroner.operator"):
         for _ in range(3):
-            asyncio.run(r._collect_garbage(("jobs", "w1"), r.world.parsed[("jobs", "w1")], now=now))
+            asyncio.run(r.reconciler.reconcile(("jobs", "w1")))
     kept = [m for m in caplog.messages if "terminal workerregistration kept" in m]
     assert len(kept) == 1 and "lastTransitionTime does not parse" in kept[0]
+    assert kube.patches == [] and kube.deletes == []
 
 
 @pytest.mark.parametrize("status", [409, 404])
@@ -121,7 +130,7 @@ def test_a_refused_delete_leaves_the_object_alone_and_counts_nothing(status: int
     kube = FakeKube(delete_error=status)
     r = reconciler(kube)
     r.world.put_registration(released(ago=60))
-    asyncio.run(r.reconcile(("jobs", "w1")))  # no exception: nothing to retry
+    asyncio.run(r.reconciler.reconcile(("jobs", "w1")))  # no exception: nothing to retry
     assert len(kube.deletes) == 1 and kube.patches == []
     assert deleted(r, "Released") == 0
     assert ("jobs", "w1") in r.world.parsed, "only the watch's delete event forgets it"
@@ -131,21 +140,21 @@ def test_other_delete_errors_propagate_for_the_backoff() -> None:
     r = reconciler(FakeKube(delete_error=500))
     r.world.put_registration(released(ago=60))
     with pytest.raises(ApiError):
-        asyncio.run(r.reconcile(("jobs", "w1")))
+        asyncio.run(r.reconciler.reconcile(("jobs", "w1")))
 
 
 def test_events_past_the_burst_are_posted_as_one_aggregate_and_counted() -> None:
-    async def run() -> tuple[FakeKube, Reconciler]:
+    async def run() -> tuple[FakeKube, Operator]:
         kube = FakeKube()
         r = reconciler(kube, burst=2)
-        posters = [asyncio.create_task(r.run_event_poster()) for _ in range(2)]
+        posters = [asyncio.create_task(r.events.run_poster()) for _ in range(2)]
         now = datetime.datetime.now(datetime.UTC)
         for i in range(7):
             involved = released(ago=0, name=f"w{i}")
-            for out in r.correlator.observe(
+            for out in r.events.correlator.observe(
                 involved=involved, reason="Retired", evidence="PidfdExited", message=f"m{i}", now=now
             ):
-                await r._events.put(out)
+                await r.events.queue.put(out)
         await r.drain_events()  # flushes the window's aggregate too
         for task in posters:
             task.cancel()
@@ -161,18 +170,18 @@ def test_events_past_the_burst_are_posted_as_one_aggregate_and_counted() -> None
 
 
 def test_a_failed_event_write_is_counted() -> None:
-    async def run() -> Reconciler:
+    async def run() -> Operator:
         r = reconciler(FakeKube(post_error=True))
-        poster = asyncio.create_task(r.run_event_poster())
-        for out in r.correlator.observe(
+        poster = asyncio.create_task(r.events.run_poster())
+        for out in r.events.correlator.observe(
             involved=released(ago=0), reason="Retired", evidence="PidfdExited", message="m",
             now=datetime.datetime.now(datetime.UTC),
         ):  # fmt: skip
-            await r._events.put(out)
+            await r.events.queue.put(out)
         await r.drain_events()
         poster.cancel()
         return r
 
     r = asyncio.run(run())
     assert r.metrics.registry.get_sample_value("coroner_event_failures_total", {"reason": "Retired"}) == 1
-    assert isinstance(r.correlator, EventCorrelator)
+    assert isinstance(r.events.correlator, EventCorrelator)

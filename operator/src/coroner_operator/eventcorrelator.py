@@ -21,7 +21,7 @@ is either posted individually or counted in exactly one aggregate (`pending` unt
 operator flushes on every tick and at shutdown). The retirement itself never depends on any Event:
 it is in the registration's status (Retired condition, status.retirement) the moment it is written.
 
-Pure: time is passed in, nothing here does I/O; `coroner_operator.reconciler` posts what it returns.
+Pure: time is passed in, nothing here does I/O; `coroner_operator.events` posts what it returns.
 """
 
 from __future__ import annotations

@@ -10,12 +10,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
 from coroner.core import api
-from coroner_operator.reconciler import Reconciler
+from coroner_operator.app import Operator
 
 logger = logging.getLogger("coroner.operator")
 
@@ -24,7 +24,7 @@ logger = logging.getLogger("coroner.operator")
 class Runtime:
     """What the handlers close over; filled in at startup."""
 
-    reconciler: Reconciler | None = None
+    operator: Operator | None = None
     tasks: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)
 
 
@@ -53,36 +53,40 @@ class NoEssenceDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
 def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
     """Registers every handler on `registry` (one registry per operator instance)."""
 
-    def reconciler() -> Reconciler:
-        assert runtime.reconciler is not None, "handlers run only after startup"
-        return runtime.reconciler
+    def operator() -> Operator:
+        assert runtime.operator is not None, "handlers run only after startup"
+        return runtime.operator
 
     @kopf.index("v1", "nodes", registry=registry)
     async def nodes_index(body: kopf.Body, name: str, **_: Any) -> dict[str, bool]:
-        reconciler().on_node(_raw(body), deleted=False)
+        operator().inputs.on_node(_raw(body), deleted=False)
         return {name: True}
 
     @kopf.index("coordination.k8s.io", "v1", "leases", registry=registry)
-    async def leases_index(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[str, bool]:
-        reconciler().on_lease(_raw(body), deleted=False)
+    async def leases_index(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> dict[str, bool]:
+        operator().inputs.on_lease(_raw(body), deleted=False)
         return {f"{namespace}/{name}": True}
 
     @kopf.on.event("v1", "nodes", registry=registry)
     async def node_event(event: kopf.RawEvent, **_: Any) -> None:
-        r = reconciler()
-        r.world.nodes_synced = True
-        r.on_node(event["object"], deleted=event["type"] == "DELETED")
+        op = operator()
+        op.world.mark_nodes_synced()
+        op.inputs.on_node(_object(event), deleted=event["type"] == "DELETED")
 
     @kopf.on.event("coordination.k8s.io", "v1", "leases", registry=registry)
     async def lease_event(event: kopf.RawEvent, **_: Any) -> None:
-        reconciler().on_lease(event["object"], deleted=event["type"] == "DELETED")
+        operator().inputs.on_lease(_object(event), deleted=event["type"] == "DELETED")
 
     @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL, registry=registry)
     async def registration_event(event: kopf.RawEvent, **_: Any) -> None:
-        r = reconciler()
-        r.world.nodes_synced = True  # indexes are populated before any non-index handler runs
-        r.on_registration(event["object"], deleted=event["type"] == "DELETED")
+        op = operator()
+        op.world.mark_nodes_synced()  # indexes are populated before any non-index handler runs
+        op.inputs.on_registration(_object(event), deleted=event["type"] == "DELETED")
 
 
 def _raw(body: kopf.Body) -> dict[str, Any]:
     return {key: body[key] for key in body}
+
+
+def _object(event: kopf.RawEvent) -> dict[str, Any]:
+    return cast(dict[str, Any], event["object"])

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from coroner.client.rest import JSON_PATCH, ApiError, Rest, leases_path, registrations_path, upsert_lease
 from coroner.core import api
 from coroner.core import wire as retirement
+from coroner.retire import PortError
 
 T = TypeVar("T")
 
@@ -138,3 +139,12 @@ class KubeApi:
             upsert_lease, self.rest, namespace=namespace, name=name, holder=holder, duration=duration,
             annotations=annotations,
         )  # fmt: skip
+
+
+def describe(exc: BaseException) -> str:
+    """One line naming an error; for API errors, the server's own message (it names the fix)."""
+    if isinstance(exc, ApiError):
+        return f"{exc.status} {exc.reason}: {exc.message}"
+    if isinstance(exc, PortError):
+        return f"{exc.status} {exc.reason}: {exc.message}" if exc.status is not None else f"unreachable: {exc.message}"
+    return f"{type(exc).__name__}: {exc}"

@@ -21,12 +21,14 @@ from coroner.client.rest import Rest
 from coroner.core import api, policy_json
 from coroner.core.decision import Policy
 from coroner.core.world import World
+from coroner.runtime.controller import utcnow
+from coroner_operator.app import Operator
 from coroner_operator.eventcorrelator import DEFAULT_BURST, DEFAULT_WINDOW_SECONDS
 from coroner_operator.handlers import Runtime, configure, register
 from coroner_operator.kubeapi import KubeApi
 from coroner_operator.metrics import Metrics
-from coroner_operator.reconciler import OperatorSettings, Reconciler, utcnow
 from coroner_operator.retention import DEFAULT_TERMINAL_RETENTION_SECONDS
+from coroner_operator.settings import OperatorSettings
 
 logger = logging.getLogger("coroner.operator")
 
@@ -58,7 +60,7 @@ def build_registry(
         configure(settings)
         kube = KubeApi(Rest.default(kubeconfig, user_agent="coroner-operator", pool_size=16))
         identity = await _whoami(kube)
-        reconciler = Reconciler(
+        operator = Operator(
             world=World(system_namespace=settings_.system_namespace),
             kube=kube,
             policy=policy,
@@ -66,17 +68,10 @@ def build_registry(
             settings=settings_,
             identity=identity,
         )
-        runtime.reconciler = reconciler
-        loops = [
-            reconciler.run_scheduler(),
-            reconciler.run_permission_refresh(),
-            reconciler.run_sweeps(),
-            reconciler.run_event_aggregation(),
-        ]
-        loops += [reconciler.run_worker() for _ in range(settings_.workers)]
-        loops += [reconciler.run_event_poster() for _ in range(settings_.event_posters)]
+        runtime.operator = operator
+        loops = operator.loops()
         if metrics_port is not None:
-            loops.append(_serve_http(metrics_address, metrics_port, metrics, reconciler))
+            loops.append(_serve_http(metrics_address, metrics_port, metrics, operator))
         runtime.tasks = [asyncio.create_task(loop) for loop in loops]
         for task in runtime.tasks:
             task.add_done_callback(_stop_if_failed)
@@ -89,16 +84,16 @@ def build_registry(
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
-        if runtime.reconciler is not None:
+        if runtime.operator is not None:
             with contextlib.suppress(TimeoutError):  # the Events of retirements already written
-                await asyncio.wait_for(runtime.reconciler.drain_events(), timeout=5.0)
+                await asyncio.wait_for(runtime.operator.drain_events(), timeout=5.0)
         for task in runtime.tasks:
             task.cancel()
         for task in runtime.tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        if runtime.reconciler is not None:
-            runtime.reconciler.kube.close()
+        if runtime.operator is not None:
+            runtime.operator.close()
 
     settings_ = settings
     return registry
@@ -127,7 +122,7 @@ async def _whoami(kube: KubeApi) -> str:
             delay = min(delay * 2, 5.0)
 
 
-async def _serve_http(address: str, port: int, metrics: Metrics, reconciler: Reconciler) -> None:
+async def _serve_http(address: str, port: int, metrics: Metrics, operator: Operator) -> None:
     """/metrics (Prometheus) and /healthz: alive while the sweep loop keeps completing sweeps."""
     started = utcnow()
 
@@ -135,8 +130,8 @@ async def _serve_http(address: str, port: int, metrics: Metrics, reconciler: Rec
         return web.Response(body=generate_latest(metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(_: web.Request) -> web.Response:
-        limit = datetime.timedelta(seconds=reconciler.settings.resync_seconds * 3 + 60)
-        last = reconciler.last_sweep
+        limit = datetime.timedelta(seconds=operator.settings.resync_seconds * 3 + 60)
+        last = operator.last_sweep
         if last is None and utcnow() - started < limit:
             return web.Response(text="starting\n")
         if last is not None and utcnow() - datetime.datetime.fromisoformat(last["time"].replace("Z", "+00:00")) < limit:

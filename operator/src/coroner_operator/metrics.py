@@ -3,7 +3,12 @@ reason reads the same in a metric, a condition, an Event and a log line."""
 
 from __future__ import annotations
 
+from collections import Counter as CountOf
+from collections.abc import Hashable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from coroner.core.reasons import Reason
 
 
 class Metrics:
@@ -84,3 +89,23 @@ class Metrics:
             ["reason"],
             registry=self.registry,
         )
+
+
+class DecisionGauge:
+    """`coroner_registrations`: each active registration counted once, under its latest decision's reason."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._gauge = metrics.registrations
+        self._reasons: dict[Hashable, Reason] = {}
+
+    def set(self, key: Hashable, reason: Reason | None) -> None:
+        """`key`'s latest reason; None takes it out (terminal, or gone)."""
+        old = self._reasons.pop(key, None)
+        if old is not None:
+            self._gauge.labels(old.value).dec()
+        if reason is not None:
+            self._reasons[key] = reason
+            self._gauge.labels(reason.value).inc()
+
+    def by_reason(self) -> dict[str, int]:
+        return dict(CountOf(r.value for r in self._reasons.values()))

@@ -32,6 +32,14 @@ def slim(body: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
+def resource_version_number(body: Mapping[str, Any]) -> int:
+    """metadata.resourceVersion as a number (-1 when absent or not a number)."""
+    try:
+        return int((body.get("metadata") or {})["resourceVersion"])
+    except (KeyError, TypeError, ValueError):
+        return -1
+
+
 def agent_facts_from_lease(body: Mapping[str, Any]) -> AgentFacts:
     """Agent Lease → facts; garbage fields become None (unknown), never a default that looks live."""
     meta = body.get("metadata") or {}
@@ -169,6 +177,26 @@ class World:
     def namespaces(self) -> list[str]:
         return sorted(self.by_namespace)
 
+    def observe_registration(self, body: dict[str, Any]) -> bool:
+        """Caches `body` unless the cached version is newer (by resourceVersion); True if cached.
+
+        A body the operator wrote (the answer to its patch) or read live is at least as new as the
+        watch's; a watch event older than it is skipped. Numeric resourceVersion order is only an
+        optimisation here; correctness comes from the compare-and-swap writes."""
+        cached = self.bodies.get(key_of(body))
+        if cached is not None and resource_version_number(body) < resource_version_number(cached):
+            return False
+        self.put_registration(body)
+        return True
+
+    # --- the retire capability -----------------------------------------------------------------
+
+    def set_retire_permission(self, namespace: str, allowed: bool | None) -> bool:
+        """Records whether the `retire` verb is held in `namespace`; True if that changed."""
+        changed = namespace not in self.retire_permission or self.retire_permission[namespace] != allowed
+        self.retire_permission[namespace] = allowed
+        return changed
+
     # --- leases and nodes ----------------------------------------------------------------------
 
     def put_lease(self, body: Mapping[str, Any]) -> tuple[str, str | None]:
@@ -216,6 +244,14 @@ class World:
         self.leases.get(facts.namespace, {}).pop(facts.name, None)
         return "lease", facts.namespace
 
+    def replace_leases(self, namespace: str, leases: Mapping[str, LeaseFacts]) -> None:
+        """The protecting Leases of `namespace` as a live read found them (a retirement's fence)."""
+        self.leases[namespace] = dict(leases)
+
+    def mark_nodes_synced(self) -> None:
+        """The Node cache is populated: a Node absent from it from now on may be gone."""
+        self.nodes_synced = True
+
     def put_node(self, body: Mapping[str, Any]) -> str:
         name = str((body.get("metadata") or {}).get("name") or "")
         self.nodes[name] = node_facts(body)
@@ -244,23 +280,31 @@ class World:
         key: Key,
         *,
         now: datetime.datetime,
+        node: NodeFacts | None = None,
+        # The old spelling, until `kubectl coroner apply` and `doctor` use `coroner.retire.fenced` too
+        # (issue 15); to be removed.
         node_override: NodeFacts | None = None,
         leases_override: Mapping[str, LeaseFacts] | None = None,
         permission_override: bool | None = None,
         use_permission_override: bool = False,
     ) -> Facts:
+        """The facts `decide` needs about `key`, from the cache. `node` stands in for the cached view
+        of the registration's Node where a live read confirmed more than the cache knows (the
+        operator's confirmation that the Node is gone). A retirement's fence replaces the Leases and
+        the permission with what it read live: `coroner.retire.fenced` (the facts are a frozen
+        dataclass; `dataclasses.replace` is the override)."""
         registration = self.parsed[key]
-        node = registration.node_name or ""
+        node_name = registration.node_name or ""
         nodes: dict[str, NodeFacts] = {}
-        if node:
-            nodes[node] = node_override or self.node_view(node, now=now)
-        leases = leases_override if leases_override is not None else self.leases.get(key[0], {})
-        agents = {node: self.agents[node]} if node in self.agents else {}
-        permission = permission_override if use_permission_override else self.retire_permission.get(key[0])
+        if node_name:
+            nodes[node_name] = node or node_override or self.node_view(node_name, now=now)
+        agents = {node_name: self.agents[node_name]} if node_name in self.agents else {}
         return Facts(
             agents=agents,
             nodes=nodes,
-            protecting_leases=tuple(leases.values()),
+            protecting_leases=tuple(
+                (self.leases.get(key[0], {}) if leases_override is None else leases_override).values()
+            ),
             peers=tuple(self.peers_of(key)),
-            retire_permission=permission,
+            retire_permission=permission_override if use_permission_override else self.retire_permission.get(key[0]),
         )

@@ -1,0 +1,141 @@
+"""The operator, assembled: one `Operator` per process wires the parts and lists their loops.
+
+watch events ─▶ inputs ─▶ World (the cache)          runtime (coroner.runtime.controller):
+                     └──▶ controller.enqueue ─────▶ keyed queue, timers, backoff, requeue-at
+                                                          │ reconcile(key)
+                     reconciler: gather facts ─▶ step (pure) ─▶ Effects ─▶ executor ─▶ API
+                                                                           └─ retire protocol
+services: sweeper (periodic re-decision + the operator Lease), permission refresher,
+          Event poster (correlated, off the reconcile path)
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from coroner.core.decision import Policy
+from coroner.core.world import Key, World
+from coroner.runtime.controller import Controller, utcnow
+from coroner_operator.events import EventPoster
+from coroner_operator.executor import Executor
+from coroner_operator.inputs import WatchInputs
+from coroner_operator.kubeapi import KubeApi
+from coroner_operator.metrics import DecisionGauge, Metrics
+from coroner_operator.permissions import PermissionRefresher
+from coroner_operator.reconciler import Reconciler
+from coroner_operator.settings import OperatorSettings
+from coroner_operator.sweeper import Sweeper
+
+logger = logging.getLogger("coroner.operator")
+
+
+class Operator:
+    def __init__(
+        self,
+        *,
+        world: World,
+        kube: KubeApi,
+        policy: Policy,
+        metrics: Metrics,
+        settings: OperatorSettings,
+        identity: str = "unknown",
+        clock: Callable[[], datetime.datetime] = utcnow,
+    ) -> None:
+        self.world = world
+        self.kube = kube
+        self.policy = policy
+        self.metrics = metrics
+        self.settings = settings
+        self.identity = identity
+        self.gauge = DecisionGauge(metrics)
+        self.controller: Controller[Key] = Controller(
+            self._reconcile, backoff=settings.error_backoff, on_failure=self._failed, clock=clock
+        )
+        self.events = EventPoster(
+            kube=kube,
+            metrics=metrics,
+            burst=settings.event_burst,
+            window_seconds=settings.event_window_seconds,
+            backlog=settings.event_backlog,
+            clock=clock,
+        )
+        self.permissions = PermissionRefresher(
+            kube=kube,
+            world=world,
+            enqueue=self.controller.enqueue,
+            interval_seconds=settings.permission_refresh_seconds,
+        )
+        self.executor = Executor(
+            world=world,
+            kube=kube,
+            metrics=metrics,
+            gauge=self.gauge,
+            events=self.events,
+            enqueue=self.controller.enqueue,
+            identity=identity,
+            clock=clock,
+        )
+        self.reconciler = Reconciler(
+            world=world,
+            kube=kube,
+            policy=policy,
+            retention_seconds=settings.terminal_retention_seconds,
+            executor=self.executor,
+            permissions=self.permissions,
+            gauge=self.gauge,
+            clock=clock,
+        )
+        self.sweeper = Sweeper(
+            world=world,
+            kube=kube,
+            metrics=metrics,
+            gauge=self.gauge,
+            policy=policy,
+            enqueue=self.controller.enqueue,
+            drain=self.controller.drain,
+            system_namespace=settings.system_namespace,
+            identity=identity,
+            resync_seconds=settings.resync_seconds,
+            clock=clock,
+        )
+        self.inputs = WatchInputs(
+            world=world, controller=self.controller, executor=self.executor, gauge=self.gauge, clock=clock
+        )
+
+    async def _reconcile(self, key: Key) -> Any:
+        return await self.reconciler.reconcile(key)
+
+    def _failed(self, key: Key, exc: Exception, delay: float) -> None:
+        self.metrics.reconcile_errors.inc()
+        self.sweeper.record_failure(key, exc)
+        logger.warning("reconcile failed workerregistration=%s/%s error=%r retry_in=%ss", key[0], key[1], exc, delay)
+
+    @property
+    def last_sweep(self) -> dict[str, Any] | None:
+        return self.sweeper.last_sweep
+
+    def loops(self) -> list[Coroutine[Any, Any, None]]:
+        """Every loop the operator runs (each forever; one ending is a bug)."""
+        loops = [
+            self.controller.run_timers(),
+            self.permissions.run(),
+            self.sweeper.run(),
+            self.events.run_aggregation(),
+        ]
+        loops += [self.controller.run_worker() for _ in range(self.settings.workers)]
+        loops += [self.events.run_poster() for _ in range(self.settings.event_posters)]
+        return loops
+
+    async def drain(self) -> None:
+        """Waits until the queue is empty and nothing is being reconciled (tests)."""
+        await self.controller.drain()
+
+    async def drain_events(self) -> None:
+        """Waits until every Event of a retirement so far is posted (tests and shutdown)."""
+        await self.events.drain()
+
+    def close(self) -> None:
+        self.kube.close()

@@ -1,0 +1,258 @@
+"""Runs a reconcile's `Effects` against the API server, and says what came of each.
+
+The only code of the reconcile path that writes: conditions (compare-and-swap JSON patch), the
+retirement (the retire protocol, `coroner.retire`, over `OperatorPort`), and the deletion of a
+terminal registration. Outcomes, one mapping each:
+
+* conditions write: 200 → the answer is cached (it is newer than the watch's copy); 404/409/422
+  (gone, or moved since it was read) → read it again: gone is forgotten, moved is reconciled again;
+  anything else raises (the runtime's backoff retries).
+* retirement: `RetireOutcome` → RETIRED is counted, logged and cached; PERMISSION_MISSING records
+  the namespace as not granted and reconciles again; LEASE_FENCE_MOVED and ABANDONED take the live
+  Leases into the cache and reconcile again; CONFLICT reads it again; UNREACHABLE and FAILED raise
+  (`RetireFailed`, retried with backoff).
+* delete: 200 counted; 404 (already gone: its watch event forgets it) and 409 (changed since the
+  read: left alone, its own watch event brings it back) are not errors; anything else raises.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import urllib3
+
+from coroner.client.rest import ApiError
+from coroner.core import model
+from coroner.core.world import World
+from coroner.retire import PortError, RetireOutcome, RetirePort, Retirer, RetireResult, retire
+from coroner_operator.effects import Delete, Effects, Key, WriteConditions
+from coroner_operator.events import EventPoster
+from coroner_operator.freshread import FreshRead
+from coroner_operator.kubeapi import KubeApi
+from coroner_operator.metrics import DecisionGauge, Metrics
+
+logger = logging.getLogger("coroner.operator")
+
+
+class RetireFailed(Exception):
+    """A retirement that neither landed nor was refused for a reason that a re-decision answers."""
+
+    def __init__(self, result: RetireResult) -> None:
+        super().__init__(result.detail)
+        self.result = result
+
+
+async def _port_call(call: Any) -> Any:
+    """Awaits one KubeApi call, turning what the API server said (or did not) into a PortError."""
+    try:
+        return await call
+    except ApiError as exc:
+        raise PortError(exc.status, exc.message, reason=exc.reason) from exc
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        raise PortError(None, f"{type(exc).__name__}: {exc}") from exc
+
+
+class OperatorPort(RetirePort):
+    """The retire protocol's port for the operator, for the decisions made at `decided_at` (a
+    `time.monotonic()` reading taken before the cache was read).
+
+    The namespace-wide capability and the Lease list are each read once for every retirement of the
+    namespace decided before the read was sent (`FreshRead`); only a "no" asks again for this one
+    name (grants scoped by resourceNames). Events go to the poster (aggregated under bursts)."""
+
+    def __init__(
+        self,
+        *,
+        kube: KubeApi,
+        permission_reads: FreshRead[str, bool],
+        lease_reads: FreshRead[str, list[dict[str, Any]]],
+        events: EventPoster,
+        decided_at: float,
+    ) -> None:
+        self.kube = kube
+        self.permission_reads = permission_reads
+        self.lease_reads = lease_reads
+        self.events = events
+        self.decided_at = decided_at
+
+    async def can_retire(self, *, namespace: str, name: str) -> bool | None:
+        if await self.permission_reads.get(namespace, decided_at=self.decided_at):
+            return True
+        return await self.kube.can_retire(namespace=namespace, name=name)
+
+    async def list_leases(self, *, namespace: str) -> Sequence[Mapping[str, Any]]:
+        result: list[dict[str, Any]] = await _port_call(self.lease_reads.get(namespace, decided_at=self.decided_at))
+        return result
+
+    async def patch_status(self, *, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
+        result: dict[str, Any] = await _port_call(self.kube.patch_status(namespace=namespace, name=name, ops=ops))
+        return result
+
+    async def post_event(self, *, involved: Mapping[str, Any], reason: str, evidence: str, message: str) -> None:
+        await self.events.record(involved=involved, reason=reason, evidence=evidence, message=message)
+
+
+class Executor:
+    def __init__(
+        self,
+        *,
+        world: World,
+        kube: KubeApi,
+        metrics: Metrics,
+        gauge: DecisionGauge,
+        events: EventPoster,
+        enqueue: Callable[[Key], None],
+        identity: str,
+        clock: Callable[[], datetime.datetime],
+    ) -> None:
+        self.world = world
+        self.kube = kube
+        self.metrics = metrics
+        self.gauge = gauge
+        self.events = events
+        self.enqueue = enqueue
+        self.retirer = Retirer(name=identity)
+        self.clock = clock
+        # Right before a retirement: the namespace-wide capability and the Lease fence, each read
+        # once for every retirement in the namespace decided before the read started.
+        self.permission_reads: FreshRead[str, bool] = FreshRead(lambda ns: self.kube.can_retire(namespace=ns))
+        self.lease_reads: FreshRead[str, list[dict[str, Any]]] = FreshRead(
+            lambda ns: self.kube.list_leases(namespace=ns)
+        )
+        # Terminal registrations kept for lack of a parsable time, by the resourceVersion last logged.
+        self._kept_logged: dict[Key, str | None] = {}
+
+    def forget(self, key: Key) -> None:
+        """`key` is gone (deleted): nothing more to say about it."""
+        self._kept_logged.pop(key, None)
+
+    async def run(self, effects: Effects, *, decided_at: float) -> None:
+        """Runs `effects` (at most one write); raises what the runtime should retry with backoff."""
+        key = effects.key
+        if effects.kept is not None:
+            self._log_kept(key, effects.kept)
+        if effects.delete is not None:
+            await self._delete(key, effects.delete)
+        if effects.write_conditions is not None:
+            await self._write_conditions(key, effects.write_conditions)
+        if effects.retire is not None:
+            port = OperatorPort(
+                kube=self.kube,
+                permission_reads=self.permission_reads,
+                lease_reads=self.lease_reads,
+                events=self.events,
+                decided_at=decided_at,
+            )
+            result = await retire(port, effects.retire, retirer=self.retirer, clock=self.clock)
+            await self._retired(key, effects.retire.registration, result)
+
+    # --- conditions ----------------------------------------------------------------------------
+
+    async def _write_conditions(self, key: Key, write: WriteConditions) -> None:
+        try:
+            patched = await self.kube.patch_status(namespace=key[0], name=key[1], ops=[dict(op) for op in write.ops])
+        except ApiError as exc:
+            if exc.status in (404, 409, 422):
+                await self.reread(key)
+                return
+            raise
+        self.metrics.status_writes.labels("conditions").inc()
+        self.world.observe_registration(patched)
+
+    async def reread(self, key: Key) -> None:
+        """After a write refused for moving: the object as it is now, reconciled again (or forgotten)."""
+        fresh = await self.kube.get_registration(namespace=key[0], name=key[1])
+        if fresh is None:
+            self.world.forget_registration(key)
+            self.gauge.set(key, None)
+        else:
+            self.world.observe_registration(fresh)
+            self.enqueue(key)
+
+    # --- the retirement ------------------------------------------------------------------------
+
+    async def _retired(self, key: Key, registration: model.Registration, result: RetireResult) -> None:
+        namespace, name = key
+        outcome = result.outcome
+        if outcome is RetireOutcome.RETIRED:
+            assert result.patched is not None
+            self._count_retirement(key, registration, result)
+            return
+        if outcome is RetireOutcome.PERMISSION_MISSING:
+            # Revoked since the namespace was last checked (or admission refused the write: 403).
+            self.world.set_retire_permission(namespace, False)
+            self.metrics.retire_abandoned.labels(outcome.value).inc()
+            logger.info("retire abandoned workerregistration=%s/%s cause=%s", namespace, name, outcome.value)
+            self.enqueue(key)
+        elif outcome in (RetireOutcome.LEASE_FENCE_MOVED, RetireOutcome.ABANDONED):
+            assert result.leases is not None
+            self.world.replace_leases(namespace, result.leases)
+            if outcome is RetireOutcome.LEASE_FENCE_MOVED:
+                self.metrics.retire_abandoned.labels(outcome.value).inc()
+                logger.info("retire abandoned workerregistration=%s/%s cause=%s", namespace, name, outcome.value)
+            self.enqueue(key)
+        elif outcome is RetireOutcome.CONFLICT:
+            self.metrics.cas_conflicts.inc()
+            logger.info(
+                "retire conflict workerregistration=%s/%s status=%s resourceVersion=%s: re-reading",
+                namespace, name, result.error.status if result.error else None, registration.resource_version,
+            )  # fmt: skip
+            await self.reread(key)
+        else:  # UNREACHABLE, FAILED: retried with backoff
+            raise RetireFailed(result)
+
+    def _count_retirement(self, key: Key, registration: model.Registration, result: RetireResult) -> None:
+        assert result.patched is not None
+        self.metrics.status_writes.labels("retirement").inc()
+        self.world.observe_registration(result.patched)
+        evidence = result.evidence or "Unknown"
+        self.metrics.retirements.labels(evidence).inc()
+        attestation = registration.attestation
+        if attestation is not None and attestation.observed_time is not None:
+            waited = (self.clock() - attestation.observed_time).total_seconds()
+            self.metrics.death_to_retirement.observe(max(0.0, waited))
+        logger.info(
+            "retired workerregistration=%s/%s evidence=%s node=%s pid=%s resourceVersion=%s retiredBy=%s",
+            key[0], key[1], evidence, registration.node_name, registration.incarnation.pid,
+            registration.resource_version, self.retirer.name,
+        )  # fmt: skip
+
+    # --- retention -----------------------------------------------------------------------------
+
+    def _log_kept(self, key: Key, why: str) -> None:
+        registration = self.world.parsed.get(key)
+        version = registration.resource_version if registration is not None else None
+        if self._kept_logged.get(key, "") != version:
+            self._kept_logged[key] = version
+            logger.warning(
+                "terminal workerregistration kept namespace=%s name=%s resourceVersion=%s: %s",
+                key[0], key[1], version, why,
+            )  # fmt: skip
+
+    async def _delete(self, key: Key, delete: Delete) -> None:
+        try:
+            await self.kube.delete_registration(
+                namespace=key[0], name=key[1], uid=delete.uid, resource_version=delete.resource_version
+            )
+        except ApiError as exc:
+            if exc.status == 404:
+                return  # already gone; its watch event forgets it
+            if exc.status == 409:
+                # Changed (or replaced) since it was read: left alone. The change's own watch event
+                # brings the new version back here, decided again from what it says.
+                logger.info(
+                    "terminal workerregistration not deleted namespace=%s name=%s resourceVersion=%s: it changed "
+                    "since it was read (%s)",
+                    key[0], key[1], delete.resource_version, exc.message,
+                )  # fmt: skip
+                return
+            raise
+        self.metrics.terminal_deletions.labels(delete.terminal).inc()
+        logger.info(
+            "deleted terminal workerregistration=%s/%s terminal=%s since=%s retentionSeconds=%g uid=%s resourceVersion=%s",
+            key[0], key[1], delete.terminal, model.format_time(delete.since) if delete.since else None,
+            delete.retention_seconds, delete.uid, delete.resource_version,
+        )  # fmt: skip

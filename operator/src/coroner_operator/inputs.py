@@ -1,0 +1,105 @@
+"""Watch inputs: what a watch event changes in the cache, and which registrations it re-decides.
+
+Nothing here decides or writes to the API: each event goes into `World` through its own methods,
+and the registrations whose decision may have changed are handed to the runtime's queue.
+
+One timer per node watches its agent Lease's expiry (`watch_agent_expiry`): every decision that
+relied on the agent being live (a PidAlive, a Dead verdict's agent line, a live agent blocking
+node-level evidence) changes when it expires; each renewal moves the timer, and the routine renewal
+of a live agent re-decides nothing else (it would be O(registrations) of work per renewal for
+decisions that cannot change).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from coroner.core import model
+from coroner.core.decision import lease_expiry
+from coroner.core.world import Key, World
+from coroner.runtime.controller import Controller
+from coroner_operator.executor import Executor
+from coroner_operator.metrics import DecisionGauge
+
+logger = logging.getLogger("coroner.operator")
+
+
+class WatchInputs:
+    def __init__(
+        self,
+        *,
+        world: World,
+        controller: Controller[Key],
+        executor: Executor,
+        gauge: DecisionGauge,
+        clock: Callable[[], datetime.datetime],
+    ) -> None:
+        self.world = world
+        self.controller = controller
+        self.executor = executor
+        self.gauge = gauge
+        self.clock = clock
+
+    def on_registration(self, body: dict[str, Any], *, deleted: bool) -> None:
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        # Peers' decisions depend on this one (ClientInstanceConflict, ConflictingIdentity), both
+        # the peers it had and the peers it has now.
+        peers = {(p.namespace or "", p.name or "") for p in self.world.peers_of(key)}
+        if deleted:
+            self.world.forget_registration(key)
+            self.gauge.set(key, None)
+            self.executor.forget(key)
+        else:
+            # An event older than a body we wrote ourselves is skipped (see World.observe_registration).
+            if not self.world.observe_registration(body):
+                return
+            self.controller.enqueue(key)
+            peers |= {(p.namespace or "", p.name or "") for p in self.world.peers_of(key)}
+        for peer in sorted(peers):
+            self.controller.enqueue(peer)
+
+    def on_lease(self, body: dict[str, Any], *, deleted: bool) -> None:
+        if not deleted and self.world.is_routine_agent_renewal(body, now=self.clock()):
+            _, node = self.world.put_lease(body)
+            if node is not None:
+                self.watch_agent_expiry(node)
+            return
+        kind, subject = self.world.forget_lease(body) if deleted else self.world.put_lease(body)
+        if kind == "agent" and subject is not None:
+            self.watch_agent_expiry(subject)
+            for key in self.world.keys_on_node(subject):
+                self.controller.enqueue(key)
+        elif kind == "lease" and subject is not None:
+            holder = (body.get("spec") or {}).get("holderIdentity")
+            for key in self.world.keys_in_namespace(subject):
+                r = self.world.parsed.get(key)
+                if r is not None and holder in (r.name, r.session_id, r.client_instance_id):
+                    self.controller.enqueue(key)
+
+    def on_node(self, body: dict[str, Any], *, deleted: bool) -> None:
+        name = str(body["metadata"]["name"])
+        if deleted:
+            self.world.forget_node(name, now=self.clock())
+        else:
+            self.world.put_node(body)
+        for key in self.world.keys_on_node(name):
+            self.controller.enqueue(key)
+
+    def watch_agent_expiry(self, node: str) -> None:
+        """Re-decide `node`'s registrations when its agent Lease expires, unless renewed before."""
+        facts = self.world.agents.get(node)
+        until = None if facts is None else lease_expiry(facts.renew_time, facts.lease_duration_seconds)
+        token = ("agent-lease-expiry", node)
+        if until is None or until <= self.clock():
+            # Unknown or already past: the Lease event that brought it re-decides the node itself.
+            self.controller.cancel_alarm(token)
+            return
+        self.controller.alarm(token, until, lambda: self._agent_expired(node, until))
+
+    def _agent_expired(self, node: str, when: datetime.datetime) -> None:
+        logger.info("agent lease expired node=%s expiredAt=%s", node, model.format_time(when))
+        for key in self.world.keys_on_node(node):
+            self.controller.enqueue(key)

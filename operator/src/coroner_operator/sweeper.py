@@ -1,0 +1,107 @@
+"""The sweeper: a full re-decision of every cached registration, every `resync_seconds`.
+
+A safety net (no API reads: the cache is what is decided from) and the clock of retention (a
+terminal registration is deleted at the first reconcile after its retention ends, and the sweep
+reconciles every one). Each sweep is recorded on the operator's Lease (`api.LAST_SWEEP_ANNOTATION`:
+how many, how many failed and why, by reason, the retire capability per namespace), next to the
+decision policy this operator runs with (`api.POLICY_ANNOTATION`), published once before the first
+sweep and with every sweep, so `kubectl coroner plan|apply|doctor` decide as the operator does and
+`doctor` and /healthz can tell that the operator is alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from coroner.core import api, model, policy_json
+from coroner.core.decision import Policy
+from coroner.core.world import Key, World
+from coroner_operator.kubeapi import KubeApi, describe
+from coroner_operator.metrics import DecisionGauge, Metrics
+
+logger = logging.getLogger("coroner.operator")
+
+
+class Sweeper:
+    def __init__(
+        self,
+        *,
+        world: World,
+        kube: KubeApi,
+        metrics: Metrics,
+        gauge: DecisionGauge,
+        policy: Policy,
+        enqueue: Callable[[Key], None],
+        drain: Callable[[], Awaitable[None]],
+        system_namespace: str,
+        identity: str,
+        resync_seconds: float,
+        clock: Callable[[], datetime.datetime],
+    ) -> None:
+        self.world = world
+        self.kube = kube
+        self.metrics = metrics
+        self.gauge = gauge
+        self.policy = policy
+        self.enqueue = enqueue
+        self.drain = drain
+        self.system_namespace = system_namespace
+        self.identity = identity
+        self.resync_seconds = resync_seconds
+        self.clock = clock
+        self.last_sweep: dict[str, Any] | None = None
+        self._failures: Counter[str] = Counter()
+        self._errors: dict[str, str] = {}
+
+    def record_failure(self, key: Key, exc: BaseException) -> None:
+        """A reconcile failed (it is retried with backoff); the sweep's record counts it per namespace."""
+        self._failures[key[0]] += 1
+        self._errors[key[0]] = describe(exc)[:300]
+
+    async def sweep(self) -> None:
+        started = self.clock()
+        self._failures.clear()
+        self._errors.clear()
+        keys = list(self.world.bodies)
+        for key in keys:
+            self.enqueue(key)
+        await self.drain()
+        terminal = sum(1 for r in self.world.parsed.values() if r.terminal)
+        self.metrics.registration_objects.labels("terminal").set(terminal)
+        self.metrics.registration_objects.labels("active").set(len(self.world.parsed) - terminal)
+        self.last_sweep = {
+            "time": model.format_time(self.clock()),
+            "startedTime": model.format_time(started),
+            "registrations": len(keys),
+            "namespaces": len({k[0] for k in keys}),
+            "failures": dict(self._failures),
+            "errors": dict(self._errors),
+            "byReason": self.gauge.by_reason(),
+            "retirePermission": dict(self.world.retire_permission),
+        }
+        await self.write_lease({api.LAST_SWEEP_ANNOTATION: json.dumps(self.last_sweep, sort_keys=True)})
+
+    async def run(self) -> None:
+        await self.write_lease({})
+        while True:
+            await self.sweep()
+            await asyncio.sleep(self.resync_seconds)
+
+    async def write_lease(self, annotations: dict[str, str]) -> None:
+        """Renews the operator's Lease with `annotations` and the policy (other annotations are kept)."""
+        try:
+            await self.kube.upsert_lease(
+                namespace=self.system_namespace,
+                name=api.OPERATOR_LEASE,
+                holder=self.identity,
+                duration=int(self.resync_seconds * 3),
+                annotations={**annotations, api.POLICY_ANNOTATION: policy_json.dump_policy(self.policy)},
+            )
+        except Exception as exc:  # an API outage must not end the sweeps (nor /healthz's evidence)
+            logger.warning("operator lease not written namespace=%s error=%s", self.system_namespace, describe(exc))

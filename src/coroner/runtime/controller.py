@@ -1,0 +1,153 @@
+"""The framework part of a controller: keyed queue, timers, backoff, requeue-at.
+
+controller-runtime's shape: the application supplies one `reconcile(key) -> Result` (raising on an
+unexpected error), and this runtime owns everything around it —
+
+* a keyed work queue (`KeyedQueue`): duplicates collapse, one key is never reconciled twice at
+  once, a key asked for while it is being reconciled runs once more afterwards;
+* requeue-at: a `Result.requeue_at` (or `requeue_at(key, when)` from anywhere) puts the key back
+  at that instant; the earliest request wins;
+* backoff: a reconcile that raises is retried after `backoff[attempt]` (the last delay repeats),
+  never in a hot loop; a success resets the count;
+* alarms: one named timer per token (e.g. an agent Lease's expiry) that calls back when due and
+  that a later `alarm` for the same token moves (earlier or later).
+
+Use from one event loop. Time comes from `clock` (UTC), so tests can fire timers by hand
+(`fire_due(now)`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import datetime
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from typing import Generic, TypeVar
+
+from coroner.runtime.timers import TimerHeap
+from coroner.runtime.workqueue import KeyedQueue
+
+K = TypeVar("K", bound=Hashable)
+
+_IDLE_SECONDS = 3600.0
+
+
+def utcnow() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Result:
+    """What a reconcile asks of the runtime: come back at `requeue_at` (None: only on a change)."""
+
+    requeue_at: datetime.datetime | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Requeue(Generic[K]):
+    key: K
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Alarm:
+    token: Hashable
+
+
+class Controller(Generic[K]):
+    def __init__(
+        self,
+        reconcile: Callable[[K], Awaitable[Result | None]],
+        *,
+        backoff: Sequence[float] = (1, 2, 4, 8, 16, 30, 60),
+        on_failure: Callable[[K, Exception, float], None] | None = None,
+        clock: Callable[[], datetime.datetime] = utcnow,
+    ) -> None:
+        if not backoff:
+            raise ValueError("backoff needs at least one delay")
+        self._reconcile = reconcile
+        self._backoff = tuple(backoff)
+        self._on_failure = on_failure
+        self._clock = clock
+        self.queue: KeyedQueue[K] = KeyedQueue()
+        self._timers: TimerHeap[_Requeue[K] | _Alarm] = TimerHeap()
+        self._alarms: dict[Hashable, Callable[[], None]] = {}
+        self._failures: dict[K, int] = {}
+        self._wakeup = asyncio.Event()
+
+    # --- asking for work -------------------------------------------------------------------------
+
+    def enqueue(self, key: K) -> None:
+        """Reconcile `key` soon; duplicates collapse into one."""
+        self.queue.put(key)
+
+    def requeue_at(self, key: K, when: datetime.datetime) -> None:
+        """Reconcile `key` at `when` (the earliest of several requests wins)."""
+        if self._timers.earliest(_Requeue(key), when):
+            self._wakeup.set()
+
+    def alarm(self, token: Hashable, when: datetime.datetime, fire: Callable[[], None]) -> None:
+        """Call `fire` at `when`; a later alarm for `token` replaces this one (moved, not added)."""
+        self._alarms[token] = fire
+        if self._timers.move(_Alarm(token), when):
+            self._wakeup.set()
+
+    def cancel_alarm(self, token: Hashable) -> None:
+        self._timers.cancel(_Alarm(token))
+        self._alarms.pop(token, None)
+
+    def alarm_at(self, token: Hashable) -> datetime.datetime | None:
+        return self._timers.due_at(_Alarm(token))
+
+    def backoff_delay(self, attempt: int) -> float:
+        return float(self._backoff[min(attempt, len(self._backoff) - 1)])
+
+    # --- running -------------------------------------------------------------------------------
+
+    def fire_due(self, now: datetime.datetime) -> None:
+        """Enqueues every requeue due by `now` and calls every alarm due by `now`."""
+        for token in self._timers.pop_due(now):
+            if isinstance(token, _Requeue):
+                self.enqueue(token.key)
+            else:
+                fire = self._alarms.pop(token.token, None)
+                if fire is not None:
+                    fire()
+
+    async def run_timers(self) -> None:
+        while True:
+            now = self._clock()
+            self.fire_due(now)
+            head = self._timers.next_at()
+            timeout = (head - now).total_seconds() if head is not None else _IDLE_SECONDS
+            self._wakeup.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), timeout=max(timeout, 0.0) + 0.001)
+
+    async def run_worker(self) -> None:
+        while True:
+            key = await self.queue.get()
+            try:
+                result = await self._reconcile(key)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._failed(key, exc)
+            else:
+                self._failures.pop(key, None)
+                if result is not None and result.requeue_at is not None:
+                    self.requeue_at(key, result.requeue_at)
+            finally:
+                self.queue.done(key)
+
+    async def drain(self) -> None:
+        """Waits until the queue is empty and nothing is being reconciled."""
+        await self.queue.join()
+
+    def _failed(self, key: K, exc: Exception) -> None:
+        attempt = self._failures.get(key, 0)
+        self._failures[key] = attempt + 1
+        delay = self.backoff_delay(attempt)
+        if self._on_failure is not None:
+            self._on_failure(key, exc, delay)
+        self.requeue_at(key, self._clock() + datetime.timedelta(seconds=delay))

@@ -1,0 +1,148 @@
+"""The operator's executor against a recording fake of its API door: what each outcome of a write
+does to the cache and the queue (the integration tests show the same against the real API server)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+from typing import Any
+
+import pytest
+
+from coroner.client.rest import ApiError
+from coroner.core import api
+from coroner.core.decision import Policy
+from coroner.core.model import format_time
+from coroner.core.world import World
+from coroner_operator.app import Operator
+from coroner_operator.executor import RetireFailed
+from coroner_operator.metrics import Metrics
+from coroner_operator.settings import OperatorSettings
+from unit.builders import NAME, NAMESPACE, make_registration
+
+pytestmark = pytest.mark.unit
+
+KEY = (NAMESPACE, NAME)
+
+
+class FakeKube:
+    def __init__(
+        self,
+        *,
+        granted: bool = True,
+        leases: list[dict[str, Any]] | None = None,
+        patch_error: BaseException | None = None,
+        fresh: dict[str, Any] | None = None,
+    ) -> None:
+        self.granted = granted
+        self.leases = leases or []
+        self.patch_error = patch_error
+        self.fresh = fresh
+        self.patches: list[list[dict[str, Any]]] = []
+        self.events: list[dict[str, Any]] = []
+
+    async def can_retire(self, *, namespace: str, name: str | None = None) -> bool:
+        return self.granted
+
+    async def list_leases(self, *, namespace: str) -> list[dict[str, Any]]:
+        return self.leases
+
+    async def get_node(self, *, name: str) -> dict[str, Any] | None:
+        return None
+
+    async def patch_status(self, *, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
+        self.patches.append(ops)
+        if self.patch_error is not None:
+            raise self.patch_error
+        body = make_registration(paths={"metadata.resourceVersion": "2000", "status.retirement": {"retiredBy": "op"}})
+        return body
+
+    async def get_registration(self, *, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.fresh
+
+    async def post_event(self, **kwargs: Any) -> None:
+        self.events.append(kwargs)
+
+
+def operator(kube: FakeKube) -> Operator:
+    op = Operator(
+        world=World(system_namespace=api.SYSTEM_NAMESPACE),
+        kube=kube,  # type: ignore[arg-type]
+        policy=Policy(),
+        metrics=Metrics(),
+        settings=OperatorSettings(),
+        identity="system:serviceaccount:coroner-system:coroner-operator",
+    )
+    op.world.put_registration(make_registration())  # retirable (its agent Lease aside: see below)
+    op.world.put_lease(
+        {
+            "metadata": {"namespace": api.SYSTEM_NAMESPACE, "name": f"{api.AGENT_LEASE_PREFIX}node-a",
+                         "annotations": {api.AGENT_LEASE_BOOT_ID: "8d0a4c6e-0000-4000-8000-000000000001",
+                                         api.AGENT_LEASE_HOST_ID: "0f2e0000000000000000000000000001"}},
+            "spec": {"holderIdentity": "agent", "renewTime": _now_text(), "leaseDurationSeconds": 3600},
+        }
+    )  # fmt: skip
+    return op
+
+
+def _now_text() -> str:
+    return format_time(datetime.datetime.now(datetime.UTC), fraction=True)
+
+
+def sample(op: Operator, name: str, labels: dict[str, str] | None = None) -> float:
+    return op.metrics.registry.get_sample_value(name, labels or {}) or 0.0
+
+
+def reconcile(op: Operator) -> None:
+    asyncio.run(op.reconciler.reconcile(KEY))
+
+
+def test_a_retirement_is_cached_counted_and_its_event_recorded() -> None:
+    kube = FakeKube()
+    op = operator(kube)
+    reconcile(op)
+    assert len(kube.patches) == 1
+    assert op.world.bodies[KEY]["metadata"]["resourceVersion"] == "2000", "the answer is cached"
+    assert sample(op, "coroner_retirements_total", {"evidence": "PidfdExited"}) == 1
+    assert op.events.queue.qsize() == 1, "its Event waits for a poster"
+    assert op.controller.queue.pending == 0
+
+
+def test_a_revoked_permission_is_recorded_and_the_registration_decided_again() -> None:
+    op = operator(FakeKube(granted=True))
+    op.world.set_retire_permission(NAMESPACE, True)
+    op.kube.granted = False  # type: ignore[attr-defined]
+    reconcile(op)
+    assert op.world.retire_permission[NAMESPACE] is False
+    assert sample(op, "coroner_retire_abandoned_total", {"cause": "RetirePermissionMissing"}) == 1
+    assert op.controller.queue.pending == 1
+
+
+def test_a_moved_lease_fence_takes_the_live_leases_and_decides_again() -> None:
+    lease = {"metadata": {"namespace": NAMESPACE, "name": "lock"}, "spec": {"holderIdentity": "someone"}}
+    op = operator(FakeKube(leases=[lease]))
+    reconcile(op)
+    assert set(op.world.leases[NAMESPACE]) == {"lock"}
+    assert sample(op, "coroner_retire_abandoned_total", {"cause": "LeaseFenceMoved"}) == 1
+    assert op.controller.queue.pending == 1 and op.kube.patches == []  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("status", "fresh"), [(409, True), (422, True), (404, False)])
+def test_a_conflict_reads_it_again(status: int, fresh: bool) -> None:
+    body = make_registration(paths={"metadata.resourceVersion": "1500"})
+    op = operator(FakeKube(patch_error=ApiError(status, "Conflict", "moved"), fresh=body if fresh else None))
+    reconcile(op)
+    assert sample(op, "coroner_cas_conflicts_total") == 1
+    if fresh:
+        assert op.world.bodies[KEY]["metadata"]["resourceVersion"] == "1500"
+        assert op.controller.queue.pending == 1
+    else:
+        assert KEY not in op.world.bodies, "gone: forgotten"
+
+
+@pytest.mark.parametrize("error", [ApiError(500, "InternalError", "etcd"), ConnectionRefusedError("down")])
+def test_an_unexpected_write_failure_is_raised_for_the_backoff(error: BaseException) -> None:
+    op = operator(FakeKube(patch_error=error))
+    with pytest.raises(RetireFailed):
+        reconcile(op)
+    assert KEY in op.world.bodies and op.controller.queue.pending == 0
