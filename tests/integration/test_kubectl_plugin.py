@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import pty
+import socket
 import subprocess
 import sys
 import uuid
@@ -798,3 +800,339 @@ def test_doctor_fails_for_registrations_stranded_on_a_deleted_node_and_names_the
         result.stdout.split()
     )
     assert "error: doctor: check(s)" in result.stderr and "node-loss" in result.stderr
+
+
+# --- kubectl conventions: contexts, impersonation, saved plans, outputs -------------------------
+
+
+def merged_kubeconfig(
+    path: pathlib.Path, *, contexts: dict[str, tuple[pathlib.Path, str | None]], current: str
+) -> pathlib.Path:
+    """One kubeconfig with a context per (user kubeconfig, namespace), as a person keeps them."""
+    users: list[dict[str, Any]] = []
+    entries: list[dict[str, Any]] = []
+    clusters: list[dict[str, Any]] = []
+    for name, (source, namespace) in contexts.items():
+        config = json.loads(source.read_text())
+        clusters = config["clusters"]
+        user = config["users"][0]
+        if user not in users:
+            users.append(user)
+        context: dict[str, Any] = {"cluster": clusters[0]["name"], "user": user["name"]}
+        if namespace is not None:
+            context["namespace"] = namespace
+        entries.append({"name": name, "context": context})
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": clusters,
+                "users": users,
+                "contexts": entries,
+                "current-context": current,
+            }
+        )
+    )
+    return path
+
+
+def test_context_selects_identity_and_namespace_of_a_two_context_kubeconfig(
+    installed: Cluster,
+    admin: k8s.ApiClient,
+    agent: k8s.ApiClient,
+    alice: pathlib.Path,
+    bob: pathlib.Path,
+    grant: str,
+    tmp_path: pathlib.Path,
+) -> None:
+    namespace = grant
+    dead(admin, agent, namespace, "dead", pid=6001)
+    config = merged_kubeconfig(
+        tmp_path / "config", contexts={"alice@jobs": (alice, namespace), "bob": (bob, None)}, current="bob"
+    )
+    # The current context: bob, whose context has no namespace: "default", where nothing is.
+    as_bob = coroner(installed, "plan", "-o", "json", kubeconfig=config)
+    assert as_bob.returncode == 0, as_bob.stderr
+    assert as_json(as_bob)["scope"]["namespace"] == "default"
+    assert reasons(plan_json(installed, namespace, kubeconfig=config)) == {"dead": "RetirePermissionMissing"}
+
+    # --context: alice, and her context's namespace, with no -n.
+    planned = coroner(installed, "plan", "--context", "alice@jobs", "-o", "json", kubeconfig=config)
+    assert planned.returncode == 0, planned.stderr
+    document = as_json(planned)
+    assert document["scope"]["namespace"] == namespace and reasons(document) == {"dead": "EligibleStaleOrphan"}
+    saved = tmp_path / "plan.json"
+    saved.write_text(planned.stdout)
+
+    applied = coroner(
+        installed,
+        *("apply", "--context", "alice@jobs", "--from-plan", str(saved), "--all-candidates", "--yes", "-o", "json"),
+        kubeconfig=config,
+    )
+    assert applied.returncode == 0, applied.stderr
+    result = as_json(applied)
+    assert result["retiredBy"] == f"alice-{SUFFIX}"
+    assert [(row["name"], row["outcome"]) for row in result["rows"]] == [("dead", "Retired")]
+
+    unknown = coroner(installed, "plan", "--context", "carol", kubeconfig=config)
+    assert unknown.returncode == 2
+    assert "has no context 'carol' (it has alice@jobs, bob)" in one_clear_sentence(unknown)
+
+
+@pytest.fixture
+def readers_group(admin: k8s.ApiClient, roles: dict[str, str]) -> Iterator[str]:
+    """A group (not a user) bound to the plan-reading ClusterRole."""
+    rbac = k8s.RbacAuthorizationV1Api(admin)
+    group = f"kc-readers-{SUFFIX}"
+    rbac.create_cluster_role_binding(
+        {
+            "metadata": {"name": group},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": roles["reader"]},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": group}],
+        }
+    )
+    try:
+        yield group
+    finally:
+        rbac.delete_cluster_role_binding(group)
+
+
+def test_as_impersonates_and_an_identity_without_retire_is_refused(
+    installed: Cluster,
+    admin: k8s.ApiClient,
+    agent: k8s.ApiClient,
+    alice: pathlib.Path,
+    bob: pathlib.Path,
+    grant: str,
+    readers_group: str,
+) -> None:
+    namespace = grant
+    dead(admin, agent, namespace, "dead", pid=6101)
+    untouched = resource_version(admin, namespace, "dead")
+    root = installed.kubeconfig  # a cluster admin, who may impersonate
+    as_bob = ("--as", f"bob-{SUFFIX}")
+
+    bobs = coroner(installed, "plan", "-n", namespace, "-o", "json", *as_bob, kubeconfig=root)
+    assert bobs.returncode == 0, bobs.stderr
+    bobs_plan = as_json(bobs)
+    assert reasons(bobs_plan) == {"dead": "RetirePermissionMissing"}
+    assert bobs_plan["retirePermission"] == {namespace: False}
+
+    refused = coroner(installed, *apply_args(bobs_plan, namespace, "dead"), "--yes", *as_bob, kubeconfig=root)
+    assert refused.returncode == 2
+    sentence = one_clear_sentence(refused)
+    assert "is not a retirement candidate (RetirePermissionMissing)" in sentence and "retire verb" in sentence
+    everything = coroner(
+        installed, *apply_args(bobs_plan, namespace), "--all-candidates", "--yes", *as_bob, kubeconfig=root
+    )
+    assert everything.returncode == 0, everything.stderr  # bob's plan has no candidates: nothing to do
+    assert "WorkerRegistration" not in everything.stdout and resource_version(admin, namespace, "dead") == untouched
+
+    # Someone without the impersonate verb cannot borrow another identity.
+    borrowed = coroner(installed, "plan", "-n", namespace, *as_bob, kubeconfig=alice)
+    assert borrowed.returncode == 2
+    assert f"forbidden to impersonate user bob-{SUFFIX} (--as)" in one_clear_sentence(borrowed)
+
+    # Groups: every --as-group is its own header; the second one is the group that may read.
+    carol = ("--as", f"carol-{SUFFIX}", "--as-group", "system:authenticated")
+    lacking = coroner(installed, "plan", "-n", namespace, *carol, kubeconfig=root)
+    assert lacking.returncode == 2 and "forbidden to list workerregistrations" in one_clear_sentence(lacking)
+    reading = coroner(
+        installed, "plan", "-n", namespace, "-o", "json", *carol, "--as-group", readers_group, kubeconfig=root
+    )
+    assert reading.returncode == 0, reading.stderr
+    assert reasons(as_json(reading)) == {"dead": "RetirePermissionMissing"}
+
+    # Impersonating alice, who holds retire: the retirement is recorded as hers.
+    as_alice = ("--as", f"alice-{SUFFIX}")
+    alices = as_json(coroner(installed, "plan", "-n", namespace, "-o", "json", *as_alice, kubeconfig=root))
+    applied = coroner(
+        installed, *apply_args(alices, namespace, "dead"), "--yes", "-o", "json", *as_alice, kubeconfig=root
+    )
+    assert applied.returncode == 0, applied.stderr
+    assert as_json(applied)["retiredBy"] == f"alice-{SUFFIX}"
+    assert kube.get_registration(admin, namespace, "dead")["status"]["retirement"]["retiredBy"] == f"alice-{SUFFIX}"
+
+
+def test_apply_from_a_saved_plan_retires_its_candidates_in_parallel_and_nothing_else(
+    installed: Cluster,
+    admin: k8s.ApiClient,
+    agent: k8s.ApiClient,
+    alice: pathlib.Path,
+    grant: str,
+    tmp_path: pathlib.Path,
+) -> None:
+    namespace = grant
+    names = [f"dead-{i}" for i in range(6)]
+    for i, name in enumerate(names):
+        dead(admin, agent, namespace, name, pid=6201 + i)
+    register(admin, namespace, "unattested", pid=6299)
+    planned = coroner(installed, "plan", "-n", namespace, "-o", "yaml", kubeconfig=alice)
+    assert planned.returncode == 0, planned.stderr
+    saved = tmp_path / "plan.yaml"
+    saved.write_text(planned.stdout)
+    document = plan_json(installed, namespace, kubeconfig=alice)
+    from_plan = ("apply", "--from-plan", str(saved), "--all-candidates")
+
+    # -o name, kubectl's way: the plan's rows, and (a preview) the rows apply would retire.
+    names_out = coroner(installed, "plan", "-n", namespace, "-o", "name", kubeconfig=alice)
+    assert names_out.stdout.split() == [f"workerregistration.coroner.dev/{n}" for n in [*names, "unattested"]]
+    preview = coroner(installed, *from_plan, "-o", "name", kubeconfig=alice)
+    assert preview.returncode == 0, preview.stderr
+    assert preview.stdout.split() == [f"workerregistration.coroner.dev/{n}" for n in names]
+    assert all(resource_version(admin, namespace, n) for n in names)
+    assert not components.events(admin, namespace)
+
+    # A name the approved plan did not list as a candidate is refused before anything is read.
+    outside = coroner(installed, "apply", "--from-plan", str(saved), "unattested", "--yes", kubeconfig=alice)
+    assert outside.returncode == 2 and "not among the candidates of the approved plan" in one_clear_sentence(outside)
+    # -o name output of plan names the rows in kubectl's form, which apply accepts.
+    one = coroner(
+        installed,
+        "apply",
+        "--from-plan",
+        str(saved),
+        "workerregistration.coroner.dev/dead-0",
+        "-o",
+        "json",
+        kubeconfig=alice,
+    )
+    assert one.returncode == 0 and [row["name"] for row in as_json(one)["rows"]] == ["dead-0"]
+
+    applied = coroner(installed, *from_plan, "--yes", "--parallelism", "3", "-o", "json", kubeconfig=alice)
+    assert applied.returncode == 0, applied.stderr
+    assert "Retiring" not in applied.stderr  # no progress bar when stderr is not a terminal
+    rows = as_json(applied)["rows"]
+    assert [(row["name"], row["outcome"]) for row in rows] == [(n, "Retired") for n in names]
+    assert sorted(e.involved_object.name for e in components.events(admin, namespace)) == names
+    assert "retirement" not in (kube.get_registration(admin, namespace, "unattested").get("status") or {})
+
+    # Replays, by the file and by the fingerprints alone: every row AlreadyRetired, nothing written.
+    settled = {n: resource_version(admin, namespace, n) for n in names}
+    for replay in (
+        coroner(installed, *from_plan, "--yes", "-o", "json", kubeconfig=alice),
+        coroner(
+            installed, *apply_args(document, namespace), "--all-candidates", "--yes", "-o", "json", kubeconfig=alice
+        ),
+    ):
+        assert replay.returncode == 0, replay.stderr
+        assert {row["outcome"] for row in as_json(replay)["rows"]} == {"AlreadyRetired"}
+    assert {n: resource_version(admin, namespace, n) for n in names} == settled
+    assert len(components.events(admin, namespace)) == len(names)
+
+    # A candidate that appears after the approval is never retired with it.
+    dead(admin, agent, namespace, "late", pid=6300)
+    late = resource_version(admin, namespace, "late")
+    moved = coroner(installed, *from_plan, "--yes", kubeconfig=alice)
+    assert moved.returncode == 3 and "CandidateSetMoved" in one_clear_sentence(moved)
+    assert resource_version(admin, namespace, "late") == late
+
+
+def test_apply_shows_progress_on_a_terminal(
+    installed: Cluster, admin: k8s.ApiClient, agent: k8s.ApiClient, alice: pathlib.Path, grant: str
+) -> None:
+    namespace = grant
+    for i in range(3):
+        dead(admin, agent, namespace, f"dead-{i}", pid=6401 + i)
+    document = plan_json(installed, namespace, kubeconfig=alice)
+    env = {key: value for key, value in os.environ.items() if key != "KUBECONFIG"}
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env["TERM"] = "xterm-256color"
+    command = [
+        str(installed.binary("kubectl")),
+        "coroner",
+        *apply_args(document, namespace),
+        "--all-candidates",
+        "--yes",
+        "-o",
+        "json",
+        f"--kubeconfig={alice}",
+    ]
+    leader, follower = pty.openpty()
+    try:
+        process = subprocess.run(command, stdout=subprocess.PIPE, stderr=follower, env=env, timeout=120, check=False)
+        os.close(follower)
+        follower = -1
+        terminal = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: the terminal's other side is closed and drained
+                break
+            if not chunk:
+                break
+            terminal += chunk
+    finally:
+        if follower >= 0:
+            os.close(follower)
+        os.close(leader)
+    assert process.returncode == 0, terminal
+    assert [row["outcome"] for row in json.loads(process.stdout)["rows"]] == ["Retired"] * 3
+    assert f"Retiring as alice-{SUFFIX}".encode() in terminal
+
+
+def test_version_usage_outputs_timeout_and_completion_as_kubectl_users_meet_them(
+    installed: Cluster, tmp_path: pathlib.Path
+) -> None:
+    version = coroner(installed, "version", kubeconfig=installed.kubeconfig)
+    assert version.returncode == 0, version.stderr
+    lines = version.stdout.splitlines()
+    assert lines[0].startswith("Client Version: ") and lines[1].startswith("Server Version: v1.")
+    assert lines[2] == f"Coroner API: served: {api.API_VERSION}"
+    document = as_json(coroner(installed, "version", "-o", "json", kubeconfig=installed.kubeconfig))
+    assert document["servedApiVersions"] == [api.VERSION] and document["serverVersion"]["major"] == "1"
+
+    usage = coroner(installed, "plan", "--bogus", kubeconfig=installed.kubeconfig)
+    assert usage.returncode == 2 and usage.stderr.startswith("Usage: kubectl coroner plan [OPTIONS]")
+
+    wide = coroner(installed, "doctor", "-o", "wide", kubeconfig=installed.kubeconfig)
+    assert wide.returncode in (0, 1) and "OBJECTS" in wide.stdout
+    named = coroner(installed, "doctor", "-o", "name", kubeconfig=installed.kubeconfig)
+    assert named.returncode in (0, 1) and "CHECK" not in named.stdout
+
+    # An API server that accepts the connection and never answers: the request timeout, in words.
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    try:
+        port = silent.getsockname()[1]
+        mute = write_kubeconfig(
+            tmp_path / "mute.kubeconfig",
+            server=f"https://127.0.0.1:{port}",
+            ca=installed.pki.ca_cert,
+            user="x",
+            token="x",
+        )
+        waited = coroner(installed, "plan", "-n", "default", "--request-timeout", "1s", kubeconfig=mute)
+    finally:
+        silent.close()
+    assert waited.returncode == 2
+    assert "did not answer within --request-timeout 1s" in one_clear_sentence(waited)
+
+    # `kubectl coroner <TAB>`: kubectl's own completion asks kubectl_complete-coroner on PATH.
+    path = [str(BIN)]
+    if not (BIN / "kubectl_complete-coroner").exists():  # installed by `pip install -e .`; an older install lacks it
+        shim = tmp_path / "bin" / "kubectl_complete-coroner"
+        shim.parent.mkdir()
+        shim.write_text(
+            f"#!{sys.executable}\nfrom coroner.cli.commands.completion import kubectl_complete\nkubectl_complete()\n"
+        )
+        shim.chmod(0o755)
+        path.insert(0, str(shim.parent))
+    env = {"PATH": os.pathsep.join([*path, os.environ.get("PATH", "")]), "HOME": str(tmp_path)}
+    kubectl = str(installed.binary("kubectl"))
+    commands = subprocess.run(
+        [kubectl, "__complete", "coroner", "pl"], capture_output=True, text=True, env=env, check=False
+    )
+    assert commands.stdout.splitlines()[0].split("\t")[0] == "plan", commands
+    outputs = subprocess.run(
+        [kubectl, "__complete", "coroner", "apply", "-o", ""], capture_output=True, text=True, env=env, check=False
+    )
+    assert [line for line in outputs.stdout.splitlines() if not line.startswith(":")] == [
+        "table",
+        "wide",
+        "json",
+        "yaml",
+        "name",
+    ]

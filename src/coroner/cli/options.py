@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 import click
+import kubernetes
 
 from coroner.cli.session import Connection
 from coroner.core import api
@@ -54,6 +55,15 @@ def _timeout(_: click.Context, param: click.Parameter, value: str | None) -> flo
         raise click.BadParameter(str(exc), param=param) from None
 
 
+def _contexts(ctx: click.Context, incomplete: str) -> list[str]:
+    """The kubeconfig's context names, for completing --context."""
+    try:
+        contexts, _ = kubernetes.config.list_kube_config_contexts(config_file=ctx.params.get("kubeconfig"))  # type: ignore[no-untyped-call]
+    except Exception:  # completion offers nothing rather than a traceback in the shell
+        return []
+    return sorted(str(c.get("name")) for c in contexts or [] if str(c.get("name", "")).startswith(incomplete))
+
+
 def _finite(_: click.Context, param: click.Parameter, value: float | None) -> float | None:
     if value is not None and not math.isfinite(value):
         raise click.BadParameter(f"{value} is not a finite number of seconds.", param=param)
@@ -62,7 +72,12 @@ def _finite(_: click.Context, param: click.Parameter, value: float | None) -> fl
 
 _CONNECTION_OPTIONS: Final = (
     click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None, help="Path to the kubeconfig."),
-    click.option("--context", default=None, help="The kubeconfig context to use (default: its current-context)."),
+    click.option(
+        "--context",
+        default=None,
+        shell_complete=lambda ctx, _, incomplete: _contexts(ctx, incomplete),
+        help="The kubeconfig context to use (default: its current-context).",
+    ),
     click.option("--as", "as_user", default=None, metavar="USER", help="Username to impersonate for every request."),
     click.option(
         "--as-group",
