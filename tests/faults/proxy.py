@@ -148,6 +148,7 @@ class Tap:
         self.nth = nth
         self.action = action
         self.seen: list[tuple[str | None, str | None, int]] = []
+        self.answers: list[tuple[Request, int]] = []
         self.successes = 0
         self.fired = threading.Event()
         self.fired_request: Request | None = None
@@ -500,6 +501,7 @@ class ApiProxy:
         fired = False
         for tap in taps:
             tap.seen.append((request.kind, request.name, status))
+            tap.answers.append((request, status))
             if tap.nth and not tap.fired.is_set() and 200 <= status < 300:
                 tap.successes += 1
                 if tap.successes == tap.nth:

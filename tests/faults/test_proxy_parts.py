@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from faults.catalogue.sieve import strip_tests
+from faults.catalogue.sieve import _attested_start, strip_tests
 from faults.proxy import Request, _forward_events, event_of
 
 REG = "/apis/coroner.dev/v1alpha1/namespaces/ns/workerregistrations/w"
@@ -143,3 +143,35 @@ def test_watch_stream_reframed_event_by_event(names: list[str], cuts: list[int],
     stream = b"".join(b"%x\r\n" % len(p) + p + b"\r\n" for p in pieces) + b"0\r\n\r\n"
     out = asyncio.run(_run(stream, held))
     assert out == [e for e, n in zip(events, names, strict=True) if n not in held]
+
+
+ATT = {"verdict": "Dead", "incarnation": {"pid": "7", "startTime": "123"}}
+
+
+@pytest.mark.parametrize(
+    "ops",
+    [
+        [TEST, {"op": "add", "path": "/status/attestation", "value": ATT}],
+        [TEST, {"op": "add", "path": "/status", "value": {"attestation": ATT}}],
+        [
+            TEST,
+            {"op": "add", "path": "/status/conditions", "value": []},
+            {"op": "add", "path": "/status/retirement", "value": {"reason": "PidfdExited", "attestation": ATT}},
+        ],
+        [TEST, {"op": "add", "path": "/status", "value": {"conditions": [], "retirement": {"attestation": ATT}}}],
+    ],
+)
+def test_the_incarnation_a_write_is_about(ops: list[dict[str, Any]]) -> None:
+    request = Request(method="PATCH", path=REG + "/status", watch=False, resumes=False, body=_patch(*ops))
+    assert _attested_start(request) == "123"
+
+
+def test_a_write_about_no_incarnation() -> None:
+    request = Request(
+        method="PATCH",
+        path=REG + "/status",
+        watch=False,
+        resumes=False,
+        body=_patch(TEST, {"op": "add", "path": "/status/conditions", "value": []}),
+    )
+    assert _attested_start(request) is None

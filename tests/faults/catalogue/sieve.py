@@ -70,6 +70,28 @@ def _wait(predicate: Any, timeout: float) -> bool:
     return bool(predicate())
 
 
+def _attested_start(request: Request) -> str | None:
+    """The startTime of the incarnation the attestation carried by a status write is about (the
+    agent's attestation, or the one a retirement relies on); None if it carries none."""
+    body = request.json()
+    values: list[Any] = []
+    if isinstance(body, list):
+        values = [op.get("value") for op in body if isinstance(op, dict) and op.get("op") != "test"]
+    elif isinstance(body, dict):
+        values = [body.get("status")]
+    for value in values:
+        if not isinstance(value, dict):
+            continue
+        for holder in (value, value.get("retirement") if isinstance(value.get("retirement"), dict) else None):
+            if holder is None:
+                continue
+            att = holder.get("attestation") if "attestation" in holder else holder
+            inc = att.get("incarnation") if isinstance(att, dict) else None
+            if isinstance(inc, dict) and "startTime" in inc:
+                return str(inc["startTime"])
+    return None
+
+
 def _writes(namespace: str, name: str | None, *kinds: str) -> Any:
     def match(request: Request) -> bool:
         return request.kind in kinds and request.namespace == namespace and (name is None or request.name == name)
@@ -150,8 +172,14 @@ class _ViewFault(Fault):
         self.facts["stale_writes_accepted"] = sum(1 for s in statuses if 200 <= s < 300)
 
     def _refused(self, kind: str) -> list[int]:
+        """Answers to the component's writes of `kind` about the first (stale) incarnation."""
         assert self.tap is not None
-        return [status for k, name, status in self.tap.seen if k == kind and name == self.first.name]
+        first = str(self.first.start_time)
+        return [
+            status
+            for request, status in self.tap.answers
+            if request.kind == kind and request.name == self.first.name and _attested_start(request) == first
+        ]
 
 
 @fault("stale_view_operator")
