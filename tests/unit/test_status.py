@@ -6,9 +6,9 @@ import datetime
 
 import pytest
 
+from coroner.core import wire as status
 from coroner.core.decision import Policy, decide
 from coroner.core.model import parse_registration
-from coroner_operator import status
 from unit.builders import NOW, make_facts, make_registration
 
 pytestmark = pytest.mark.unit
