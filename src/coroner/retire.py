@@ -4,9 +4,9 @@ Used by the operator (its executor's retire effect) and by ``kubectl coroner app
 port (`RetirePort`) each of them implements with its own client. Step by step:
 
 1. **Capability review** — ``port.can_retire(namespace, name)``: the ``retire`` verb, asked by a
-   request sent after the decision (a revocation since takes effect here). Anything but ``True``
-   (``False``, or ``None``: the review could not be asked) is `PERMISSION_MISSING`; unknown is
-   never granted.
+   request sent after the decision (a revocation since takes effect here). ``False``, or ``None``
+   (the review could not be asked), is `PERMISSION_MISSING`; a review that failed (`PortError`) is
+   `FAILED`. Unknown is never granted.
 2. **Lease fence** — ``port.list_leases(namespace)``, a live read sent after the decision, at the
    same time as the review. If the holders of the namespace's protecting Leases are not the ones
    the decision saw, `LEASE_FENCE_MOVED`: nothing is written, the caller decides again from fresh
@@ -43,7 +43,7 @@ import enum
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from coroner.core import model
+from coroner.core import api, model
 from coroner.core.decision import Decision, Facts, LeaseFacts, Policy, decide
 from coroner.core.reasons import EventReason
 from coroner.core.wire import Writer, retirement_ops
@@ -211,11 +211,17 @@ async def retire(
         raise granted
     if isinstance(listed, BaseException) and not isinstance(listed, PortError):
         raise listed
-    if granted is not True:  # False, None (unknown) or a failed review: never granted
+    if isinstance(granted, PortError):  # the review itself failed: unknown, so not granted either
+        return RetireResult(
+            outcome=RetireOutcome.FAILED,
+            detail=f"the {api.RETIRE_VERB} verb on {subject} could not be reviewed ({_said(granted)}); "
+            "nothing written.",
+            error=granted,
+        )
+    if granted is not True:  # False, or None (the review could not be asked): never granted
         return RetireResult(
             outcome=RetireOutcome.PERMISSION_MISSING,
-            detail=f"{retirer.name} does not hold the retire verb on {subject} now; nothing written.",
-            error=granted if isinstance(granted, PortError) else None,
+            detail=f"{retirer.name} does not hold the {api.RETIRE_VERB} verb on {subject} now; nothing written.",
         )
     if isinstance(listed, PortError):
         return RetireResult(

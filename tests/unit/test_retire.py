@@ -134,7 +134,6 @@ def test_a_person_is_recorded_as_the_retirer_and_named_in_the_event() -> None:
     [
         pytest.param(False, (), id="denied"),
         pytest.param(None, (), id="unknown"),
-        pytest.param(PortError(500, "boom"), (), id="review-failed"),
         pytest.param(False, PortError(403, "no list"), id="denied-and-lease-read-failed"),
     ],
 )
@@ -146,11 +145,12 @@ def test_without_the_verb_nothing_is_written(granted: Any, leases: Any) -> None:
 
 
 @pytest.mark.parametrize("error", [PortError(403, "forbidden"), PortError(None, "connection refused")])
-def test_a_failed_lease_read_writes_nothing(error: PortError) -> None:
-    port = FakePort(leases=error)
+@pytest.mark.parametrize("failed", ["review", "lease read"])
+def test_a_failed_read_writes_nothing(error: PortError, failed: str) -> None:
+    port = FakePort(granted=error) if failed == "review" else FakePort(leases=error)
     result = run(port)
     assert result.outcome is RetireOutcome.FAILED and result.error is error
-    assert port.patches == []
+    assert port.patches == [] and result.outcome.written is False
 
 
 def test_the_lease_fence_moved_when_the_holders_changed() -> None:
