@@ -53,6 +53,11 @@ def comparable(text: str) -> dict[tuple[str, str, str], dict[str, Any]]:
                 labels.pop(label, None)
             if not labels:
                 del doc["metadata"]["labels"]
+        annotations = doc.get("metadata", {}).get("annotations")
+        if isinstance(annotations, dict) and doc["kind"] == "Namespace":
+            annotations.pop(chart_gen.KEEP, None)
+            if not annotations:
+                del doc["metadata"]["annotations"]
         found[chart_gen.key_of(doc)] = doc
     return found
 

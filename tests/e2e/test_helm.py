@@ -1,0 +1,123 @@
+"""`helm install` of charts/coroner into the dev cluster, the way a platform team installs it: into
+a namespace of its own choosing with a name prefix, so the admission policies must follow the
+release's identities; with monitoring on (against the Prometheus Operator's real CRDs); granted and
+revoked through values; and `helm uninstall` keeping the CRD and every registration."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from coroner.client.kube import api_client
+from coroner.core import api
+from coroner_dev.devcluster import tools
+from coroner_dev.devcluster.cluster import Cluster
+from coroner_dev.devcluster.identities import mint_token
+from support import components, helm, kube
+
+pytestmark = pytest.mark.e2e
+
+RELEASE = "coroner"
+NAMESPACE = "acme-coroner"
+PREFIX = "acme-"
+OPERATOR = f"system:serviceaccount:{NAMESPACE}:{PREFIX}coroner-operator"
+RESOURCE = f"{api.PLURAL}.{api.GROUP}"
+
+
+def helm_cmd(cluster: Cluster, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return helm.run("helm", f"--kubeconfig={cluster.kubeconfig}", *args, check=check)
+
+
+def can_i(cluster: Cluster, verb: str, who: str) -> str:
+    answer = kube.kubectl(cluster, "auth", "can-i", verb, RESOURCE, "-n", "default", f"--as={who}", check=False)
+    return answer.stdout.strip()
+
+
+@pytest.fixture
+def clean_slate(cluster: Cluster) -> Iterator[Cluster]:
+    """No kustomize install (its cluster-scoped objects carry the chart's names), the Prometheus
+    Operator's CRDs present; afterwards the release is gone and the kustomize API is back for the
+    tests that follow in this session."""
+    production = kube.kubectl(cluster, "kustomize", str(kube.MANIFESTS / "overlays" / "production")).stdout
+    kube.kubectl(cluster, "delete", "--ignore-not-found", "--wait=true", "-f", "-", stdin=production)
+    for crd in tools.prometheus_operator_crds().values():
+        kube.kubectl(cluster, "apply", "--server-side", "-f", str(crd))
+    try:
+        yield cluster
+    finally:
+        helm_cmd(cluster, "uninstall", RELEASE, "--namespace", NAMESPACE, "--ignore-not-found", check=False)
+        kube.kubectl(cluster, "delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=false")
+        kube.install_api(cluster)
+        components.install(cluster, grant=False)
+
+
+def test_helm_install_upgrade_and_uninstall_keeping_the_crd(clean_slate: Cluster, admin: k8s.ApiClient) -> None:
+    cluster = clean_slate
+    installed = helm_cmd(
+        cluster, "install", RELEASE, str(helm.CHART), "--namespace", NAMESPACE, "--create-namespace",
+        f"--set=namePrefix={PREFIX}", "--set=retireGrant.enabled=true", "--set=monitoring.enabled=true",
+    )  # fmt: skip
+    assert "STATUS: deployed" in installed.stdout and "GRANTED" in installed.stdout
+    kube.kubectl(cluster, "wait", "--for=condition=Established", f"crd/{api.CRD_NAME}", "--timeout=60s")
+    # The release's objects, in its namespace, under its prefix; monitoring validated by the real CRDs.
+    for kind, name in (
+        ("deployment", f"{PREFIX}coroner-operator"),
+        ("daemonset", f"{PREFIX}coroner-agent"),
+        ("podmonitor", f"{PREFIX}coroner-operator"),
+        ("prometheusrule", f"{PREFIX}coroner"),
+        ("configmap", f"{PREFIX}coroner-dashboard"),
+    ):
+        kube.kubectl(cluster, "get", kind, name, "-n", NAMESPACE)
+    args = kube.kubectl(
+        cluster, "get", "deployment", f"{PREFIX}coroner-operator", "-n", NAMESPACE,
+        "-o", "jsonpath={.spec.template.spec.containers[0].args}",
+    ).stdout  # fmt: skip
+    assert f"--system-namespace={NAMESPACE}" in args
+    assert can_i(cluster, "retire", OPERATOR) == "yes"
+    assert can_i(cluster, "retire", f"system:serviceaccount:{api.SYSTEM_NAMESPACE}:coroner-operator") == "no"
+
+    # The admission policies follow the release's identities: its agent attests its own node only.
+    ns = "helm-workers"
+    kube.kubectl(cluster, "create", "namespace", ns)
+    try:
+        mine = kube.create_registration(admin, ns, kube.registration_body(name="on-a", node="node-a", interval=None))
+        theirs = kube.create_registration(admin, ns, kube.registration_body(name="on-b", node="node-b", pid=7))
+        agent_config = mint_token(cluster, service_account=f"{NAMESPACE}/{PREFIX}coroner-agent", node="node-a")
+        with api_client(agent_config) as agent:
+            kube.patch_status(agent, ns, "on-a", {"status": {"attestation": components.attestation(mine)}})
+            with pytest.raises(ApiException) as raised:
+                kube.patch_status(
+                    agent, ns, "on-b", {"status": {"attestation": components.attestation(theirs, node="node-a")}}
+                )
+        assert 'the agent of node "node-a" may not attest' in kube.api_error_body(raised.value)["message"]
+        assert kube.kubectl(cluster, "get", "registration", "on-a", "-n", ns, "-o", "name").stdout.strip()
+
+        # Revoking is a values change, effective at once.
+        upgraded = helm_cmd(
+            cluster, "upgrade", RELEASE, str(helm.CHART), "--namespace", NAMESPACE, "--reuse-values",
+            "--set=retireGrant.enabled=false",
+        )  # fmt: skip
+        assert "PLAN-ONLY" in upgraded.stdout
+        assert can_i(cluster, "retire", OPERATOR) == "no"
+
+        uninstalled = helm_cmd(cluster, "uninstall", RELEASE, "--namespace", NAMESPACE, "--wait")
+        assert "uninstalled" in uninstalled.stdout
+        # The CRD, every registration and the namespace stay; the release's other objects are gone.
+        kube.kubectl(cluster, "get", "crd", api.CRD_NAME)
+        kube.kubectl(cluster, "get", "namespace", NAMESPACE)
+        listed = kube.kubectl(cluster, "get", "registrations", "-n", ns, "-o", "name").stdout.split()
+        assert sorted(listed) == [f"workerregistration.coroner.dev/{n}" for n in ("on-a", "on-b")]
+        for kind, name in (
+            ("clusterrole", f"{PREFIX}coroner-operator"),
+            ("validatingadmissionpolicy", "coroner-agent-attests-own-node-only"),
+            ("mutatingadmissionpolicy", "coroner-registration-state"),
+            ("deployment", f"{PREFIX}coroner-operator"),
+        ):
+            gone = kube.kubectl(cluster, "get", kind, name, "-n", NAMESPACE, check=False)
+            assert gone.returncode != 0 and "NotFound" in gone.stderr, (kind, name)
+    finally:
+        kube.kubectl(cluster, "delete", "namespace", ns, "--ignore-not-found", "--wait=false")
