@@ -21,6 +21,12 @@ lint: $(BIN)/.installed
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 	$(BIN)/hadolint images/operator.Dockerfile images/agent.Dockerfile
+	# The Helm chart (helm is built from Go modules on first use, like the control plane).
+	HELM=$$($(BIN)/python -m coroner_dev.devcluster.tools helm) && \
+	  $$HELM lint --strict charts/coroner && \
+	  $$HELM template coroner charts/coroner --namespace coroner-system --include-crds >/dev/null && \
+	  $$HELM template coroner charts/coroner --namespace coroner-system --include-crds \
+	    --set retireGrant.enabled=true,nodeLoss.enabled=true,monitoring.enabled=true >/dev/null
 
 # Builds the control plane on first use (cached under ~/.cache/coroner), then runs every test.
 test: lint
