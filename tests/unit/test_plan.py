@@ -19,7 +19,7 @@ import jsonpatch
 import pytest
 import yaml
 from click.testing import CliRunner
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
@@ -908,6 +908,7 @@ class TestRequestTimeout:
         with pytest.raises(ValueError, match="duration"):
             options.parse_duration(text)
 
+    @settings(deadline=None)
     @given(
         hours=st.integers(0, 48),
         minutes=st.integers(0, 120),
@@ -952,6 +953,26 @@ class TestSavedPlan:
         document = saved(result, node_deletion_evidence=True, node_deletion_quarantine_seconds=0.0)
         approval = plan.read_saved_plan(document, source="plan.json")
         assert approval.policy_flags == {"node_deletion_evidence": True, "node_deletion_quarantine_seconds": 0.0}
+
+    @settings(max_examples=50, deadline=None)
+    @given(
+        rows=st.lists(st.tuples(st.sampled_from(["a", "b", "c", "d", "e"]), st.booleans()), unique_by=lambda r: r[0]),
+        all_namespaces=st.booleans(),
+        output=st.sampled_from(["json", "yaml"]),
+    )
+    def test_any_plan_saved_reads_back_as_its_approval(
+        self, rows: list[tuple[str, bool]], all_namespaces: bool, output: str
+    ) -> None:
+        result = planned([worker(name, attested=attested) for name, attested in rows])
+        namespace = None if all_namespaces else NAMESPACE
+        document = render.plan_document(result, namespace=namespace, now=NOW, retire_permission={})
+        text = render.dump(document, output=output)
+        approval = plan.read_saved_plan(json.loads(text) if output == "json" else yaml.safe_load(text), source="f")
+        assert approval.registry_fingerprint == result.registry_fingerprint
+        assert approval.candidate_fingerprint == result.candidate_fingerprint
+        assert approval.namespace == namespace
+        assert list(approval.candidates) == [plan.key_of(e.registration) for e in plan.candidates(result)]
+        assert approval.candidates == tuple((NAMESPACE, name) for name, attested in sorted(rows) if attested)
 
     @pytest.mark.parametrize(
         "spoil",
