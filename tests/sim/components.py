@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
+import datetime
 import os
 import tempfile
 from collections.abc import Callable
@@ -40,10 +40,8 @@ from sim.prod import (
     agent_service,
     api,
     cli_plan,
-    decide,
-    lease_expiry,
     model,
-    operator_status,
+    operator_inputs,
     operator_step,
     procfs,
     retire_protocol,
@@ -117,6 +115,8 @@ class SimProber:
     def _read_node(self) -> agent_probe.LocalNode:
         node = self.agent.node
         view = self.reader.view_ns
+        if self.reader.flaky is not None:
+            return self._read_node_files(node, view)  # its reads may fail: never cached
         key = (node.name, node.boot_id, node.host_id, view)
         facts = _NODE_FACTS.get(key)
         if facts is None:
@@ -141,8 +141,7 @@ class SimProber:
         return self.node.host_id
 
     def rescan(self) -> None:
-        if self.node.boot_id != self.agent.node.boot_id:  # the files changed only if the node rebooted
-            self.node = self._read_node()
+        self.node = self._read_node()  # as ProcProber.rescan: fresh node facts every resync
         self.index.refresh(reader=self.reader, proc_pid_namespace=self.node.proc_pid_namespace)
 
     def probe(self, *, key: tuple[str, str], registration: model.Registration) -> agent_probe.ProbeResult:
@@ -380,15 +379,12 @@ class SimAgent:
 # --- the operator ------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass
-class RetireIntent:
-    """What a retirement write relied on, for the oracles (never sent to the server)."""
-
-    view_rv: int
-    attestation: Any
-
-
 class SimOperator:
+    """The operator: its production `World` fed by the production `WatchInputs`, the production
+    reconcile step, and the production retire protocol; the sim owns the runtime around them (the
+    queue, the timers and alarms, the sweep, the capability refresh) and `Executor.run`'s mapping
+    of outcomes, each in a few lines below."""
+
     def __init__(self, trial: Trial, name: str, *, skew: float = 0.0, lag: float = 0.05) -> None:
         self.trial = trial
         self.name = name
@@ -405,6 +401,9 @@ class SimOperator:
     def now(self) -> float:
         return self.trial.now + self.skew
 
+    def clock(self) -> datetime.datetime:
+        return dt(self.now())
+
     def later(self, delay: float, fn: Callable[[], None]) -> None:
         epoch = self.epoch
 
@@ -419,8 +418,15 @@ class SimOperator:
         self.up = True
         self.world = World()
         self.queued: set[tuple[str, str]] = set()
-        self.agent_due: dict[str, float] = {}
+        self.alarms: dict[Any, float] = {}
         self.timer_due: dict[tuple[str, str], float] = {}
+        self.inputs = operator_inputs.WatchInputs(
+            world=self.world,
+            controller=self,
+            executor=self,
+            gauge=self,
+            clock=self.clock,  # type: ignore[arg-type]
+        )
         self.watches = [
             Watcher(self.trial.server, name=f"{self.name}-wreg", kind="wreg", selector=lambda b: True, lag=self.lag,
                     on_event=self.on_registration, on_relist=self.on_relist),
@@ -434,16 +440,6 @@ class SimOperator:
         self.later(60.0, self.sweep)
         self.later(5.0, self.refresh_permission)
 
-    def refresh_permission(self) -> None:
-        """Reconciler.run_permission_refresh: a flip of the retire capability re-queues the namespace."""
-        for namespace in self.world.namespaces():
-            allowed = self.trial.server.holds_retire(self.identity)
-            if self.world.retire_permission.get(namespace) != allowed:
-                self.world.retire_permission[namespace] = allowed
-                for key in self.world.keys_in_namespace(namespace):
-                    self.enqueue(key)
-        self.later(5.0, self.refresh_permission)
-
     def crash(self) -> None:
         if not self.up:
             return
@@ -452,70 +448,7 @@ class SimOperator:
         for watch in self.watches:
             watch.stop()
 
-    # --- inputs (mirror Reconciler.on_registration / on_lease) ---------------------------------
-
-    def on_relist(self, items: list[dict[str, Any]]) -> None:
-        for key in list(self.world.bodies):
-            self.world.forget_registration(key)
-        for body in items:
-            self.world.put_registration(body)
-        for key in list(self.world.bodies):
-            self.enqueue(key)
-
-    def on_registration(self, etype: str, body: dict[str, Any]) -> None:
-        key = _key(body)
-        travel = self.trial.travel
-        rv = _rv(body)
-        if travel is not None and travel[0] is self and self.trial.labels.get(rv) == travel[1]:
-            self.trial.at(self.trial.now, lambda: self.trial.time_travel(rv))
-        peers = {(p.namespace or "", p.name or "") for p in self.world.peers_of(key)}
-        if etype == "DELETED":
-            self.world.forget_registration(key)
-        else:
-            cached = self.world.bodies.get(key)
-            if cached is not None and _rv(body) < _rv(cached):
-                return
-            self.world.put_registration(body)
-            self.enqueue(key)
-            peers |= {(p.namespace or "", p.name or "") for p in self.world.peers_of(key)}
-        for peer in sorted(peers):
-            self.enqueue(peer)
-
-    def on_lease_relist(self, items: list[dict[str, Any]]) -> None:
-        self.world.agents.clear()
-        for body in items:
-            self.on_lease("ADDED", body)
-
-    def on_lease(self, etype: str, body: dict[str, Any]) -> None:
-        now = dt(self.now())
-        if etype != "DELETED" and self.world.is_routine_agent_renewal(body, now=now):
-            _, node = self.world.put_lease(body)
-            if node is not None:
-                self.watch_agent_expiry(node)
-            return
-        kind, subject = self.world.forget_lease(body) if etype == "DELETED" else self.world.put_lease(body)
-        if kind == "agent" and subject is not None:
-            self.watch_agent_expiry(subject)
-            for key in self.world.keys_on_node(subject):
-                self.enqueue(key)
-
-    def watch_agent_expiry(self, node: str) -> None:
-        facts = self.world.agents.get(node)
-        until = None if facts is None else lease_expiry(facts.renew_time, facts.lease_duration_seconds)
-        if until is None:
-            return
-        at = (until - dt(0)).total_seconds() - self.skew  # the operator's clock reads `until` then
-        if at <= self.trial.now or self.agent_due.get(node) == at:
-            return
-        self.agent_due[node] = at
-
-        def fire() -> None:
-            if self.agent_due.get(node) == at:
-                del self.agent_due[node]
-                for key in self.world.keys_on_node(node):
-                    self.enqueue(key)
-
-        self.later(at - self.trial.now + 0.001, fire)
+    # --- what WatchInputs needs of the runtime, the executor and the gauge ----------------------
 
     def enqueue(self, key: tuple[str, str]) -> None:
         if key in self.queued:
@@ -527,6 +460,52 @@ class SimOperator:
             self.reconcile(key)
 
         self.later(0.001, run)
+
+    def alarm(self, token: Any, when: datetime.datetime, fire: Callable[[], None]) -> None:
+        at = (when - dt(0)).total_seconds() - self.skew  # the true time at which this clock reads `when`
+        self.alarms[token] = at
+
+        def ring() -> None:
+            if self.alarms.get(token) == at:
+                del self.alarms[token]
+                fire()
+
+        self.later(at - self.trial.now + 0.001, ring)
+
+    def cancel_alarm(self, token: Any) -> None:
+        self.alarms.pop(token, None)
+
+    def forget(self, key: tuple[str, str]) -> None:
+        """Executor.forget: nothing is kept per key here."""
+
+    def set(self, key: tuple[str, str], reason: Any) -> None:
+        """DecisionGauge.set: the sim keeps no gauge."""
+
+    # --- inputs: the production WatchInputs (plus Sieve's time-travel trigger) ------------------
+
+    def on_relist(self, items: list[dict[str, Any]]) -> None:
+        listed = {_key(body) for body in items}
+        for key, body in list(self.world.bodies.items()):
+            if key not in listed:
+                self.inputs.on_registration(body, deleted=True)
+        for body in items:
+            self.inputs.on_registration(body, deleted=False)
+
+    def on_registration(self, etype: str, body: dict[str, Any]) -> None:
+        travel = self.trial.travel
+        rv = _rv(body)
+        if travel is not None and travel[0] is self and self.trial.labels.get(rv) == travel[1]:
+            self.trial.at(self.trial.now, lambda: self.trial.time_travel(rv))
+        self.inputs.on_registration(body, deleted=etype == "DELETED")
+
+    def on_lease_relist(self, items: list[dict[str, Any]]) -> None:
+        for body in items:
+            self.inputs.on_lease(body, deleted=False)
+
+    def on_lease(self, etype: str, body: dict[str, Any]) -> None:
+        self.inputs.on_lease(body, deleted=etype == "DELETED")
+
+    # --- the runtime's timers and services ------------------------------------------------------
 
     def schedule(self, key: tuple[str, str], when: float) -> None:
         at = when - self.skew
@@ -547,57 +526,34 @@ class SimOperator:
             self.enqueue(key)
         self.later(60.0, self.sweep)
 
-    # --- the reconcile (mirrors Reconciler.reconcile; the effects step replaces it) -------------
+    def refresh_permission(self) -> None:
+        """PermissionRefresher.refresh: a flip of the retire capability re-queues the namespace."""
+        for namespace in self.world.namespaces():
+            if self.world.set_retire_permission(namespace, self.trial.server.holds_retire(self.identity)):
+                for key in self.world.keys_in_namespace(namespace):
+                    self.enqueue(key)
+        self.later(5.0, self.refresh_permission)
+
+    # --- the reconcile: the production step, its Effects run as Executor.run runs them ----------
 
     def reconcile(self, key: tuple[str, str]) -> None:
         self.trial.stats["reconciles"] += 1
-        if operator_step is not None and self.trial.use_step:
-            self._step(key)
-            return
         body = self.world.bodies.get(key)
         if body is None:
             return
         registration = self.world.parsed[key]
-        now = dt(self.now())
-        if registration.terminal:
-            if not operator_status.reads_terminal(registration):
-                facts = self.world.facts_for(key, now=now)
-                final = decide(registration=registration, facts=facts, policy=self.policy, now=now)
-                self._write_conditions(key, body, registration, final, now=now)
-            return
+        now = self.clock()
         namespace = key[0]
-        if namespace not in self.world.retire_permission:
-            self.world.retire_permission[namespace] = self.trial.server.holds_retire(self.identity)
-        facts = self.world.facts_for(key, now=now)
-        decision = decide(registration=registration, facts=facts, policy=self.policy, now=now)
-        if decision.retirable:
-            # Steps 1-2 of the retire protocol are requests sent after the decision (the capability
-            # review and the Lease fence): they answer one round trip later.
-            self.later(self.trial.latency(), lambda: self._retire(key, body, registration))
-        else:
-            self._write_conditions(key, body, registration, decision, now=now)
-        if decision.next_evaluation_at is not None:
-            self.schedule(key, (decision.next_evaluation_at - dt(0)).total_seconds())
-
-    # --- the production reconcile step and retire protocol (issue 15) --------------------------
-
-    def _step(self, key: tuple[str, str]) -> None:
-        """Gather the facts from the cache, run `coroner_operator.step.reconcile`, execute its Effects
-        as `coroner_operator.executor.Executor.run` does, against the model API server."""
-        body = self.world.bodies.get(key)
-        if body is None:
-            return
-        registration = self.world.parsed[key]
-        now = dt(self.now())
-        namespace = key[0]
-        if not registration.terminal and namespace not in self.world.retire_permission:
-            self.world.retire_permission[namespace] = self.trial.server.holds_retire(self.identity)
+        if not registration.terminal and namespace not in self.world.retire_permission:  # PermissionRefresher.ensure
+            self.world.set_retire_permission(namespace, self.trial.server.holds_retire(self.identity))
         facts = self.world.facts_for(key, now=now)
         effects = operator_step.reconcile(
             body=body, registration=registration, facts=facts, policy=self.policy, now=now, retention_seconds=0
         )
         if effects.write_conditions is not None:
-            self._send(key, [dict(op) for op in effects.write_conditions.ops], intent=None)
+            ops = [dict(op) for op in effects.write_conditions.ops]
+            self.trial.stats["operator_writes_sent"] += 1
+            self.later(self.trial.latency(), lambda: self._write_conditions(key, ops))
         if effects.retire is not None:
             intent = effects.retire
             # Steps 1-2 of the retire protocol are requests: they answer one round trip later.
@@ -605,106 +561,54 @@ class SimOperator:
         if effects.requeue_at is not None:
             self.schedule(key, (effects.requeue_at - dt(0)).total_seconds())
 
-    def _run_retire(self, key: tuple[str, str], intent: Any) -> None:
-        port = _RetirePort(self, view_rv=int(intent.resource_version or 0))
-        retirer = retire_protocol.Retirer(name=self.identity)
-        result = _run(retire_protocol.retire(port, intent, retirer=retirer, clock=lambda: dt(self.now())))
-        outcome = result.outcome
-        if outcome is retire_protocol.RetireOutcome.RETIRED:
-            self._observe(result.patched)
-            self.writes += 1
-            if self.crash_after_write is not None and self.writes == self.crash_after_write:
-                self.trial.sieve_crash(self)
-        elif outcome is retire_protocol.RetireOutcome.PERMISSION_MISSING:
-            self.world.retire_permission[key[0]] = False
-            self.enqueue(key)
-        elif outcome in (retire_protocol.RetireOutcome.LEASE_FENCE_MOVED, retire_protocol.RetireOutcome.ABANDONED):
-            self.world.leases[key[0]] = dict(result.leases or {})
-            self.enqueue(key)
-        elif outcome is retire_protocol.RetireOutcome.CONFLICT:
-            self.trial.stats["cas_conflicts"] += 1
-            self._reread(key)
-        else:
-            self.trial.stats[f"retire:{outcome}"] += 1
-            self.later(1.0, lambda: self.enqueue(key))
-
-    def _write_conditions(self, key, body, registration, decision, *, now) -> None:  # type: ignore[no-untyped-def]
-        desired = operator_status.desired_conditions(registration, decision, now=now)
-        if not operator_status.conditions_changed(registration, desired):
-            return
-        ops = operator_status.conditions_ops(body, desired, resource_version=str(registration.resource_version))
-        self._send(key, ops, intent=None)
-
-    def _retire(self, key, body, registration) -> None:  # type: ignore[no-untyped-def]
-        namespace = key[0]
-        now = dt(self.now())
-        # Right before the write: the capability and the Lease fence, read fresh (FreshRead).
-        if not self.trial.server.holds_retire(self.identity):
-            self.world.retire_permission[namespace] = False
-            self.enqueue(key)
-            return
-        live = {}
-        cached = self.world.leases.get(namespace, {})
-        if {(n, f.holder_identity) for n, f in live.items()} != {(n, f.holder_identity) for n, f in cached.items()}:
-            self.world.leases[namespace] = live
-            self.enqueue(key)
-            return
-        fenced = decide(
-            registration=registration,
-            facts=self.world.facts_for(
-                key, now=now, leases_override=live, permission_override=True, use_permission_override=True
-            ),
-            policy=self.policy,
-            now=now,
-        )
-        if not fenced.retirable:
-            self.enqueue(key)
-            return
-        ops = operator_status.retirement_ops(body, registration, fenced, retired_by=self.identity, now=dt(self.now()))
-        intent = RetireIntent(view_rv=int(registration.resource_version or 0), attestation=registration.attestation)
-        self._send(key, ops, intent=intent)
-
-    def _send(self, key: tuple[str, str], ops: list[dict[str, Any]], *, intent: RetireIntent | None) -> None:
-        self.trial.stats["operator_writes_sent"] += 1
-        self.later(self.trial.latency(), lambda: self._write(key, ops, intent))
-
-    def _write(self, key: tuple[str, str], ops: list[dict[str, Any]], intent: RetireIntent | None) -> None:
-        server = self.trial.server
+    def _write_conditions(self, key: tuple[str, str], ops: list[dict[str, Any]]) -> None:
         try:
-            patched = server.patch(
-                self.identity, "wreg", key[0], key[1], ops, view_rv=None if intent is None else intent.view_rv
-            )
+            patched = self.trial.server.patch(self.identity, "wreg", key[0], key[1], ops)
         except SimApiError as exc:
             if exc.status in (404, 409, 422):
                 self.trial.stats["cas_conflicts"] += 1
                 self._reread(key)
                 return
-            if exc.status == 403:
-                self.world.retire_permission[key[0]] = False
-                self.enqueue(key)
-                return
             raise
-        self._observe(patched)
+        self.world.observe_registration(patched)
+        self._wrote()
+
+    def _run_retire(self, key: tuple[str, str], intent: Any) -> None:
+        port = _RetirePort(self, view_rv=int(intent.resource_version or 0))
+        retirer = retire_protocol.Retirer(name=self.identity)
+        result = _run(retire_protocol.retire(port, intent, retirer=retirer, clock=self.clock))
+        outcome = result.outcome
+        self.trial.stats[f"retire:{outcome.value}"] += 1
+        if outcome is retire_protocol.RetireOutcome.RETIRED:
+            self.world.observe_registration(result.patched)
+            self._wrote()
+        elif outcome is retire_protocol.RetireOutcome.PERMISSION_MISSING:
+            self.world.set_retire_permission(key[0], False)
+            self.enqueue(key)
+        elif outcome in (retire_protocol.RetireOutcome.LEASE_FENCE_MOVED, retire_protocol.RetireOutcome.ABANDONED):
+            self.world.replace_leases(key[0], dict(result.leases or {}))
+            self.enqueue(key)
+        elif outcome is retire_protocol.RetireOutcome.CONFLICT:
+            self.trial.stats["cas_conflicts"] += 1
+            self._reread(key)
+        else:  # UNREACHABLE, FAILED: the runtime retries with backoff
+            self.later(1.0, lambda: self.enqueue(key))
+
+    def _wrote(self) -> None:
         self.writes += 1
         if self.crash_after_write is not None and self.writes == self.crash_after_write:
             self.trial.sieve_crash(self)
 
     def _reread(self, key: tuple[str, str]) -> None:
+        """Executor.reread: a GET without a resourceVersion (a quorum read: fresh even from a lagging
+        API server, whose watch cache serves the stale lists and events)."""
         try:
-            # A GET without a resourceVersion is a quorum read: fresh even from a lagging API
-            # server, whose watch cache serves the stale lists and events.
             fresh = self.trial.server.get("wreg", key[0], key[1])
         except SimApiError:
             self.world.forget_registration(key)
             return
-        self._observe(fresh)
+        self.world.observe_registration(fresh)
         self.enqueue(key)
-
-    def _observe(self, body: dict[str, Any]) -> None:
-        key = _key(body)
-        cached = self.world.bodies.get(key)
-        if cached is None or _rv(body) >= _rv(cached):
-            self.world.put_registration(body)
 
 
 class _RetirePort:

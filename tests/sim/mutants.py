@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from sim.prod import agent_probe, decision, operator_status, procfs, retire_protocol, wire
+from sim.prod import agent_probe, decision, procfs, retire_protocol, wire
 
 #: The trial being run (a mutant that needs the API server reads it; set by the runner).
 ACTIVE: list[Any] = []
@@ -30,14 +30,14 @@ def _patched(owner: Any, name: str, replacement: Any) -> Iterator[None]:
 @contextlib.contextmanager
 def retire_without_rv_test() -> Iterator[None]:
     """The retirement patch without its `test` of /metadata/resourceVersion (wherever it is bound:
-    the operator's status module, the one retire protocol, the wire module)."""
+    the wire module and the one retire protocol)."""
     original = wire.retirement_ops
 
     def mutant(*args: Any, **kwargs: Any) -> list[dict[str, Any]]:
         ops = original(*args, **kwargs)
         return [op for op in ops if not (op["op"] == "test" and op["path"] == "/metadata/resourceVersion")]
 
-    owners = [m for m in (wire, operator_status, retire_protocol) if m is not None and hasattr(m, "retirement_ops")]
+    owners = [m for m in (wire, retire_protocol) if hasattr(m, "retirement_ops")]
     with contextlib.ExitStack() as stack:
         for owner in owners:
             stack.enter_context(_patched(owner, "retirement_ops", mutant))

@@ -6,6 +6,9 @@ the simulation that changes. Nothing here is a copy: each name is the shipped ob
 
 from __future__ import annotations
 
+# The operator: its watch inputs, its reconcile step (effects as data), the one retire protocol.
+from coroner import retire as retire_protocol
+
 # `kubectl coroner apply`: the human's compare-and-swap retirement.
 from coroner.cli import plan as cli_plan
 
@@ -18,18 +21,8 @@ from coroner.core.world import World, lease_facts
 # The agent: the probe over a ProcReader, the attestation's building, confirmation and write rule.
 from coroner_agent import probe as agent_probe
 from coroner_agent import service as agent_service
-
-# The operator: the conditions and the compare-and-swap patches it writes.
-from coroner_operator import status as operator_status
-
-# The operator's reconcile step (effects as data) and the one retire protocol (issue 15), where
-# this tree has them: the simulated operator then runs them instead of its mirror of the reconciler.
-try:
-    from coroner import retire as retire_protocol
-    from coroner_operator import step as operator_step
-except ImportError:  # an older tree: SimOperator mirrors Reconciler.reconcile
-    retire_protocol = None  # type: ignore[assignment]
-    operator_step = None  # type: ignore[assignment]
+from coroner_operator import inputs as operator_inputs
+from coroner_operator import step as operator_step
 
 __all__ = [
     "AgentFacts",
@@ -51,7 +44,7 @@ __all__ = [
     "lease_expiry",
     "lease_facts",
     "model",
-    "operator_status",
+    "operator_inputs",
     "operator_step",
     "procfs",
     "retire_protocol",

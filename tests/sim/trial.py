@@ -103,8 +103,6 @@ class Trial:
         self.attested_by: dict[tuple[Key, str], str] = {}
         self.labels: dict[int, str] = {}
         self.retired_seen: dict[Key, Any] = {}
-        self.use_step = True
-        """Run the operator's production reconcile step and retire protocol where the tree has them."""
         self.travel: tuple[SimOperator | SimAgent, str, float] | None = None
         self._draw(faults)
 
