@@ -574,7 +574,7 @@ class SimOperator:
         self._wrote()
 
     def _run_retire(self, key: tuple[str, str], intent: Any) -> None:
-        port = _RetirePort(self, view_rv=int(intent.resource_version or 0))
+        port = _RetirePort(self.trial, self.identity, view_rv=int(intent.resource_version or 0))
         retirer = retire_protocol.Retirer(name=self.identity)
         result = _run(retire_protocol.retire(port, intent, retirer=retirer, clock=self.clock))
         outcome = result.outcome
@@ -612,31 +612,28 @@ class SimOperator:
 
 
 class _RetirePort:
-    """`coroner.retire.RetirePort` over the model API server, as the operator's identity."""
+    """`coroner.retire.RetirePort` over the model API server, as one identity (the operator's, a person's)."""
 
-    def __init__(self, operator: SimOperator, *, view_rv: int) -> None:
-        self.operator = operator
+    def __init__(self, trial: Trial, identity: str, *, view_rv: int) -> None:
+        self.trial = trial
+        self.identity = identity
         self.view_rv = view_rv
 
     async def can_retire(self, *, namespace: str, name: str) -> bool | None:
-        return self.operator.trial.server.holds_retire(self.operator.identity)
+        return self.trial.server.holds_retire(self.identity)
 
     async def list_leases(self, *, namespace: str) -> list[dict[str, Any]]:
-        items, _ = self.operator.trial.server.list(
-            "lease", lambda b: (b.get("metadata") or {}).get("namespace") == namespace
-        )
+        items, _ = self.trial.server.list("lease", lambda b: (b.get("metadata") or {}).get("namespace") == namespace)
         return items
 
     async def patch_status(self, *, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
         try:
-            return self.operator.trial.server.patch(
-                self.operator.identity, "wreg", namespace, name, ops, view_rv=self.view_rv
-            )
+            return self.trial.server.patch(self.identity, "wreg", namespace, name, ops, view_rv=self.view_rv)
         except SimApiError as exc:
             raise retire_protocol.PortError(exc.status, exc.message, reason=exc.reason) from exc
 
     async def post_event(self, *, involved: Any, reason: str, evidence: str, message: str) -> None:
-        self.operator.trial.stats["events"] += 1
+        self.trial.stats["events"] += 1
 
 
 def _run(coroutine: Any) -> Any:
@@ -743,7 +740,8 @@ class Worker:
 
 
 class Human:
-    """`kubectl coroner apply`: plan from one LIST of each kind, retire the candidates by CAS."""
+    """`kubectl coroner apply`: plan from one LIST of each kind, retire each candidate with the one
+    retire protocol as a person (`Writer.PERSON`), as `cli/commands/apply.py` does."""
 
     def __init__(self, trial: Trial) -> None:
         self.trial = trial
@@ -760,16 +758,19 @@ class Human:
         )
         world = cli_plan.build_world(listing)
         now = dt(self.trial.now)
-        plan = cli_plan.decide_all(world=world, policy=Policy(), now=now)
+        policy = Policy()
+        plan = cli_plan.decide_all(world=world, policy=policy, now=now)
         for entry in cli_plan.candidates(plan):
             registration = entry.registration
             key = (registration.namespace or "", registration.name or "")
-            body = world.bodies[key]
-            ops = cli_plan.retirement_patch(
-                body=body, registration=registration, decision=entry.decision, retired_by="human", now=now
+            intent = retire_protocol.RetireIntent(
+                body=world.bodies[key],
+                registration=registration,
+                decision=entry.decision,
+                facts=world.facts_for(key, now=now),
+                policy=policy,
             )
-            try:
-                server.patch("human", "wreg", key[0], key[1], ops, view_rv=int(registration.resource_version or 0))
-                self.trial.stats["human_retired"] += 1
-            except SimApiError:
-                self.trial.stats["human_conflicts"] += 1
+            retirer = retire_protocol.Retirer(name="human", writer=wire.Writer.PERSON, via="kubectl coroner apply")
+            port = _RetirePort(self.trial, "human", view_rv=int(registration.resource_version or 0))
+            result = _run(retire_protocol.retire(port, intent, retirer=retirer, clock=lambda: dt(self.trial.now)))
+            self.trial.stats[f"human:{result.outcome.value}"] += 1
