@@ -168,10 +168,6 @@ class Held:
         return self.client.request("GET", registrations_path(self.namespace, self.name))
 
 
-#: The old name of `Held` (one `Registration` type is the parsed one, `coroner.core.model.Registration`).
-Registration = Held
-
-
 def register(
     *,
     client: Rest,

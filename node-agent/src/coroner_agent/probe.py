@@ -239,10 +239,6 @@ class LocalNode:
         )
 
 
-#: The old name (tests/sim still spells it so); not `coroner.core.decision.NodeFacts`, the Node object's facts.
-NodeFacts = LocalNode
-
-
 # --- the index: (pid namespace, namespaced pid) -> host pid ------------------------------------
 
 

@@ -34,9 +34,6 @@ from coroner_agent.probe import ProbeResult
 
 logger = logging.getLogger("coroner.agent")
 
-#: The old name of a probe's outcome (tests/sim still spells it so); one type, `ProbeResult`.
-Outcome = ProbeResult
-
 
 class Prober(Protocol):
     """The probes, injected so every branch of the loop is testable without real processes."""
