@@ -5,8 +5,10 @@ revoked through values; and `helm uninstall` keeping the CRD and every registrat
 
 from __future__ import annotations
 
+import pathlib
 import subprocess
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from kubernetes import client as k8s
@@ -55,7 +57,28 @@ def clean_slate(cluster: Cluster) -> Iterator[Cluster]:
         components.install(cluster, grant=False)
 
 
-def test_helm_install_upgrade_and_uninstall_keeping_the_crd(clean_slate: Cluster, admin: k8s.ApiClient) -> None:
+def _agent_lease(registration: dict[str, Any]) -> dict[str, Any]:
+    """The Lease the agent of the registration's node renews, on the registration's boot."""
+    incarnation = registration["spec"]["incarnation"]
+    node = registration["spec"]["nodeName"]
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": f"{api.AGENT_LEASE_PREFIX}{node}",
+            "namespace": NAMESPACE,
+            "annotations": {
+                api.AGENT_LEASE_BOOT_ID: incarnation["bootId"],
+                api.AGENT_LEASE_HOST_ID: incarnation["hostId"],
+            },
+        },
+        "spec": {"holderIdentity": f"agent-{node}", "leaseDurationSeconds": 300, "renewTime": components.now_text()},
+    }
+
+
+def test_helm_install_upgrade_and_uninstall_keeping_the_crd(
+    clean_slate: Cluster, admin: k8s.ApiClient, tmp_path: pathlib.Path
+) -> None:
     cluster = clean_slate
     installed = helm_cmd(
         cluster, "install", RELEASE, str(helm.CHART), "--namespace", NAMESPACE, "--create-namespace",
@@ -95,6 +118,17 @@ def test_helm_install_upgrade_and_uninstall_keeping_the_crd(clean_slate: Cluster
                 )
         assert 'the agent of node "node-a" may not attest' in kube.api_error_body(raised.value)["message"]
         assert kube.kubectl(cluster, "get", "registration", "on-a", "-n", ns, "-o", "name").stdout.strip()
+
+        # The release's operator identity retires (every policy names it), and its agent's Lease
+        # lives in the release namespace: a real operator run as that ServiceAccount retires on-a.
+        with api_client(agent_config) as agent:
+            k8s.CoordinationV1Api(agent).create_namespaced_lease(NAMESPACE, _agent_lease(mine))
+        operator_config = mint_token(cluster, service_account=f"{NAMESPACE}/{PREFIX}coroner-operator")
+        argv = components.operator_argv(operator_config, f"--system-namespace={NAMESPACE}", f"--namespace={ns}")
+        with components.process(argv, log=tmp_path / "operator.log"):
+            kube.wait_for(lambda: components.retired(admin, ns, "on-a"), timeout=120, what="on-a retired")
+        assert kube.get_registration(admin, ns, "on-a")["status"]["retirement"]["retiredBy"] == OPERATOR
+        assert kube.get_registration(admin, ns, "on-a")["status"]["state"] == "Retired"
 
         # Revoking is a values change, effective at once.
         upgraded = helm_cmd(
