@@ -623,7 +623,7 @@ def _decide(
     world: World, key: Key, *, policy: Policy, now: datetime.datetime, node: NodeFacts | None = None
 ) -> Decision:
     """`key` decided as someone holding retire would, with `node` standing in for its Node."""
-    facts = world.facts_for(key, now=now, node_override=node, permission_override=True, use_permission_override=True)
+    facts = dataclasses.replace(world.facts_for(key, now=now, node=node), retire_permission=True)
     return decide(registration=world.parsed[key], facts=facts, policy=policy, now=now)
 
 

@@ -275,19 +275,7 @@ class World:
 
     # --- facts ---------------------------------------------------------------------------------
 
-    def facts_for(
-        self,
-        key: Key,
-        *,
-        now: datetime.datetime,
-        node: NodeFacts | None = None,
-        # The old spelling, until `kubectl coroner apply` and `doctor` use `coroner.retire.fenced` too
-        # (issue 15); to be removed.
-        node_override: NodeFacts | None = None,
-        leases_override: Mapping[str, LeaseFacts] | None = None,
-        permission_override: bool | None = None,
-        use_permission_override: bool = False,
-    ) -> Facts:
+    def facts_for(self, key: Key, *, now: datetime.datetime, node: NodeFacts | None = None) -> Facts:
         """The facts `decide` needs about `key`, from the cache. `node` stands in for the cached view
         of the registration's Node where a live read confirmed more than the cache knows (the
         operator's confirmation that the Node is gone). A retirement's fence replaces the Leases and
@@ -297,14 +285,12 @@ class World:
         node_name = registration.node_name or ""
         nodes: dict[str, NodeFacts] = {}
         if node_name:
-            nodes[node_name] = node or node_override or self.node_view(node_name, now=now)
+            nodes[node_name] = node or self.node_view(node_name, now=now)
         agents = {node_name: self.agents[node_name]} if node_name in self.agents else {}
         return Facts(
             agents=agents,
             nodes=nodes,
-            protecting_leases=tuple(
-                (self.leases.get(key[0], {}) if leases_override is None else leases_override).values()
-            ),
+            protecting_leases=tuple(self.leases.get(key[0], {}).values()),
             peers=tuple(self.peers_of(key)),
-            retire_permission=permission_override if use_permission_override else self.retire_permission.get(key[0]),
+            retire_permission=self.retire_permission.get(key[0]),
         )

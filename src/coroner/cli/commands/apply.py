@@ -1,15 +1,18 @@
 """``kubectl coroner apply``: retire the approved rows of a plan, under your own ``retire`` verb.
 
 Re-reads and recomputes the plan, compares it with the fingerprints a person approved
-(`coroner.cli.plan.assess_apply`), and retires each approved row with the operator's steps:
-capability review, Lease fence, compare-and-swap patch, Event.
+(`coroner.cli.plan.assess_apply`), and retires each approved row with the operator's retire
+protocol (`coroner.retire`): capability review, Lease fence, decide again, compare-and-swap patch,
+Event.
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
-from collections.abc import Sequence
-from typing import Final, TextIO
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Final, TextIO
 
 import click
 import urllib3
@@ -35,10 +38,11 @@ from coroner.cli.session import (
 )
 from coroner.client.kube import patch_registration_status
 from coroner.core import api, model
-from coroner.core.decision import Policy, decide
+from coroner.core.decision import Policy
 from coroner.core.fingerprint import PlanEntry
-from coroner.core.reasons import EventReason
-from coroner.core.world import Key, World, lease_facts
+from coroner.core.wire import Writer
+from coroner.core.world import Key, World
+from coroner.retire import PortError, RetireIntent, RetireOutcome, RetirePort, Retirer, RetireResult, retire
 
 #: Rows retired at the same time by default, and at most (each is four requests in a row).
 DEFAULT_PARALLELISM: Final = 4
@@ -334,86 +338,92 @@ def _without_resource(name: str) -> str:
     return name
 
 
+class SessionPort(RetirePort):
+    """The retire protocol's port (`coroner.retire`) over the person's `Session`: each request is
+    the Session's own (its errors mapped to `PortError`: what the API server said, or None for no
+    answer). Blocking calls: `_retire` runs one retirement per thread."""
+
+    def __init__(self, session: Session, *, reporter: str) -> None:
+        self.session = session
+        self.reporter = reporter
+
+    async def can_retire(self, *, namespace: str, name: str) -> bool | None:
+        with _port_errors(self.session):
+            return self.session.can_retire(namespace=namespace, name=name)
+
+    async def list_leases(self, *, namespace: str) -> Sequence[Mapping[str, Any]]:
+        with _port_errors(self.session):
+            return self.session.list_leases(namespace=namespace)
+
+    async def patch_status(self, *, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
+        with _port_errors(self.session):
+            return patch_registration_status(self.session.client, namespace=namespace, name=name, body=ops)
+
+    async def post_event(self, *, involved: Mapping[str, Any], reason: str, evidence: str, message: str) -> None:
+        with _port_errors(self.session):
+            self.session.post_event(body=dict(involved), reason=reason, message=message, reporter=self.reporter)
+
+
+@contextlib.contextmanager
+def _port_errors(session: Session) -> Iterator[None]:
+    try:
+        yield
+    except PluginError as exc:
+        raise PortError(None if exc.unreachable else exc.status, exc.message) from exc
+    except ApiException as exc:
+        if exc.status in (0, None):
+            raise PortError(None, session.unreachable(exc).message) from exc
+        raise PortError(int(exc.status), server_message(exc), reason=str(exc.reason or "")) from exc
+    except urllib3.exceptions.HTTPError as exc:
+        raise PortError(None, session.unreachable(exc).message) from exc
+
+
+#: What apply's rows say for each outcome of the retire protocol.
+_ROWS: Final = {
+    RetireOutcome.RETIRED: planning.RowOutcome.RETIRED,
+    RetireOutcome.PERMISSION_MISSING: planning.RowOutcome.RETIRE_PERMISSION_MISSING,
+    RetireOutcome.LEASE_FENCE_MOVED: planning.RowOutcome.RETIRE_ABANDONED,
+    RetireOutcome.ABANDONED: planning.RowOutcome.RETIRE_ABANDONED,
+    RetireOutcome.CONFLICT: planning.RowOutcome.RETIRE_CONFLICT,
+    RetireOutcome.UNREACHABLE: planning.RowOutcome.RETIRE_FAILED,
+    RetireOutcome.FAILED: planning.RowOutcome.RETIRE_FAILED,
+}
+
+
 def _retire(session: Session, *, world: World, entry: PlanEntry, policy: Policy, retired_by: str) -> planning.RowResult:
-    """One compare-and-swap retirement under the caller's identity, as the operator's steps 2-4."""
+    """One retirement under the caller's identity: the operator's retire protocol (`coroner.retire`)."""
     registration = entry.registration
     key = planning.key_of(registration)
-    namespace, name = key
-    subject = f"WorkerRegistration {namespace}/{name}"
+    subject = f"WorkerRegistration {key[0]}/{key[1]}"
+    intent = RetireIntent(
+        body=world.bodies[key],
+        registration=registration,
+        decision=entry.decision,
+        facts=world.facts_for(key, now=utcnow()),
+        policy=policy,
+    )
+    retirer = Retirer(name=retired_by, writer=Writer.PERSON, via="kubectl coroner apply")
+    result = asyncio.run(retire(SessionPort(session, reporter=retired_by), intent, retirer=retirer, clock=utcnow))
+    if result.event_error is not None:
+        click.echo(
+            f"warning: {subject} was retired but its Event was not posted: {result.event_error.message}", err=True
+        )
+    return planning.RowResult(
+        key=key,
+        outcome=_ROWS[result.outcome],
+        detail=_row_detail(result),
+        node_name=registration.node_name,
+        pid=registration.incarnation.pid,
+        evidence=result.evidence,
+    )
 
-    def result(outcome: planning.RowOutcome, detail: str, evidence: str | None = None) -> planning.RowResult:
-        return planning.RowResult(
-            key=key,
-            outcome=outcome,
-            detail=detail,
-            node_name=registration.node_name,
-            pid=registration.incarnation.pid,
-            evidence=evidence,
-        )
 
-    try:
-        # Step 2a: the capability, again, right before the write: a revocation since the plan wins.
-        if session.can_retire(namespace=namespace, name=name) is not True:
-            return result(
-                planning.RowOutcome.RETIRE_PERMISSION_MISSING,
-                f"{retired_by} does not hold the {api.RETIRE_VERB} verb on {subject} now; nothing written.",
-            )
-        # Step 2b: the Lease fence: decide once more with the Leases as they are right now.
-        live = {facts.name: facts for facts in map(lease_facts, session.list_leases(namespace=namespace))}
-        now = utcnow()
-        fenced = decide(
-            registration=registration,
-            facts=world.facts_for(
-                key, now=now, leases_override=live, permission_override=True, use_permission_override=True
-            ),
-            policy=policy,
-            now=now,
-        )
-        if not fenced.retirable:
-            return result(
-                planning.RowOutcome.RETIRE_ABANDONED,
-                f"decided again right before the write: {fenced.reason}: {fenced.detail} Nothing written.",
-            )
-        ops = planning.retirement_patch(
-            body=world.bodies[key], registration=registration, decision=fenced, retired_by=retired_by, now=utcnow()
-        )
-    except PluginError as exc:
-        return result(planning.RowOutcome.RETIRE_FAILED, f"{exc.message} Nothing written.")
-    evidence = fenced.death_evidence.value if fenced.death_evidence else None
-    # Step 3: compare-and-swap.
-    try:
-        patched = patch_registration_status(session.client, namespace=namespace, name=name, body=ops)
-    except ApiException as exc:
-        message = server_message(exc)
-        if exc.status in (404, 409, 422):
-            return result(
-                planning.RowOutcome.RETIRE_CONFLICT,
-                f"{subject} changed after it was read at resourceVersion {registration.resource_version} "
-                f"({exc.status}: {message}): it moved, nothing written; plan again.",
-            )
-        if exc.status == 403:
-            return result(
-                planning.RowOutcome.RETIRE_PERMISSION_MISSING, f"the API server refused the retirement: {message}."
-            )
-        if exc.status in (0, None):
-            return result(
-                planning.RowOutcome.RETIRE_FAILED,
-                f"{session.unreachable(exc).message} Plan again to see whether it landed.",
-            )
-        return result(planning.RowOutcome.RETIRE_FAILED, f"{exc.status} {exc.reason}: {message}; nothing written.")
-    except urllib3.exceptions.HTTPError as exc:
-        return result(
-            planning.RowOutcome.RETIRE_FAILED,
-            f"{session.unreachable(exc).message} Plan again to see whether it landed.",
-        )
-    # Step 4: the Event. The retirement stands whether or not its Event can be posted.
-    try:
-        session.post_event(
-            body=patched,
-            reason=EventReason.RETIRED.value,
-            message=f"{evidence}: retired by {retired_by} with kubectl coroner apply: {fenced.detail}",
-            reporter=retired_by,
-        )
-    except PluginError as exc:
-        click.echo(f"warning: {subject} was retired but its Event was not posted: {exc.message}", err=True)
-    return result(planning.RowOutcome.RETIRED, f"{evidence}: {fenced.detail}", evidence)
+def _row_detail(result: RetireResult) -> str:
+    error = result.error
+    if result.outcome is RetireOutcome.CONFLICT:
+        return result.detail.removesuffix(".") + "; plan again."
+    if result.outcome is RetireOutcome.UNREACHABLE and error is not None:
+        return f"{error.message} Plan again to see whether it landed."
+    if result.outcome is RetireOutcome.FAILED and error is not None and result.leases is None:
+        return f"{error.message} Nothing written."  # a read before the write failed
+    return result.detail
