@@ -13,7 +13,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from coroner.client.kube import api_client
-from coroner.core import api
+from coroner.core import api, wire
 from coroner_dev.devcluster.cluster import Cluster
 from coroner_dev.devcluster.identities import mint_token
 from support import components, kube
@@ -141,8 +141,17 @@ def test_worker_cannot_attest_or_retire_but_can_heartbeat_and_release(
                 worker, namespace, "w1", {"status": {"attestation": components.attestation(created, node="node-a")}}
             )
         assert "only the coroner agent" in kube.api_error_body(raised.value)["message"]
+        # A forged retirement is refused twice over (no verb, no evidence: whichever policy the
+        # API server evaluates first answers); one with the real evidence still needs the verb.
         with pytest.raises(ApiException) as raised:
             kube.patch_status(worker, namespace, "w1", _retire_patch())
+        assert raised.value.status in (403, 422)
+        with api_client(components.agent_kubeconfig(plan_only, "node-a")) as agent:
+            components.attest(agent, namespace, "w1", evidence="PidfdExited")
+        evidenced = _evidenced_retirement(admin, namespace, "w1")
+        evidenced[-1]["value"]["retiredBy"] = f"system:serviceaccount:{namespace}:worker"
+        with pytest.raises(ApiException) as raised:
+            kube.patch_status(worker, namespace, "w1", evidenced)
         assert "requires the retire verb" in kube.api_error_body(raised.value)["message"]
         released = [
             {
@@ -155,7 +164,7 @@ def test_worker_cannot_attest_or_retire_but_can_heartbeat_and_release(
         ]
         kube.patch_status(worker, namespace, "w1", {"status": {"conditions": released}})
     status = kube.get_registration(admin, namespace, "w1")["status"]
-    assert "retirement" not in status and "attestation" not in status
+    assert "retirement" not in status and status["attestation"]["agent"]["nodeName"] == "node-a"
 
 
 def _try_create(client: k8s.ApiClient, namespace: str, body: dict[str, object]) -> dict[str, object] | None:
@@ -170,23 +179,40 @@ def _try_create(client: k8s.ApiClient, namespace: str, body: dict[str, object]) 
 def test_operator_retires_only_while_the_component_is_applied(
     plan_only: Cluster, admin: k8s.ApiClient, namespace: str
 ) -> None:
-    for name in ("first", "second"):
-        kube.create_registration(admin, namespace, kube.registration_body(name=name))
+    # Each retirement carries its evidence (policy coroner-retire-requires-evidence): the agent of
+    # node-a attested the death, and the operator's record copies that attestation.
+    with api_client(components.agent_kubeconfig(plan_only, "node-a")) as agent:
+        for name in ("first", "second"):
+            kube.create_registration(admin, namespace, kube.registration_body(name=name))
+            components.attest(agent, namespace, name, evidence="PidfdExited")
     with api_client(mint_token(plan_only, service_account=f"{SYSTEM}/coroner-operator")) as operator:
         with pytest.raises(ApiException) as raised:
-            kube.patch_status(operator, namespace, "first", _retire_patch())
+            kube.patch_status(operator, namespace, "first", _evidenced_retirement(admin, namespace, "first"))
         assert "requires the retire verb" in kube.api_error_body(raised.value)["message"]
         apply_overlay(plan_only, "production")
-        kube.wait_for(lambda: _retires(operator, namespace, "first"), what="the grant to take effect")
+        kube.wait_for(lambda: _retires(operator, admin, namespace, "first"), what="the grant to take effect")
         kube.kubectl(plan_only, "delete", "clusterrolebinding", "coroner-operator-retire")
         # Revocation takes effect on the next write, with no restart of anything.
-        kube.wait_for(lambda: not _retires(operator, namespace, "second"), what="the revocation to take effect")
+        kube.wait_for(lambda: not _retires(operator, admin, namespace, "second"), what="the revocation to take effect")
     assert "retirement" not in kube.get_registration(admin, namespace, "second").get("status", {})
 
 
-def _retires(client: k8s.ApiClient, namespace: str, name: str) -> bool:
+def _evidenced_retirement(admin: k8s.ApiClient, namespace: str, name: str) -> list[dict[str, object]]:
+    """The operator's compare-and-swap retirement of a registration its node's agent attested Dead."""
+    body = kube.get_registration(admin, namespace, name)
+    attestation = body["status"]["attestation"]
+    retired = {**_retire_patch()["status"]["conditions"][0], "reason": attestation["evidence"]}  # type: ignore[index]
+    return wire.status_ops(
+        body=body,
+        resource_version=body["metadata"]["resourceVersion"],
+        conditions=[retired],
+        retirement={"retiredBy": OPERATOR, "reason": attestation["evidence"], "attestation": attestation},
+    )
+
+
+def _retires(client: k8s.ApiClient, admin: k8s.ApiClient, namespace: str, name: str) -> bool:
     try:
-        kube.patch_status(client, namespace, name, _retire_patch())
+        kube.patch_status(client, namespace, name, _evidenced_retirement(admin, namespace, name))
     except ApiException as exc:
         if exc.status in (403, 422):
             return False

@@ -30,6 +30,16 @@ def operator_args(documents: list[dict[str, Any]]) -> list[str]:
     return args
 
 
+def opt_in(documents: list[dict[str, Any]]) -> dict[str, str]:
+    """The evidence policy's operator opt-in variables (the rest of its variables are not opt-ins)."""
+    (policy,) = [
+        d
+        for d in documents
+        if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"] == "coroner-retire-requires-evidence"
+    ]
+    return {v["name"]: v["expression"] for v in policy["spec"]["variables"] if v["name"].startswith("operatorMay")}
+
+
 def own_overlay(tmp_path: pathlib.Path, base: str) -> pathlib.Path:
     """An overlay of one's own: an existing overlay plus the component (kustomize wants relative paths)."""
     overlay = tmp_path / "mine"
@@ -57,10 +67,17 @@ def test_the_component_turns_on_node_deletion_evidence_with_a_quarantine(
     added = operator_args(documents)[len(operator_args(without)) :]
     assert operator_args(documents)[: len(operator_args(without))] == operator_args(without)
     assert added == ["--node-deletion-evidence", "--node-quarantine-seconds=300"]
-    # Nothing else changes: no RBAC, no other object.
+    # Nothing else changes but the admission half: the evidence policy admits the operator's node
+    # evidence (its two opt-in variables turn true). No RBAC, no other object.
     assert len(documents) == len(without)
-    strip = [d for d in documents if d["kind"] != "Deployment" or d["metadata"]["name"] != "coroner-operator"]
-    assert strip == [d for d in without if d["kind"] != "Deployment" or d["metadata"]["name"] != "coroner-operator"]
+    changed = {("Deployment", "coroner-operator"), ("ValidatingAdmissionPolicy", "coroner-retire-requires-evidence")}
+
+    def strip(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [d for d in docs if (d["kind"], d["metadata"]["name"]) not in changed]
+
+    assert strip(documents) == strip(without)
+    assert opt_in(documents) == {"operatorMayUseNodeDeleted": "true", "operatorMayUseNodeOutOfService": "true"}
+    assert opt_in(without) == {"operatorMayUseNodeDeleted": "false", "operatorMayUseNodeOutOfService": "false"}
 
     # The operator's own parser accepts them and they set the policy it publishes.
     context = operator_main.make_context("coroner-operator", list(operator_args(documents)))

@@ -74,12 +74,17 @@ def test_spec_is_immutable_with_a_message_that_says_what_to_do(
 
 
 def test_retirement_is_terminal_history(coroner_api: Cluster, admin: k8s.ApiClient, namespace: str) -> None:
+    # A retirement needs its evidence (policy coroner-retire-requires-evidence): the node's agent
+    # attests the death, and the retirement copies that attestation, as the operator writes it.
     kube.create_registration(admin, namespace, kube.registration_body(name="w1"))
+    components.install(coroner_api, grant=False)
+    with api_client(components.agent_kubeconfig(coroner_api, "node-a")) as agent:
+        body = components.attest(agent, namespace, "w1", evidence="ProcAbsent")
+    attestation = body["status"]["attestation"]
     retired = [{"type": "Retired", "status": "True", "reason": "ProcAbsent", "message": "m",
                 "lastTransitionTime": "2026-01-01T00:00:00Z"}]  # fmt: skip
-    kube.patch_status(
-        admin, namespace, "w1", {"status": {"conditions": retired, "retirement": {"reason": "ProcAbsent"}}}
-    )
+    record = {"retiredBy": "admin", "reason": "ProcAbsent", "attestation": attestation}
+    kube.patch_status(admin, namespace, "w1", {"status": {"conditions": retired, "retirement": record}})
     with pytest.raises(ApiException) as raised:
-        kube.patch_status(admin, namespace, "w1", {"status": {"retirement": {"reason": "PidfdExited"}}})
+        kube.patch_status(admin, namespace, "w1", {"status": {"retirement": {**record, "reason": "PidfdExited"}}})
     assert "terminal history" in kube.api_error_body(raised.value)["message"]

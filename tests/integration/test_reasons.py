@@ -29,7 +29,7 @@ HOST = "0f2e7a1c9d8b4e6f8a7b6c5d4e3f2a1b"
 
 @pytest.fixture(scope="module")
 def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    components.install(cluster, grant=True)
+    components.install(cluster, grant=True, node_loss=True)  # the operator's node evidence, as below
     logs = tmp_path_factory.mktemp("operator")
     argv = components.operator_argv(
         components.operator_kubeconfig(cluster), "--node-deletion-evidence", "--node-quarantine-seconds=1"

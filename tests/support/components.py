@@ -24,12 +24,29 @@ BIN = pathlib.Path(sys.executable).parent
 SYSTEM = api.SYSTEM_NAMESPACE
 
 
-def install(cluster: Cluster, *, grant: bool) -> None:
-    """The manifests as an admin applies them: production (with retire) or plan-only."""
-    kube.kubectl(cluster, "apply", "-k", str(kube.MANIFESTS / "overlays" / ("production" if grant else "plan-only")))
+def install(cluster: Cluster, *, grant: bool, node_loss: bool = False) -> None:
+    """The manifests as an admin applies them: production (with retire) or plan-only, and with
+    `node_loss` also components/node-loss (whose admission half lets the operator retire on node
+    evidence; tests that start the operator with --node-deletion-evidence want it)."""
+    overlay = kube.MANIFESTS / "overlays" / ("production" if grant else "plan-only")
+    if node_loss:
+        overlay = _with_node_loss(cluster, overlay)
+    kube.kubectl(cluster, "apply", "-k", str(overlay))
     kube.kubectl(cluster, "wait", "--for=condition=Established", f"crd/{api.CRD_NAME}", "--timeout=60s")
     if not grant:
         kube.kubectl(cluster, "delete", "clusterrolebinding", "coroner-operator-retire", "--ignore-not-found")
+
+
+def _with_node_loss(cluster: Cluster, overlay: pathlib.Path) -> pathlib.Path:
+    """An overlay of one's own: `overlay` plus components/node-loss (kustomize wants relative paths)."""
+    mine = cluster.directory / "overlays" / f"{overlay.name}-node-loss"
+    mine.mkdir(parents=True, exist_ok=True)
+    up = pathlib.Path(os.path.relpath(kube.MANIFESTS, mine))
+    (mine / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        f"resources: [{up / 'overlays' / overlay.name}]\ncomponents: [{up / 'components' / 'node-loss'}]\n"
+    )
+    return mine
 
 
 def operator_kubeconfig(cluster: Cluster) -> pathlib.Path:

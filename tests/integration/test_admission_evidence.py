@@ -1,0 +1,249 @@
+"""The API server enforces the evidence of a retirement, not only the `retire` verb (issue 17, item 1).
+
+Every identity that holds `retire` (the cluster admin, a person bound to coroner-retirer, the
+operator with the production overlay) tries to retire registrations that have no evidence of
+death, writing exactly the compare-and-swap patch the operator and `kubectl coroner apply` write
+(coroner.core.wire.status_ops): each is refused by policy coroner-retire-requires-evidence with a
+message that names the missing evidence. The attestations are written by the agent's identity with
+a Pod-bound ServiceAccount token, as a DaemonSet pod gets it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from coroner.client.kube import api_client
+from coroner.core import api, wire
+from coroner_dev.devcluster.cluster import Cluster
+from coroner_dev.devcluster.identities import mint_token, user_kubeconfig
+from support import components, kube, pods
+
+pytestmark = pytest.mark.integration
+
+OPERATOR = f"system:serviceaccount:{api.SYSTEM_NAMESPACE}:coroner-operator"
+NODE = "node-evidence"
+
+
+@pytest.fixture(scope="module")
+def installed(cluster: Cluster) -> Cluster:
+    components.install(cluster, grant=True)
+    manifest = kube.kubectl(
+        cluster, "create", "clusterrolebinding", "alice-retirer", "--clusterrole=coroner-retirer", "--user=alice",
+        "--dry-run=client", "-o", "yaml",
+    ).stdout  # fmt: skip
+    kube.kubectl(cluster, "apply", "-f", "-", stdin=manifest)
+    return cluster
+
+
+@pytest.fixture(scope="module")
+def retirers(installed: Cluster) -> Iterator[dict[str, tuple[str, k8s.ApiClient]]]:
+    """Every identity that holds `retire`: name -> (username, client)."""
+    with (
+        api_client(installed.kubeconfig) as admin,
+        api_client(user_kubeconfig(installed, user="alice")) as alice,
+        api_client(components.operator_kubeconfig(installed)) as operator,
+    ):
+        yield {"admin": ("admin", admin), "human": ("alice", alice), "operator": (OPERATOR, operator)}
+
+
+@pytest.fixture(scope="module")
+def agent(installed: Cluster) -> Iterator[k8s.ApiClient]:
+    """The agent of NODE, with the token its DaemonSet pod would get (bound to the Pod on NODE)."""
+    pod = f"coroner-agent-{NODE}"
+    config = pods.pod_token(
+        installed, namespace=api.SYSTEM_NAMESPACE, service_account="coroner-agent", pod=pod, node=NODE
+    )
+    try:
+        with api_client(config) as client:
+            yield client
+    finally:
+        with api_client(installed.kubeconfig) as admin:
+            pods.delete_pod(admin, namespace=api.SYSTEM_NAMESPACE, pod=pod)
+
+
+def register(admin: k8s.ApiClient, namespace: str, name: str) -> dict[str, Any]:
+    return kube.create_registration(admin, namespace, kube.registration_body(name=name, node=NODE, interval=None))
+
+
+def attest(agent: k8s.ApiClient, namespace: str, name: str, **fields: Any) -> dict[str, Any]:
+    body = kube.get_registration(agent, namespace, name)
+    attestation = components.attestation(body, verdict=fields.pop("verdict", "Dead"), evidence=fields.pop("evidence"))
+    for key, value in fields.items():
+        attestation["incarnation"] = {**attestation["incarnation"], key: value}
+    return kube.patch_status(agent, namespace, name, {"status": {"attestation": attestation}})
+
+
+def retirement_ops(
+    body: dict[str, Any], *, retired_by: str, reason: str, attestation: object = "copy"
+) -> list[dict[str, Any]]:
+    """The retirement as the operator and `apply` write it (coroner.core.wire), claiming `reason`."""
+    status = body.get("status") or {}
+    relied_on = status.get("attestation") if attestation == "copy" else attestation
+    record = {
+        "retiredTime": components.now_text(),
+        "retiredBy": retired_by,
+        "reason": reason,
+        "decision": "EligibleStaleOrphan",
+        **({} if relied_on is None else {"attestation": relied_on}),
+    }
+    retired = {
+        "type": "Retired",
+        "status": "True",
+        "reason": reason,
+        "message": "retired by a test",
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+    }
+    conditions = [c for c in status.get("conditions") or [] if c.get("type") != "Retired"] + [retired]
+    return wire.status_ops(
+        body=body, resource_version=body["metadata"]["resourceVersion"], conditions=conditions, retirement=record
+    )
+
+
+def refusal(client: k8s.ApiClient, namespace: str, name: str, ops: list[dict[str, Any]]) -> str:
+    with pytest.raises(ApiException) as raised:
+        kube.patch_status(client, namespace, name, ops)
+    assert raised.value.status in (403, 422), raised.value
+    return str(kube.api_error_body(raised.value)["message"])
+
+
+#: case -> (how the agent attested, or None for nothing; what the refusal says is missing)
+CASES: dict[str, tuple[dict[str, Any] | None, str]] = {
+    "live": ({"verdict": "Alive", "evidence": "PidfdPinned"}, "attested Alive (PidfdPinned)"),
+    "unattested": (None, "it has no status.attestation"),
+    "reused": ({"verdict": "Reused", "evidence": "StartTimeDiffers"}, "attested Reused (StartTimeDiffers)"),
+    "mismatched": ({"evidence": "PidfdExited", "pid": 4243}, "the attestation is about another incarnation"),
+}
+
+
+@pytest.mark.parametrize("who", ["admin", "human", "operator"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_no_retire_holder_retires_without_the_evidence(
+    retirers: dict[str, tuple[str, k8s.ApiClient]],
+    agent: k8s.ApiClient,
+    admin: k8s.ApiClient,
+    namespace: str,
+    who: str,
+    case: str,
+) -> None:
+    attested, missing = CASES[case]
+    register(admin, namespace, "w")
+    if attested is not None:
+        attest(agent, namespace, "w", **attested)
+    username, client = retirers[who]
+    body = kube.get_registration(admin, namespace, "w")
+    message = refusal(client, namespace, "w", retirement_ops(body, retired_by=username, reason="PidfdExited"))
+    assert "needs the evidence" in message and missing in message, message
+    assert "retirement" not in kube.get_registration(admin, namespace, "w").get("status", {})
+
+
+@pytest.mark.parametrize("who", ["admin", "human", "operator"])
+def test_a_dead_attestation_of_exactly_this_incarnation_is_the_evidence(
+    retirers: dict[str, tuple[str, k8s.ApiClient]],
+    agent: k8s.ApiClient,
+    admin: k8s.ApiClient,
+    namespace: str,
+    who: str,
+) -> None:
+    register(admin, namespace, "w")
+    attest(agent, namespace, "w", evidence="PidfdExited")
+    username, client = retirers[who]
+    body = kube.get_registration(admin, namespace, "w")
+    # Each part of the record must agree with the evidence: the path, who, and the copy relied on.
+    wrong_path = refusal(client, namespace, "w", retirement_ops(body, retired_by=username, reason="ProcAbsent"))
+    assert "status.retirement.reason must equal status.attestation.evidence" in wrong_path
+    someone_else = refusal(client, namespace, "w", retirement_ops(body, retired_by="someone", reason="PidfdExited"))
+    assert f'retiredBy must be the requester, "{username}"' in someone_else
+    forged_copy = {**body["status"]["attestation"], "evidence": "ProcAbsent"}
+    copy = refusal(
+        client, namespace, "w", retirement_ops(body, retired_by=username, reason="PidfdExited", attestation=forged_copy)
+    )
+    assert "must be a verbatim copy" in copy
+    no_reason = refusal(client, namespace, "w", retirement_ops(body, retired_by=username, reason="Unknown"))
+    assert "needs death evidence" in no_reason
+    kube.patch_status(client, namespace, "w", retirement_ops(body, retired_by=username, reason="PidfdExited"))
+    retirement = kube.get_registration(admin, namespace, "w")["status"]["retirement"]
+    assert retirement["retiredBy"] == username and retirement["attestation"] == body["status"]["attestation"]
+
+
+def test_a_retired_condition_alone_is_not_a_retirement(
+    retirers: dict[str, tuple[str, k8s.ApiClient]], agent: k8s.ApiClient, admin: k8s.ApiClient, namespace: str
+) -> None:
+    register(admin, namespace, "w")
+    attest(agent, namespace, "w", evidence="PidfdExited")
+    body = kube.get_registration(admin, namespace, "w")
+    ops = [
+        op
+        for op in retirement_ops(body, retired_by="admin", reason="PidfdExited")
+        if op["path"] != "/status/retirement"
+    ]
+    assert "needs status.retirement" in refusal(admin, namespace, "w", ops)
+
+
+@pytest.mark.parametrize("evidence", ["NodeDeleted", "NodeOutOfService"])
+def test_node_evidence_from_the_operator_needs_the_node_loss_component(
+    installed: Cluster,
+    retirers: dict[str, tuple[str, k8s.ApiClient]],
+    admin: k8s.ApiClient,
+    namespace: str,
+    evidence: str,
+) -> None:
+    name = f"w-{uuid.uuid4().hex[:6]}"
+    register(admin, namespace, name)
+    _, operator = retirers["operator"]
+    body = kube.get_registration(admin, namespace, name)
+    message = refusal(operator, namespace, name, retirement_ops(body, retired_by=OPERATOR, reason=evidence))
+    assert f"with node evidence {evidence} needs the node-loss component" in message
+    components.install(installed, grant=True, node_loss=True)
+    try:
+        kube.wait_for(
+            lambda: _admitted(operator, admin, namespace, name, evidence), what=f"{evidence} with the component"
+        )
+    finally:
+        components.install(installed, grant=True)
+    assert kube.get_registration(admin, namespace, name)["status"]["retirement"]["reason"] == evidence
+
+
+def _admitted(operator: k8s.ApiClient, admin: k8s.ApiClient, namespace: str, name: str, evidence: str) -> bool:
+    body = kube.get_registration(admin, namespace, name)
+    try:
+        kube.patch_status(operator, namespace, name, retirement_ops(body, retired_by=OPERATOR, reason=evidence))
+    except ApiException as exc:
+        if exc.status in (403, 422):
+            return False
+        raise
+    return True
+
+
+def test_node_evidence_from_a_person_is_recorded_as_theirs_and_no_other_identity_may_state_it(
+    installed: Cluster, retirers: dict[str, tuple[str, k8s.ApiClient]], admin: k8s.ApiClient, namespace: str
+) -> None:
+    register(admin, namespace, "by-person")
+    register(admin, namespace, "by-worker")
+    _, alice = retirers["human"]
+    body = kube.get_registration(admin, namespace, "by-person")
+    kube.patch_status(alice, namespace, "by-person", retirement_ops(body, retired_by="alice", reason="NodeDeleted"))
+    assert kube.get_registration(admin, namespace, "by-person")["status"]["retirement"]["retiredBy"] == "alice"
+    # A workload identity that somehow holds retire is neither the operator nor a person.
+    kube.kubectl(installed, "create", "rolebinding", "bot-retirer", "--clusterrole=coroner-retirer",
+                 f"--serviceaccount={namespace}:bot", "-n", namespace)  # fmt: skip
+    bot_name = f"system:serviceaccount:{namespace}:bot"
+    with api_client(mint_token(installed, service_account=f"{namespace}/bot")) as bot:
+        body = kube.get_registration(admin, namespace, "by-worker")
+        ops = retirement_ops(body, retired_by=bot_name, reason="NodeDeleted")
+        message = kube.wait_for(lambda: _refused_for_identity(bot, namespace, ops), what="the bot's RBAC")
+    assert f"needs a person holding the retire verb (kubectl coroner apply); {bot_name} is not one" in message
+
+
+def _refused_for_identity(client: k8s.ApiClient, namespace: str, ops: list[dict[str, Any]]) -> str | None:
+    try:
+        kube.patch_status(client, namespace, "by-worker", ops)
+    except ApiException as exc:
+        message = str(kube.api_error_body(exc).get("message"))
+        return message if "node evidence" in message else None
+    raise AssertionError("a ServiceAccount retired with node evidence")
