@@ -37,8 +37,8 @@ MANIFESTS = REPO / "manifests"
 CHART = REPO / "charts" / "coroner"
 SYSTEM = "coroner-system"
 
-#: values key -> kustomize component directory. Order is the order components are applied in.
-COMPONENTS: dict[str, str] = {"retireGrant": "retire-grant", "nodeLoss": "node-loss", "monitoring": "monitoring"}
+#: Component directory -> values key, where the key is not simply the directory in camelCase.
+VALUES_KEYS = {"agent-apparmor": "agentAppArmor"}
 #: Kinds whose names take namePrefix (and every reference to them follows).
 PREFIXED_KINDS = frozenset(
     {
@@ -76,12 +76,24 @@ TEMPLATE_HEADER = f"{{{{- /*\n{GENERATED}\n{REGENERATE}\n*/ -}}}}\n"
 Key = tuple[str, str, str]  # kind, namespace, name
 
 
+def components(manifests: pathlib.Path = MANIFESTS) -> dict[str, str]:
+    """values key -> component directory, for every kustomize component under manifests/components
+    (each is a `<key>.enabled` value of the chart), in the order they are applied (by name)."""
+    found = {}
+    for directory in sorted((manifests / "components").iterdir()):
+        if (directory / "kustomization.yaml").exists():
+            head, *rest = directory.name.split("-")
+            found[VALUES_KEYS.get(directory.name, head + "".join(part.title() for part in rest))] = directory.name
+    return found
+
+
 def kustomize_overlay(manifests: pathlib.Path, enabled: Iterable[str]) -> str:
     """A kustomization.yaml: overlays/plan-only plus the given components (values keys)."""
-    components = "".join(f"  - ../../components/{COMPONENTS[key]}\n" for key in COMPONENTS if key in set(enabled))
-    return "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../plan-only\n" + (
-        f"components:\n{components}" if components else ""
-    )
+    known = components(manifests)
+    chosen = set(enabled)
+    listed = "".join(f"  - ../../components/{known[key]}\n" for key in known if key in chosen)
+    head = "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../plan-only\n"
+    return head + (f"components:\n{listed}" if listed else "")
 
 
 def render_kustomize(kubectl: pathlib.Path, enabled: Iterable[str], *, manifests: pathlib.Path = MANIFESTS) -> str:
@@ -110,8 +122,9 @@ def key_of(obj: Mapping[str, Any]) -> Key:
     return str(obj["kind"]), str(meta.get("namespace") or ""), str(meta["name"])
 
 
-def combinations() -> list[frozenset[str]]:
-    keys = list(COMPONENTS)
+def combinations(manifests: pathlib.Path = MANIFESTS) -> list[frozenset[str]]:
+    """Every subset of the components, by values key."""
+    keys = list(components(manifests))
     return [frozenset(c) for n in range(len(keys) + 1) for c in itertools.combinations(keys, n)]
 
 
@@ -154,8 +167,24 @@ def _strings(node: Any, change: Any) -> Any:
     return node
 
 
-def _templated(obj: Mapping[str, Any], values: Mapping[str, Any], chart: Mapping[str, Any]) -> str:
-    """One object as Helm template text (without any condition)."""
+def _prefix_config_refs(pod: dict[str, Any], owned: frozenset[str]) -> None:
+    """References from a pod to the manifests' own ConfigMaps follow their prefixed names."""
+    refs = []
+    for volume in pod.get("volumes") or []:
+        refs.append(volume.get("configMap"))
+        refs += [source.get("configMap") for source in (volume.get("projected") or {}).get("sources") or []]
+    for container in [*(pod.get("initContainers") or []), *(pod.get("containers") or [])]:
+        refs += [source.get("configMapRef") for source in container.get("envFrom") or []]
+        refs += [(env.get("valueFrom") or {}).get("configMapKeyRef") for env in container.get("env") or []]
+    for ref in refs:
+        if isinstance(ref, dict) and ref.get("name") in owned:
+            ref["name"] = "__PREFIX__" + ref["name"]
+
+
+def _templated(
+    obj: Mapping[str, Any], values: Mapping[str, Any], chart: Mapping[str, Any], owned: frozenset[str] = frozenset()
+) -> str:
+    """One object as Helm template text (without any condition); `owned` names the manifests' ConfigMaps."""
     body: dict[str, Any] = copy.deepcopy(dict(obj))
     kind = body["kind"]
     meta = body.setdefault("metadata", {})
@@ -174,6 +203,7 @@ def _templated(obj: Mapping[str, Any], values: Mapping[str, Any], chart: Mapping
     if isinstance(pod, dict):
         if "serviceAccountName" in pod:
             pod["serviceAccountName"] = "__PREFIX__" + pod["serviceAccountName"]
+        _prefix_config_refs(pod, owned)
         for container in pod.get("containers") or []:
             which = CONTAINERS.get(container.get("name"))
             if which is None:
@@ -263,11 +293,19 @@ def generate(
     values = yaml.safe_load((chart_dir / "values.yaml").read_text())
     chart = yaml.safe_load((chart_dir / "Chart.yaml").read_text())
     rendered: dict[frozenset[str], dict[Key, dict[str, Any]]] = {}
-    for combination in combinations():
+    keys = list(components(manifests))
+    missing = [key for key in keys if not isinstance(values.get(key), dict) or "enabled" not in values[key]]
+    if missing:
+        raise ValueError(
+            f"components without a value: add {', '.join(k + '.enabled' for k in missing)} "
+            f"to values.yaml (default false) and values.schema.json"
+        )
+    for combination in combinations(manifests):
         rendered[combination] = {
             key_of(o): o for o in objects(render_kustomize(kubectl, combination, manifests=manifests))
         }
     every_key = sorted({key for objs in rendered.values() for key in objs})
+    config_maps = frozenset(name for kind, _, name in every_key if kind == "ConfigMap")
     crds_dir = chart_dir / "crds"
     templates = chart_dir / "templates"
     for stale in [*crds_dir.glob("*.yaml"), *templates.glob("*.yaml")]:
@@ -278,7 +316,7 @@ def generate(
     written = []
     for key in every_key:
         variants = {combination: objs.get(key) for combination, objs in rendered.items()}
-        relevant = [c for c in COMPONENTS if any(variants[s] != variants[s ^ frozenset({c})] for s in variants)]
+        relevant = [c for c in keys if any(variants[s] != variants[s ^ frozenset({c})] for s in variants)]
         if key[0] == "CustomResourceDefinition":
             if relevant:
                 raise ValueError(f"the CRD {key[2]} differs by component ({relevant}); crds/ cannot be templated")
@@ -295,7 +333,7 @@ def generate(
             # The Namespace is the chart's to create unless the user brings their own.
             also = (".Values.namespace.create",) if key[0] == "Namespace" else ()
             condition = _condition(assignment, also=also)
-            body = "---\n" + _templated(obj, values, chart)
+            body = "---\n" + _templated(obj, values, chart, config_maps)
             blocks.append(f"{{{{- if {condition} }}}}\n{body}{{{{- end }}}}\n" if condition else body)
         path = templates / _file_name(key)
         path.write_text(TEMPLATE_HEADER + "".join(blocks))

@@ -89,9 +89,12 @@ def test_namespace_names_and_identities_follow_the_release() -> None:
     policies = yaml.safe_dump(by_kind["ValidatingAdmissionPolicy"])
     assert "system:serviceaccount:acme-system:acme-coroner-agent" in policies
     assert "system:serviceaccount:acme-system:acme-coroner-operator" in policies
+    config_maps = {doc["metadata"]["name"] for doc in by_kind.get("ConfigMap", [])}
     for workload in by_kind["Deployment"] + by_kind["DaemonSet"]:
         pod = workload["spec"]["template"]["spec"]
         assert pod["serviceAccountName"] == workload["metadata"]["name"]
+        # A ConfigMap the pod mounts is one of the release's, under its prefixed name.
+        assert {v["configMap"]["name"] for v in pod.get("volumes", []) if "configMap" in v} <= config_maps
         assert "--system-namespace=acme-system" in pod["containers"][0]["args"]
     rule = yaml.safe_dump(by_kind["PrometheusRule"])
     assert 'namespace="acme-system"' in rule and "{{ $labels.node }}" in rule

@@ -38,7 +38,7 @@ def template(*args: str, namespace: str = chart_gen.SYSTEM, include_crds: bool =
 def values_for(enabled: Iterable[str]) -> list[str]:
     """--set flags turning exactly these components on."""
     on = set(enabled)
-    return [f"--set={key}.enabled={'true' if key in on else 'false'}" for key in chart_gen.COMPONENTS]
+    return [f"--set={key}.enabled={'true' if key in on else 'false'}" for key in chart_gen.components()]
 
 
 def comparable(text: str) -> dict[tuple[str, str, str], dict[str, Any]]:
