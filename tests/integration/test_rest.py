@@ -93,8 +93,11 @@ def test_a_kubeconfig_it_cannot_use_is_refused_with_the_fix(cluster: Cluster, tm
         Rest.from_kubeconfig(path)
 
 
-def test_errors_carry_the_status_and_the_servers_message(cluster: Cluster) -> None:
-    client = Rest.from_kubeconfig(components.agent_kubeconfig(cluster, "rest-node"))
+def test_errors_carry_the_status_and_the_servers_message(coroner_api: Cluster) -> None:
+    # The agent's RBAC installed (it may read Leases in the system namespace): on a fresh cluster,
+    # run first, a missing Lease would otherwise read 403, not 404.
+    components.install(coroner_api, grant=False)
+    client = Rest.from_kubeconfig(components.agent_kubeconfig(coroner_api, "rest-node"))
     with pytest.raises(ApiError) as forbidden:
         client.request("GET", "/api/v1/namespaces/kube-system/secrets")
     assert forbidden.value.status == 403
