@@ -1,0 +1,193 @@
+"""The pure parts of the chart generator (coroner_dev.chart): how one kustomize object becomes a
+template, table-driven, and the brace escaping, by property. The whole chart against kustomize,
+with the real tools, is tests/integration/test_chart.py."""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from coroner_dev import chart
+
+pytestmark = pytest.mark.unit
+
+VALUES: dict[str, Any] = yaml.safe_load((chart.CHART / "values.yaml").read_text())
+CHART_META: dict[str, Any] = yaml.safe_load((chart.CHART / "Chart.yaml").read_text())
+
+
+def _unescape(text: str) -> str:
+    """What Helm renders of the escapes (a model of `{{ "{{" }}` -> `{{`)."""
+    return text.replace('{{ "{{" }}', "{{").replace('{{ "}}" }}', "}}")
+
+
+@given(st.text(alphabet=st.sampled_from(list("{} a$.|x\n")), max_size=60))
+def test_escaped_braces_render_back_to_the_original(text: str) -> None:
+    escaped = chart._escape_braces(text)
+    assert _unescape(escaped) == text
+    # Nothing but the escapes themselves is left for Helm to evaluate.
+    assert escaped.replace('{{ "{{" }}', "").replace('{{ "}}" }}', "").count("{{") == 0
+
+
+@pytest.mark.parametrize(
+    ("assignment", "also", "expected"),
+    [
+        ({}, (), ""),
+        ({"retireGrant": True}, (), ".Values.retireGrant.enabled"),
+        ({"nodeLoss": False}, (), "(not .Values.nodeLoss.enabled)"),
+        ({"nodeLoss": True, "monitoring": False}, (), "and .Values.nodeLoss.enabled (not .Values.monitoring.enabled)"),
+        ({}, (".Values.namespace.create",), ".Values.namespace.create"),
+        ({"a": True}, (".Values.namespace.create",), "and .Values.namespace.create .Values.a.enabled"),
+    ],
+)
+def test_conditions(assignment: dict[str, bool], also: tuple[str, ...], expected: str) -> None:
+    assert chart._condition(assignment, also=also) == expected
+
+
+def test_every_component_directory_is_a_values_key(tmp_path: pathlib.Path) -> None:
+    for name in ("retire-grant", "node-loss", "monitoring", "agent-apparmor", "empty-dir"):
+        (tmp_path / "components" / name).mkdir(parents=True)
+        if name != "empty-dir":
+            (tmp_path / "components" / name / "kustomization.yaml").write_text("kind: Component\n")
+    assert chart.components(tmp_path) == {
+        "agentAppArmor": "agent-apparmor",
+        "monitoring": "monitoring",
+        "nodeLoss": "node-loss",
+        "retireGrant": "retire-grant",
+    }
+    assert len(chart.combinations(tmp_path)) == 16
+
+
+SA = {
+    "apiVersion": "v1",
+    "kind": "ServiceAccount",
+    "metadata": {"name": "coroner-agent", "namespace": "coroner-system"},
+}
+BINDING = {
+    "apiVersion": "rbac.authorization.k8s.io/v1",
+    "kind": "ClusterRoleBinding",
+    "metadata": {"name": "coroner-agent"},
+    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "coroner-agent"},
+    "subjects": [{"kind": "ServiceAccount", "name": "coroner-agent", "namespace": "coroner-system"}],
+}
+POLICY = {
+    "apiVersion": "admissionregistration.k8s.io/v1",
+    "kind": "ValidatingAdmissionPolicy",
+    "metadata": {"name": "coroner-system-leases-by-owner"},
+    "spec": {
+        "matchConditions": [
+            {
+                "name": "is-agent",
+                "expression": "request.userInfo.username == 'system:serviceaccount:coroner-system:coroner-agent'",
+            }
+        ],
+        "validations": [{"expression": "request.name.startsWith('coroner-agent-')", "message": "{{ not a template }}"}],
+    },
+}
+NAMESPACE = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "coroner-system"}}
+
+
+@pytest.mark.parametrize(
+    ("obj", "present", "absent"),
+    [
+        pytest.param(
+            SA,
+            ["name: {{ .Values.namePrefix }}coroner-agent", "namespace: {{ .Release.Namespace }}"],
+            ["coroner-system"],
+            id="serviceaccount-prefixed-and-namespaced",
+        ),
+        pytest.param(
+            BINDING,
+            [
+                "  name: {{ .Values.namePrefix }}coroner-agent\n",
+                "- kind: ServiceAccount\n  name: {{ .Values.namePrefix }}",
+            ],
+            ["coroner-system"],
+            id="binding-references-follow",
+        ),
+        pytest.param(
+            POLICY,
+            [
+                "name: coroner-system-leases-by-owner",  # a policy's name stays (doctor finds it)
+                "system:serviceaccount:{{ .Release.Namespace }}:{{ .Values.namePrefix }}coroner-agent",
+                "startsWith('coroner-agent-')",  # the agent Lease prefix is not a name to prefix
+                '{{ "{{" }} not a template {{ "}}" }}',
+            ],
+            ["serviceaccount:coroner-system"],
+            id="policy-identities-follow-names-stay",
+        ),
+        pytest.param(
+            NAMESPACE,
+            ["name: {{ .Release.Namespace }}", "helm.sh/resource-policy: keep"],
+            ["coroner-system"],
+            id="namespace-is-the-release-and-kept",
+        ),
+    ],
+)
+def test_one_object_as_a_template(obj: dict[str, Any], present: list[str], absent: list[str]) -> None:
+    text = chart._templated(obj, VALUES, CHART_META)
+    for needle in present:
+        assert needle in text
+    for needle in absent:
+        assert needle not in text
+    assert "app.kubernetes.io/managed-by: Helm" in text and "__" not in text
+
+
+def _workload(image: str, resources: dict[str, Any], args: list[str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "coroner-operator", "namespace": "coroner-system"},
+        "spec": {
+            "template": {
+                "spec": {
+                    "serviceAccountName": "coroner-operator",
+                    "containers": [{"name": "operator", "image": image, "args": args, "resources": resources}],
+                    "volumes": [
+                        {"name": "v", "configMap": {"name": "coroner-dashboard"}},
+                        {"name": "w", "configMap": {"name": "theirs"}},
+                    ],
+                }
+            }
+        },
+    }
+
+
+def test_a_workload_takes_image_resources_arguments_and_namespace_from_values() -> None:
+    operator = VALUES["operator"]
+    obj = _workload(
+        f"{operator['image']['repository']}:{CHART_META['appVersion']}",
+        operator["resources"],
+        ["--all-namespaces", f"--terminal-retention-seconds={operator['terminalRetentionSeconds']}"],
+    )
+    text = chart._templated(obj, VALUES, CHART_META, frozenset({"coroner-dashboard"}))
+    assert 'image: {{ include "coroner.image" (list .Values.operator.image .Chart) }}' in text
+    assert "{{- toYaml .Values.operator.resources | nindent 10 }}" in text
+    assert "--terminal-retention-seconds={{ int64 .Values.operator.terminalRetentionSeconds }}" in text
+    assert '{{- if ne .Release.Namespace "coroner-system" }}\n        - --system-namespace=' in text
+    assert "name: {{ .Values.namePrefix }}coroner-dashboard" in text and "name: theirs" in text
+
+
+@pytest.mark.parametrize(
+    ("image", "resources", "args", "complaint"),
+    [
+        ("elsewhere/operator:v9", None, [], "image"),
+        (None, {"requests": {"cpu": "1"}}, [], "resources"),
+        (None, None, ["--terminal-retention-seconds=5"], "terminalRetentionSeconds"),
+    ],
+)
+def test_a_manifest_that_drifted_from_values_is_refused(
+    image: str | None, resources: dict[str, Any] | None, args: list[str], complaint: str
+) -> None:
+    operator = VALUES["operator"]
+    obj = _workload(
+        image or f"{operator['image']['repository']}:{CHART_META['appVersion']}",
+        resources or operator["resources"],
+        args,
+    )
+    with pytest.raises(ValueError, match=complaint):
+        chart._templated(obj, VALUES, CHART_META)
