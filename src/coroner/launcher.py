@@ -31,6 +31,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import urllib3
+import yaml
 
 from coroner.client.rest import ApiError, Rest, registrations_path
 from coroner.core import api, model, procfs, wire
@@ -235,8 +236,15 @@ def register(
 
 
 def client_for(kubeconfig: str | None) -> Rest:
-    """The worker's identity: the given kubeconfig, else the pod's ServiceAccount, else ~/.kube/config."""
-    return Rest.default(kubeconfig, user_agent=USER_AGENT, pool_size=2)
+    """The worker's identity: the given kubeconfig, else the pod's ServiceAccount, else ~/.kube/config.
+
+    One that cannot be used (unreadable, or a user that needs an exec or auth-provider plugin,
+    which `coroner.client.rest` does not run) is a RegistrationError naming why."""
+    try:
+        return Rest.default(kubeconfig, user_agent=USER_AGENT, pool_size=2)
+    except (OSError, ValueError, KeyError, yaml.YAMLError) as exc:
+        where = kubeconfig or "the default kubeconfig (or the pod's ServiceAccount)"
+        raise RegistrationError(f"cannot use {where} to register: {exc}") from exc
 
 
 @contextlib.contextmanager
