@@ -151,6 +151,7 @@ def main() -> int:
             "stopped_because": state["stopped_because"],
             "wall_seconds": round(elapsed, 1),
             "trials_per_minute": round(rate, 2),
+            "estimated_hours_for_3000_trials": round(3000 / rate / 60, 1) if rate else None,
             "estimated_hours_for_10000_trials": round(10000 / rate / 60, 1) if rate else None,
             "mass_death_count": args.mass,
             "nodes": nodes,

@@ -300,7 +300,11 @@ def verify_history(trial: Trial) -> None:
             continue
         seen = ((w.retired_seen.get("attestation") or {}).get("heartbeatSeen")) or ""
         before = [value for value, rv in sorted(w.heartbeats, key=lambda h: h[1]) if 0 < rv <= rvs[0]]
-        if before and before[-1] != seen:
+        if before and before[-1] != seen and seen in w.heartbeats_unanswered and seen > before[-1]:
+            # A heartbeat whose answer the harness never got (the API server was killed after the
+            # commit): the attestation saw it, so it was committed, and it is the newer one.
+            trial.result.evidence.setdefault("notes", Counter())["heartbeat_answer_lost_but_committed"] += 1
+        elif before and before[-1] != seen:
             trial.violation(
                 "bad_provenance",
                 w,

@@ -235,6 +235,7 @@ class ApiProxy:
         self._taps: list[Tap] = []
         self._rewrites: list[tuple[Callable[[Request], bool], Callable[[bytes], bytes]]] = []
         self._gates: list[EventGate] = []
+        self._answers: list[tuple[Callable[[Request], bool], int, int, list[int]]] = []
 
     # --- control (any thread) --------------------------------------------------------------------
 
@@ -277,6 +278,16 @@ class ApiProxy:
     def unrewrite(self, entry: Any) -> None:
         with self._lock, contextlib.suppress(ValueError):
             self._rewrites.remove(entry)
+
+    def answer(self, match: Callable[[Request], bool], status: int, *, times: int = 1) -> list[int]:
+        """The next `times` requests `match` accepts are answered by the proxy itself with `status`
+        (a Status body), never forwarded: what a restarting API server answers for a moment (429
+        while its storage initializes, 403 before its authorizer has synced). Returns a one-item
+        list counting the answers given."""
+        given = [0]
+        with self._lock:
+            self._answers.append((match, status, times, given))
+        return given
 
     def hold_events(self, match: Callable[[dict[str, Any]], bool], *, mode: str = "hold") -> EventGate:
         """From now on, watch events `match` accepts are held (or, mode ``drop``, discarded)."""
@@ -482,6 +493,11 @@ class ApiProxy:
                     continue
                 body = await reader.readexactly(int(length))
                 request = _Request(method=method, path=target, watch=watch, resumes=resumes, body=body)
+                canned = self._canned(request)
+                if canned is not None:  # answered here (the client sends one request at a time)
+                    conn.client_writer.write(canned)
+                    await conn.client_writer.drain()
+                    continue
                 with self._lock:
                     rewrites = [change for match, change in self._rewrites if match(request)]
                 for change in rewrites:
@@ -493,6 +509,25 @@ class ApiProxy:
                 await self._wait_flowing()
                 writer.write(head + body)
                 await writer.drain()
+
+    def _canned(self, request: Request) -> bytes | None:
+        status = 0
+        with self._lock:
+            for match, code, times, given in self._answers:
+                if given[0] < times and match(request):
+                    given[0] += 1
+                    status = code
+                    break
+        if not status:
+            return None
+        self._count(f"answered_{status}")
+        body = json.dumps(
+            {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": status, "message": "fault proxy"}
+        ).encode()
+        return (
+            b"HTTP/1.1 %d Fault\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (status, len(body))
+            + body
+        )
 
     def _tapped(self, request: Request, status: int) -> bool:
         """Records the answer in every tap that matches; True if one fired its action."""

@@ -16,7 +16,7 @@ from kubernetes.client.exceptions import ApiException
 
 from coroner.core import api
 from faults import runner
-from faults.plane import Plane
+from faults.plane import AGENT_SA, Plane
 from faults.trial import BOUND, Trial
 from faults.workers import Worker, register, spawn
 from support import kube
@@ -129,6 +129,35 @@ def test_an_agent_started_during_an_api_outage_serves_its_node_once_the_api_is_b
             agent.stop()
             agent.start()
         _cleanup(plane, namespace, worker)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "finding 5: AgentApi.whoami takes any answer below 500 as final and records identity 'unknown' "
+        "for the agent's whole life; a restarting API server answers 429 (storage initializing) for a moment"
+    ),
+)
+def test_an_agent_that_met_a_restarting_api_server_names_itself_in_its_attestations(plane: Plane) -> None:
+    """Found by the long run's shared rounds: zombie[agent-restarted] + apiserver_restart[crash]
+    (seed 43501029): every retirement on that agent's attestations recorded identity 'unknown'."""
+    namespace, worker = _dead_worker_setup(plane)
+    agent = plane.agents[worker.node]
+    try:
+        agent.stop()
+        answered = agent.proxy.answer(lambda r: r.path.startswith(SELF_REVIEW), 429, times=1)
+        agent.start()
+        agent.wait_started()
+        assert answered[0] == 1, "the agent never asked who it is"
+        worker.kill()
+        kube.wait_for(lambda: _retired(plane, namespace, "w"), timeout=BOUND, what="retirement")
+        attestation = (_registration(plane, namespace, "w").get("status") or {}).get("retirement", {})["attestation"]
+        assert attestation["agent"]["identity"] == AGENT_SA, attestation["agent"]
+    finally:
+        _cleanup(plane, namespace, worker)
+
+
+SELF_REVIEW = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
 
 
 def _dead_worker_setup(plane: Plane) -> tuple[str, Worker]:

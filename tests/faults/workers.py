@@ -195,6 +195,9 @@ class Worker:
     retired_seen: dict[str, Any] | None = None
     retired_seen_at: float | None = None
     heartbeats: list[tuple[str, int]] = dataclasses.field(default_factory=list)
+    """Heartbeats written, with the resourceVersion of the answer."""
+    heartbeats_unanswered: set[str] = dataclasses.field(default_factory=set)
+    """Heartbeats sent whose answer never came (committed or not: the harness cannot tell)."""
     extra_procs: list[subprocess.Popen[bytes]] = dataclasses.field(default_factory=list)
     reasons_seen: list[str] = dataclasses.field(default_factory=list)
     generic: bool = True
@@ -365,9 +368,11 @@ def register(
 def heartbeat(worker: Worker, *, client: k8s.ApiClient, namespace: str, value: str | None = None) -> None:
     """One heartbeat as the worker writes it (merge patch of status.lastHeartbeatTime), recorded."""
     text = value if value is not None else now_text(worker.skew)
+    worker.heartbeats_unanswered.add(text)
     body = patch_registration_status(
         client, namespace=namespace, name=worker.name, body={"status": {"lastHeartbeatTime": text}}
     )
+    worker.heartbeats_unanswered.discard(text)
     worker.heartbeats.append((text, int(body["metadata"]["resourceVersion"])))
 
 
