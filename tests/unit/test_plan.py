@@ -17,6 +17,7 @@ from typing import Any
 
 import jsonpatch
 import pytest
+import urllib3
 import yaml
 from click.testing import CliRunner
 from hypothesis import given, settings
@@ -1195,3 +1196,25 @@ class TestKubectlConventions:
         result = self.run("completion", shell)
         assert result.exit_code == 0 and "_KUBECTL_CORONER_COMPLETE" in result.output
         assert "kubectl-coroner" in result.output
+
+
+@pytest.mark.parametrize(
+    ("error", "timed_out"),
+    [
+        (urllib3.exceptions.ReadTimeoutError(None, "/", "read timed out"), True),  # type: ignore[arg-type]
+        (urllib3.exceptions.ConnectTimeoutError("connect timed out"), True),
+        (urllib3.exceptions.NewConnectionError(None, "Connection refused"), False),  # type: ignore[arg-type]
+        (urllib3.exceptions.ProtocolError("reset"), False),
+    ],
+)
+def test_a_refused_connection_is_unreachable_not_slow(error: Exception, timed_out: bool) -> None:
+    """urllib3's NewConnectionError (ECONNREFUSED) subclasses ConnectTimeoutError: not a timeout."""
+    retried = urllib3.exceptions.MaxRetryError(None, "/", error)  # type: ignore[arg-type]
+    text = session.Session.unreachable(_FakeSession(), retried).message  # type: ignore[arg-type]
+    assert ("did not answer within" in text) is timed_out
+    assert ("cannot reach the Kubernetes API server" in text) is not timed_out
+
+
+class _FakeSession:
+    server = "https://127.0.0.1:1"
+    connection = session.Connection()

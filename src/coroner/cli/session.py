@@ -45,6 +45,7 @@ DEFAULT_TIMEOUT: Final = (10.0, 120.0)
 _PAGE: Final = 500
 DEBUG_ENV: Final = "KUBECTL_CORONER_DEBUG"
 _DEFAULT_KUBECONFIG: Final = "~/.kube/config"
+_POOL: Final = 32
 _VIEW_FIX: Final = "ask for the coroner-viewer ClusterRole (get/list workerregistrations) and list on leases and nodes"
 
 
@@ -108,9 +109,7 @@ class Session:
     # --- plumbing ------------------------------------------------------------------------------
 
     def unreachable(self, exc: BaseException) -> PluginError:
-        if isinstance(exc, urllib3.exceptions.TimeoutError) or isinstance(
-            getattr(exc, "reason", None), urllib3.exceptions.TimeoutError
-        ):
+        if _timed_out(exc) or _timed_out(getattr(exc, "reason", None)):
             return PluginError(
                 f"the Kubernetes API server at {self.server} did not answer within "
                 f"{self.connection.describe_timeout()}; check that the cluster is running, or allow more time "
@@ -404,6 +403,14 @@ def confirm_gone_nodes(
     return dataclasses.replace(listing, nodes_gone=gone)
 
 
+def _timed_out(exc: object) -> bool:
+    """A timeout, not a refusal: urllib3's NewConnectionError (ECONNREFUSED, ...) subclasses its
+    ConnectTimeoutError."""
+    return isinstance(exc, urllib3.exceptions.TimeoutError) and not isinstance(
+        exc, urllib3.exceptions.NewConnectionError
+    )
+
+
 def context_namespace(connection: Connection) -> str:
     """The namespace of the kubeconfig context in use (--context, else current-context), as kubectl
     picks it; else ``default``."""
@@ -448,6 +455,8 @@ def _api_client(connection: Connection) -> ApiClient:
         raise PluginError(
             f"cannot load the kubeconfig {where} ({text}); pass --kubeconfig with a valid file or set KUBECONFIG."
         ) from None
+    # apply retires up to 32 rows at a time: one pooled connection each, no "pool is full" warnings.
+    configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize or 0, _POOL)
     client = ApiClient(configuration)
     if connection.as_user:
         client.set_default_header("Impersonate-User", connection.as_user)  # type: ignore[no-untyped-call]
