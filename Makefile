@@ -21,6 +21,7 @@ lint: $(BIN)/.installed
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 	$(BIN)/hadolint images/operator.Dockerfile images/agent.Dockerfile
+	$(BIN)/python tests/support/checkov_overlays.py
 	# The Helm chart (helm is built from Go modules on first use, like the control plane).
 	HELM=$$($(BIN)/python -m coroner_dev.devcluster.tools helm) && \
 	  $$HELM lint --strict charts/coroner && \
