@@ -185,7 +185,9 @@ class Executor:
             # Revoked since the namespace was last checked (or admission refused the write: 403).
             self.world.set_retire_permission(namespace, False)
             self.metrics.retire_abandoned.labels(outcome.value).inc()
-            logger.info("retire abandoned workerregistration=%s/%s cause=%s", namespace, name, outcome.value)
+            logger.info(
+                "retire abandoned workerregistration=%s/%s cause=%s: %s", namespace, name, outcome.value, result.detail
+            )
             self.enqueue(key)
         elif outcome in (RetireOutcome.LEASE_FENCE_MOVED, RetireOutcome.ABANDONED):
             assert result.leases is not None
