@@ -18,7 +18,7 @@ from typing import Any
 
 from coroner.core.decision import Policy
 from coroner.core.world import Key, World
-from coroner.runtime.controller import Controller, utcnow
+from coroner.runtime.controller import Controller, Result, utcnow
 from coroner_operator.events import EventPoster
 from coroner_operator.executor import Executor
 from coroner_operator.inputs import WatchInputs
@@ -105,7 +105,7 @@ class Operator:
             world=world, controller=self.controller, executor=self.executor, gauge=self.gauge, clock=clock
         )
 
-    async def _reconcile(self, key: Key) -> Any:
+    async def _reconcile(self, key: Key) -> Result:
         return await self.reconciler.reconcile(key)
 
     def _failed(self, key: Key, exc: Exception, delay: float) -> None:
