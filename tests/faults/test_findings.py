@@ -131,13 +131,6 @@ def test_an_agent_started_during_an_api_outage_serves_its_node_once_the_api_is_b
         _cleanup(plane, namespace, worker)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "finding 5: AgentApi.whoami takes any answer below 500 as final and records identity 'unknown' "
-        "for the agent's whole life; a restarting API server answers 429 (storage initializing) for a moment"
-    ),
-)
 def test_an_agent_that_met_a_restarting_api_server_names_itself_in_its_attestations(plane: Plane) -> None:
     """Found by the long run's shared rounds: zombie[agent-restarted] + apiserver_restart[crash]
     (seed 43501029): every retirement on that agent's attestations recorded identity 'unknown'."""

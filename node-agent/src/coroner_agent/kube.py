@@ -44,8 +44,10 @@ class AgentApi:
             try:
                 answer = self.rest.request("POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews", body=review)
             except ApiError as exc:
-                if exc.status < 500:
+                if exc.status < 500 and exc.status != 429:
                     return "unknown"  # answered, but not allowed to say: informational only
+                # 429 and 5xx: a restarting or overloaded API server, not an answer (finding 5)
+                logger.warning("API server busy node=%s error=%r; retrying in %.1fs", self.node_name, exc, delay)
             except Exception as exc:
                 logger.warning("API server unreachable node=%s error=%r; retrying in %.1fs", self.node_name, exc, delay)
             else:
