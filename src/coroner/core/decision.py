@@ -2,7 +2,7 @@
 
 One pure function, `decide`, is shared by the operator and by ``kubectl coroner plan`` so that a
 human's plan and the operator's action can never disagree. It evaluates the conjunction of the
-design (docs: design.md, "The conjunction") line by line in its fixed order; the first line that
+design (docs/architecture.md, "The one function that decides") line by line in its fixed order; the first line that
 fails names the one `Reason` the registration lands in. Every way a fact can be missing, stale,
 unparsable or contradictory fails some line: unknown is never dead.
 
