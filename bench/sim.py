@@ -81,6 +81,7 @@ def main() -> int:
         return _replay(args.replay, args.mutant, args.trace, faults)
 
     load_before = os.getloadavg()
+    commit = _git_commit()  # the code that runs: read before the run, not after it
     started = time.time()
     mutants = []
     if not args.no_mutants:
@@ -98,7 +99,7 @@ def main() -> int:
     document = {
         "benchmark": "sim",
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "commit": _git_commit(),
+        "commit": commit,
         "trials": summary["trials"],
         "steps": summary["steps"],
         **{counter: violations.get(counter, 0) for counter in COUNTERS},

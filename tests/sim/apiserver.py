@@ -426,6 +426,48 @@ class Server:
 
     # --- admission (manifests/base/admission-policies.yaml and the CRD's rules) ----------------
 
+    def _evidence(self, identity: str, new: dict[str, Any]) -> None:
+        """Policy 6, coroner-retire-requires-evidence (process evidence; node evidence is not
+        modelled, so it is refused but to a person)."""
+        status, spec = _status(new), new.get("spec") or {}
+        record = status.get("retirement")
+        if not isinstance(record, dict):
+            self._refuse("evidence", "a retirement needs status.retirement")
+        claimed = record.get("reason")
+        if record.get("retiredBy") != identity:
+            self._refuse("evidence", f"retiredBy must be the requester {identity}")
+        if record.get("attestation") != status.get("attestation"):
+            self._refuse("evidence", "status.retirement.attestation must be a verbatim copy of status.attestation")
+        if any(c.get("type") == "Retired" and c.get("status") == "True" and c.get("reason") != claimed
+               for c in _conditions(new)):  # fmt: skip
+            self._refuse("evidence", "the Retired condition must name the evidence")
+        if claimed in ("NodeDeleted", "NodeOutOfService"):
+            if identity.startswith("operator") or identity.startswith("agent:"):
+                self._refuse("evidence", "node evidence needs the node-loss component or a person")
+            return
+        if claimed not in ("PidfdExited", "ProcAbsent", "BootBoundary"):
+            self._refuse("evidence", f"{claimed!r} is not death evidence")
+        att = status.get("attestation")
+        if not isinstance(att, dict):
+            self._refuse("evidence", "process evidence needs a Dead attestation")
+        inc, attested = spec.get("incarnation") or {}, att.get("incarnation") or {}
+        same = all(attested.get(f) == inc.get(f) for f in ("bootId", "pidNamespace", "pid", "startTime", "hostId"))
+        if (
+            att.get("verdict") != "Dead"
+            or (att.get("agent") or {}).get("nodeName") != spec.get("nodeName")
+            or not same
+            or att.get("hostId") != inc.get("hostId")
+            or att.get("evidence") != claimed
+        ):
+            self._refuse(
+                "evidence",
+                "the attestation is not a Dead one of exactly this incarnation, by its node's agent, on that path",
+            )
+
+    def _refuse(self, policy: str, message: str) -> None:
+        self.counts[f"refused:{policy}"] = self.counts.get(f"refused:{policy}", 0) + 1
+        raise SimApiError(403, "Forbidden", message)
+
     def holds_retire(self, identity: str) -> bool:
         return self.grant and (identity.startswith("operator") or identity == "human")
 
@@ -448,8 +490,10 @@ class Server:
                 raise SimApiError(422, "Invalid", "status.retirement is terminal history")
             if "retirement" in old_status and released(new) and not released(old):
                 raise SimApiError(422, "Invalid", "a retired WorkerRegistration cannot be Released")
-        if new is not None and retired(new) and not retired(old) and not self.holds_retire(identity):
-            raise SimApiError(403, "Forbidden", f"{identity} does not hold the retire verb")
+        if new is not None and retired(new) and not retired(old):
+            if not self.holds_retire(identity):
+                raise SimApiError(403, "Forbidden", f"{identity} does not hold the retire verb")
+            self._evidence(identity, new)
         if identity.startswith("agent:"):
             node = identity.split(":", 1)[1]
             if op != "UPDATE":

@@ -66,6 +66,7 @@ SAFETY = (
     "bad_provenance",
     "stale_view",
     "wrong_reason",
+    "admission_refused",
 )
 COUNTERS = (*SAFETY, "dead_left_active")
 
@@ -645,6 +646,15 @@ class Trial:
         while self.now < end and not self.settled():
             self.run(min(end, self.now + 2.0))
         self.liveness()
+        for verb, count in self.server.counts.items():
+            self.stats[f"api:{verb}"] += count
+        if self.server.counts.get("refused:evidence"):
+            # A retirement by production code that coroner-retire-requires-evidence refuses: the
+            # writer and the policy disagree on what a retirement is.
+            self.violation(
+                "admission_refused",
+                f"{self.server.counts['refused:evidence']} retirement(s) refused for their evidence",
+            )
         return TrialResult(
             seed=self.seed,
             faults=self.faults,
