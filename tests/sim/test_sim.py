@@ -105,7 +105,19 @@ def test_admission_by_identity() -> None:
         server.patch("operator", "wreg", "jobs", "w", retire)
     assert refused.value.status == 403
     server.grant = True
-    server.patch("operator", "wreg", "jobs", "w", retire)
+    with pytest.raises(SimApiError, match="retiredBy must be the requester"):  # policy 6: the evidence
+        server.patch("operator", "wreg", "jobs", "w", retire)
+    attestation = {"verdict": "Dead", "evidence": "PidfdExited", "incarnation": {"pid": 1}, "agent": {"nodeName": "n0"}}
+    server.patch(
+        "agent:n0", "wreg", "jobs", "w", [{"op": "add", "path": "/status", "value": {"attestation": attestation}}]
+    )
+    record = {"reason": "PidfdExited", "retiredBy": "operator", "attestation": attestation}
+    with pytest.raises(SimApiError, match="the Retired condition must name the evidence"):
+        server.patch("operator", "wreg", "jobs", "w", [
+            {"op": "add", "path": "/status/retirement", "value": record},
+            {"op": "add", "path": "/status/conditions", "value": [{"type": "Retired", "status": "True", "reason": "X"}]},
+        ])  # fmt: skip
+    server.patch("operator", "wreg", "jobs", "w", [{"op": "add", "path": "/status/retirement", "value": record}])
     goodbye = {"metadata": {"name": "w", "namespace": "jobs"},
                "status": {"conditions": [{"type": "Released", "status": "True"}]}}  # fmt: skip
     with pytest.raises(SimApiError, match="cannot be Released"):
