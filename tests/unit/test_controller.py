@@ -10,7 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coroner.runtime.controller import Controller, Result, _Requeue
+import random
+
+from coroner.runtime.controller import Controller, Result, _Requeue, decorrelated_jitter
 from coroner.runtime.timers import TimerHeap
 
 pytestmark = pytest.mark.unit
@@ -97,7 +99,11 @@ def test_a_failing_reconcile_is_retried_with_backoff_and_a_success_resets_it() -
         return Result(requeue_at=T0 + 100 * S)
 
     controller: Controller[str] = Controller(
-        reconcile, backoff=(1, 4), on_failure=lambda k, e, d: failures.append((str(e), d)), clock=clock
+        reconcile,
+        backoff=(1, 4),
+        on_failure=lambda k, e, d: failures.append((str(e), d)),
+        clock=clock,
+        jitter=False,
     )
 
     async def scenario() -> None:
@@ -126,3 +132,67 @@ def test_backoff_needs_a_delay() -> None:
 
     with pytest.raises(ValueError, match="backoff"):
         Controller(reconcile, backoff=())
+
+
+@given(seed=st.integers(0, 2**32), base=st.floats(0.01, 10), factor=st.floats(1, 100), n=st.integers(1, 30))
+@settings(max_examples=200, deadline=None)
+def test_jittered_backoff_stays_between_base_and_cap_and_is_seeded(
+    seed: int, base: float, factor: float, n: int
+) -> None:
+    cap = base * factor
+
+    def delays() -> list[float]:
+        rng, previous, out = random.Random(seed), None, []
+        for _ in range(n):
+            previous = decorrelated_jitter(rng, base=base, cap=cap, previous=previous)
+            out.append(previous)
+        return out
+
+    first = delays()
+    assert first == delays(), "the same seed, the same delays"
+    assert all(base <= d <= cap for d in first), "never a hot loop, never past the cap"
+
+
+def test_jittered_retries_of_keys_that_failed_together_spread_out() -> None:
+    """After an API server restart every key fails at once; their retries must not all land on one instant."""
+
+    async def reconcile(key: int) -> None:
+        raise ValueError("503")
+
+    delays: list[float] = []
+    controller: Controller[int] = Controller(
+        reconcile, backoff=(1, 60), on_failure=lambda k, e, d: delays.append(d), rng=random.Random(7)
+    )
+
+    async def scenario() -> None:
+        worker = asyncio.create_task(controller.run_worker())
+        for key in range(50):
+            controller.enqueue(key)
+        await controller.drain()
+        worker.cancel()
+
+    asyncio.run(scenario())
+    assert len(delays) == 50 and all(1 <= d <= 3 for d in delays)
+    assert len({round(d, 3) for d in delays}) > 40
+
+
+def test_a_gate_holds_every_reconcile_until_it_opens() -> None:
+    seen: list[str] = []
+    open_ = asyncio.Event()
+
+    async def reconcile(key: str) -> None:
+        seen.append(key)
+
+    async def scenario() -> None:
+        controller: Controller[str] = Controller(reconcile, gate=open_.wait)
+        worker = asyncio.create_task(controller.run_worker())
+        controller.enqueue("a")
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert seen == [] and controller.queue.pending == 1, "a standby reconciles nothing; its queue stays"
+        open_.set()
+        await controller.drain()
+        assert seen == ["a"]
+        worker.cancel()
+
+    asyncio.run(scenario())

@@ -6,7 +6,11 @@ watch events ─▶ inputs ─▶ World (the cache)          runtime (coroner.ru
                      reconciler: gather facts ─▶ step (pure) ─▶ Effects ─▶ executor ─▶ API
                                                                            └─ retire protocol
 services: sweeper (periodic re-decision + the operator Lease), permission refresher,
-          Event poster (correlated, off the reconcile path)
+          Event poster (correlated, off the reconcile path), leader elector (with --leader-elect)
+
+Under leader election every replica watches and keeps its cache (World), queue and permission
+answers warm; only the leader's workers reconcile (the runtime's gate) and only the leader sweeps,
+so retirements, deletions, condition writes and Events come from one replica at a time.
 """
 
 from __future__ import annotations
@@ -16,9 +20,11 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from coroner.core import api
 from coroner.core.decision import Policy
 from coroner.core.world import Key, World
 from coroner.runtime.controller import Controller, Result, utcnow
+from coroner.runtime.leader import LeaderElector
 from coroner_operator.events import EventPoster
 from coroner_operator.executor import Executor
 from coroner_operator.inputs import WatchInputs
@@ -51,8 +57,25 @@ class Operator:
         self.settings = settings
         self.identity = identity
         self.gauge = DecisionGauge(metrics)
+        self.elector: LeaderElector | None = None
+        if settings.leader_election is not None:
+            self.elector = LeaderElector(
+                store=kube,
+                namespace=settings.system_namespace,
+                name=api.OPERATOR_LEASE,
+                identity=settings.leader_identity or identity,
+                config=settings.leader_election,
+                on_change=self._leading,
+            )
+            metrics.leader.set(0)
+        else:
+            metrics.leader.set(1)
         self.controller: Controller[Key] = Controller(
-            self._reconcile, backoff=settings.error_backoff, on_failure=self._failed, clock=clock
+            self._reconcile,
+            backoff=settings.error_backoff,
+            on_failure=self._failed,
+            clock=clock,
+            gate=None if self.elector is None else self.elector.wait_leader,
         )
         self.events = EventPoster(
             kube=kube,
@@ -100,10 +123,18 @@ class Operator:
             identity=identity,
             resync_seconds=settings.resync_seconds,
             clock=clock,
+            elector=self.elector,
         )
         self.inputs = WatchInputs(
             world=world, controller=self.controller, executor=self.executor, gauge=self.gauge, clock=clock
         )
+
+    @property
+    def is_leader(self) -> bool:
+        return self.elector is None or self.elector.is_leader
+
+    def _leading(self, leading: bool) -> None:
+        self.metrics.leader.set(1 if leading else 0)
 
     async def _reconcile(self, key: Key) -> Result:
         return await self.reconciler.reconcile(key)
@@ -127,6 +158,8 @@ class Operator:
         ]
         loops += [self.controller.run_worker() for _ in range(self.settings.workers)]
         loops += [self.events.run_poster() for _ in range(self.settings.event_posters)]
+        if self.elector is not None:
+            loops.append(self.elector.run())
         return loops
 
     async def drain(self) -> None:
@@ -136,6 +169,11 @@ class Operator:
     async def drain_events(self) -> None:
         """Waits until every Event of a retirement so far is posted (tests and shutdown)."""
         await self.events.drain()
+
+    async def release(self) -> None:
+        """A clean shutdown gives the leader Lease up, so a standby takes over at its next retry."""
+        if self.elector is not None:
+            await self.elector.release()
 
     def close(self) -> None:
         self.kube.close()

@@ -28,6 +28,15 @@ class Runtime:
     tasks: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)
 
 
+#: The Leases the operator watches: every namespace but kube-node-lease. It needs the agents' Leases
+#: (the system namespace) and any Lease a worker holds in its registration's namespace (the worker's
+#: own, under any name and without any label Coroner could ask for: a library's leader election
+#: Lease, say), so a label selector would be wrong; kube-node-lease holds only the kubelets' node
+#: heartbeats, which no registration can hold. (The retire protocol's Lease fence reads the
+#: namespace's Leases live anyway, right before a retirement.)
+LEASE_FIELD_SELECTOR = "metadata.namespace!=kube-node-lease"
+
+
 def configure(settings: kopf.OperatorSettings) -> None:
     """kopf's own bookkeeping stays out of status and under the coroner.dev annotation prefix."""
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=api.GROUP)
@@ -38,6 +47,9 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.watching.inactivity_timeout = 400
+    # Server-side: the Lease watch leaves out kube-node-lease (one Lease per Node, renewed every 10 s
+    # by each kubelet: most of a cluster's Lease writes, none of them Coroner's). See LEASE_FIELD_SELECTOR.
+    settings.watching.field_selectors["coordination.k8s.io", "leases"] = LEASE_FIELD_SELECTOR
 
 
 class NoEssenceDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):

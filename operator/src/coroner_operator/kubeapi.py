@@ -95,6 +95,22 @@ class KubeApi:
         result = await self._request("GET", leases_path(namespace))
         return list(result.get("items") or [])
 
+    async def get_lease(self, *, namespace: str, name: str) -> dict[str, Any] | None:
+        """A live GET of one Lease (the leader Lease); None only for a 404."""
+        try:
+            return await self._request("GET", leases_path(namespace, name))
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def create_lease(self, *, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        return await self._request("POST", leases_path(namespace), body=body)
+
+    async def replace_lease(self, *, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        """A PUT carrying the body's resourceVersion: a compare-and-swap (409 if it moved)."""
+        return await self._request("PUT", leases_path(namespace, name), body=body)
+
     async def get_node(self, *, name: str) -> dict[str, Any] | None:
         """A live GET of a Node: None only for a real 404 (errors propagate; unknown is not gone)."""
         try:

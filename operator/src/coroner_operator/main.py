@@ -10,6 +10,9 @@ import math
 import os
 import pathlib
 import signal
+import socket
+import time
+import uuid
 from typing import Any
 
 import click
@@ -22,6 +25,7 @@ from coroner.core import api, policy_json
 from coroner.core.decision import Policy
 from coroner.core.world import World
 from coroner.runtime.controller import utcnow
+from coroner.runtime.leader import ElectionConfig
 from coroner_operator.app import Operator
 from coroner_operator.eventcorrelator import DEFAULT_BURST, DEFAULT_WINDOW_SECONDS
 from coroner_operator.handlers import Runtime, configure, register
@@ -87,6 +91,7 @@ def build_registry(
         if runtime.operator is not None:
             with contextlib.suppress(TimeoutError):  # the Events of retirements already written
                 await asyncio.wait_for(runtime.operator.drain_events(), timeout=5.0)
+            await runtime.operator.release()
         for task in runtime.tasks:
             task.cancel()
         for task in runtime.tasks:
@@ -123,13 +128,30 @@ async def _whoami(kube: KubeApi) -> str:
 
 
 async def _serve_http(address: str, port: int, metrics: Metrics, operator: Operator) -> None:
-    """/metrics (Prometheus) and /healthz: alive while the sweep loop keeps completing sweeps."""
+    """/metrics (Prometheus), /healthz and /readyz.
+
+    /healthz: the leader is alive while its sweep loop keeps completing sweeps; a standby while its
+    election loop keeps trying (a healthy standby is healthy: restarting it would only lose its warm
+    cache). /readyz: 200 for a leader and a standby alike, the body says which (a standby must
+    count as available, or a PodDisruptionBudget would block every drain of the leader's node)."""
     started = utcnow()
 
     async def metrics_view(_: web.Request) -> web.Response:
         return web.Response(body=generate_latest(metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
+    async def readyz(_: web.Request) -> web.Response:
+        return web.Response(text="leader\n" if operator.is_leader else "standby\n")
+
     async def healthz(_: web.Request) -> web.Response:
+        elector = operator.elector
+        if elector is not None and not elector.is_leader:
+            tried = elector.last_try
+            window = elector.config.lease_duration * 2 + elector.config.renew_deadline
+            if tried is None and utcnow() - started < datetime.timedelta(seconds=window + 60):
+                return web.Response(text="starting\n")
+            if tried is not None and time.monotonic() - tried < window:
+                return web.Response(text=f"ok standby (leader {elector.holder or '?'})\n")
+            return web.Response(status=503, text="the leader election loop has not tried recently\n")
         limit = datetime.timedelta(seconds=operator.settings.resync_seconds * 3 + 60)
         last = operator.last_sweep
         if last is None and utcnow() - started < limit:
@@ -139,7 +161,7 @@ async def _serve_http(address: str, port: int, metrics: Metrics, operator: Opera
         return web.Response(status=503, text="no completed sweep recently\n")
 
     app = web.Application()
-    app.add_routes([web.get("/metrics", metrics_view), web.get("/healthz", healthz)])
+    app.add_routes([web.get("/metrics", metrics_view), web.get("/healthz", healthz), web.get("/readyz", readyz)])
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, address, port)
@@ -148,6 +170,22 @@ async def _serve_http(address: str, port: int, metrics: Metrics, operator: Opera
         await asyncio.Event().wait()
     finally:
         await runner.cleanup()
+
+
+def configure_logging(*, log_format: str, verbose: bool) -> None:
+    """text: one line per record; json: kopf's JSON formatter on the root logger, so Coroner's
+    records and kopf's own come out as one JSON object per line each."""
+    level = logging.DEBUG if verbose else logging.INFO
+    if log_format == "json":
+        kopf.configure(verbose=verbose, log_format=kopf.LogFormat.JSON)
+        logging.getLogger().setLevel(level)
+    else:
+        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+
+
+def default_identity() -> str:
+    """The leader Lease's holderIdentity: the pod's name (downward API), else unique per process."""
+    return os.environ.get("POD_NAME") or f"{socket.gethostname()}_{uuid.uuid4()}"
 
 
 def _finite(param: click.Parameter, value: float) -> float:
@@ -218,6 +256,29 @@ def _finite(param: click.Parameter, value: float) -> float:
     help="The Event aggregation window; an aggregate Event is posted when its window ends.",
 )
 @click.option("--system-namespace", default=api.SYSTEM_NAMESPACE, show_default=True)
+@click.option(
+    "--leader-elect/--no-leader-elect",
+    default=False,
+    show_default=True,
+    help=f"Elect a leader among replicas on the Lease <system-namespace>/{api.OPERATOR_LEASE}; only the leader "
+    "reconciles, sweeps, retires, deletes and posts Events, a standby keeps its caches warm and takes over "
+    "when the leader's Lease expires. The manifests run 2 replicas with it.",
+)
+@click.option(
+    "--leader-elect-identity",
+    default=None,
+    help="This replica's holderIdentity (default: $POD_NAME, else <hostname>_<random>).",
+)
+@click.option("--leader-elect-lease-duration", type=click.FloatRange(min=1), default=15.0, show_default=True)
+@click.option("--leader-elect-renew-deadline", type=click.FloatRange(min=0.5), default=10.0, show_default=True)
+@click.option("--leader-elect-retry-period", type=click.FloatRange(min=0.1), default=2.0, show_default=True)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="json: one JSON object per line, the operator's and kopf's logs alike (kopf's JSON formatter).",
+)
 @click.option("--verbose", "-v", is_flag=True)
 def main(
     kubeconfig: str | None,
@@ -234,13 +295,26 @@ def main(
     event_burst: int,
     event_window_seconds: float,
     system_namespace: str,
+    leader_elect: bool,
+    leader_elect_identity: str | None,
+    leader_elect_lease_duration: float,
+    leader_elect_renew_deadline: float,
+    leader_elect_retry_period: float,
+    log_format: str,
     verbose: bool,
 ) -> None:
     """Run the Coroner operator: retire stale WorkerRegistrations, never a live one."""
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    configure_logging(log_format=log_format, verbose=verbose)
+    election = None
+    if leader_elect:
+        try:
+            election = ElectionConfig(
+                lease_duration=leader_elect_lease_duration,
+                renew_deadline=leader_elect_renew_deadline,
+                retry_period=leader_elect_retry_period,
+            )
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--leader-elect-*") from exc
     for noisy in ("kopf.objects", "kopf.activities.probe", "kopf._core", "kopf._cogs", "aiohttp.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     if kubeconfig:
@@ -257,6 +331,8 @@ def main(
         event_burst=event_burst,
         event_window_seconds=event_window_seconds,
         system_namespace=system_namespace,
+        leader_election=election,
+        leader_identity=leader_elect_identity or default_identity(),
     )
     runtime = Runtime()
     registry = build_registry(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from coroner.core import api
+from coroner.runtime.leader import ElectionConfig
 from coroner_operator.eventcorrelator import DEFAULT_BURST, DEFAULT_WINDOW_SECONDS
 from coroner_operator.retention import DEFAULT_TERMINAL_RETENTION_SECONDS
 
@@ -33,3 +34,8 @@ class OperatorSettings:
     """Events posted one by one per namespace per window; past it similar ones are combined."""
     event_window_seconds: float = DEFAULT_WINDOW_SECONDS
     """The aggregation window (see `coroner_operator.eventcorrelator`)."""
+    leader_election: ElectionConfig | None = None
+    """With a config, replicas elect a leader on the operator's Lease (`api.OPERATOR_LEASE`) and only
+    the leader reconciles, sweeps, retires, deletes and posts Events; None: this process always leads."""
+    leader_identity: str = ""
+    """This replica's holderIdentity on the leader Lease (the pod name in a Deployment)."""

@@ -6,7 +6,9 @@ reconciles every one). Each sweep is recorded on the operator's Lease (`api.LAST
 how many, how many failed and why, by reason, the retire capability per namespace), next to the
 decision policy this operator runs with (`api.POLICY_ANNOTATION`), published once before the first
 sweep and with every sweep, so `kubectl coroner plan|apply|doctor` decide as the operator does and
-`doctor` and /healthz can tell that the operator is alive.
+`doctor` and /healthz can tell that the operator is alive. Under leader election only the leader
+sweeps, and the Lease is the leader Lease (`coroner.runtime.leader`): the sweep's annotations ride
+on its next renewal.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 from coroner.core import api, model, policy_json
 from coroner.core.decision import Policy
 from coroner.core.world import Key, World
+from coroner.runtime.leader import LeaderElector
 from coroner_operator.kubeapi import KubeApi, describe
 from coroner_operator.metrics import DecisionGauge, Metrics
 
@@ -43,6 +46,7 @@ class Sweeper:
         identity: str,
         resync_seconds: float,
         clock: Callable[[], datetime.datetime],
+        elector: LeaderElector | None = None,
     ) -> None:
         self.world = world
         self.kube = kube
@@ -55,6 +59,7 @@ class Sweeper:
         self.identity = identity
         self.resync_seconds = resync_seconds
         self.clock = clock
+        self.elector = elector
         self.last_sweep: dict[str, Any] | None = None
         self._failures: Counter[str] = Counter()
         self._errors: dict[str, str] = {}
@@ -90,18 +95,25 @@ class Sweeper:
     async def run(self) -> None:
         await self.write_lease({})
         while True:
+            if self.elector is not None:
+                await self.elector.wait_leader()  # a standby neither sweeps nor records sweeps
             await self.sweep()
             await asyncio.sleep(self.resync_seconds)
 
     async def write_lease(self, annotations: dict[str, str]) -> None:
-        """Renews the operator's Lease with `annotations` and the policy (other annotations are kept)."""
+        """Renews the operator's Lease with `annotations` and the policy (other annotations are kept).
+        Under leader election the elector owns the Lease: they go on its next write (now, if leading)."""
+        annotations = {**annotations, api.POLICY_ANNOTATION: policy_json.dump_policy(self.policy)}
+        if self.elector is not None:
+            self.elector.publish(annotations)
+            return
         try:
             await self.kube.upsert_lease(
                 namespace=self.system_namespace,
                 name=api.OPERATOR_LEASE,
                 holder=self.identity,
                 duration=int(self.resync_seconds * 3),
-                annotations={**annotations, api.POLICY_ANNOTATION: policy_json.dump_policy(self.policy)},
+                annotations=annotations,
             )
         except Exception as exc:  # an API outage must not end the sweeps (nor /healthz's evidence)
             logger.warning("operator lease not written namespace=%s error=%s", self.system_namespace, describe(exc))

@@ -7,8 +7,13 @@ unexpected error), and this runtime owns everything around it —
   once, a key asked for while it is being reconciled runs once more afterwards;
 * requeue-at: a `Result.requeue_at` (or `requeue_at(key, when)` from anywhere) puts the key back
   at that instant; the earliest request wins;
-* backoff: a reconcile that raises is retried after `backoff[attempt]` (the last delay repeats),
-  never in a hot loop; a success resets the count;
+* backoff: a reconcile that raises is retried after a delay, never in a hot loop; a success resets
+  it. With `jitter` (the default) the delays are decorrelated jitter between `backoff[0]` and
+  `backoff[-1]` (each drawn from [base, 3 * the previous delay], capped), so keys that failed together
+  (an API server restart) are not all retried in the same instant; without it, `backoff[attempt]`
+  (the last delay repeats). The random source is `rng` (seeded in tests);
+* leadership: with a `gate`, workers take and reconcile keys only while it is open (awaited before
+  each reconcile): a standby keeps its queue and caches warm but writes nothing;
 * alarms: one named timer per token (e.g. an agent Lease's expiry) that calls back when due and
   that a later `alarm` for the same token moves (earlier or later).
 
@@ -22,6 +27,7 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime
+import random
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Generic, TypeVar
 
@@ -62,17 +68,25 @@ class Controller(Generic[K]):
         backoff: Sequence[float] = (1, 2, 4, 8, 16, 30, 60),
         on_failure: Callable[[K, Exception, float], None] | None = None,
         clock: Callable[[], datetime.datetime] = utcnow,
+        jitter: bool = True,
+        rng: random.Random | None = None,
+        gate: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         if not backoff:
             raise ValueError("backoff needs at least one delay")
+        if min(backoff) <= 0:
+            raise ValueError("backoff delays must be positive (never a hot loop)")
         self._reconcile = reconcile
         self._backoff = tuple(backoff)
+        self._jitter = jitter
+        self._rng = rng or random.Random()
+        self._gate = gate
         self._on_failure = on_failure
         self._clock = clock
         self.queue: KeyedQueue[K] = KeyedQueue()
         self._timers: TimerHeap[_Requeue[K] | _Alarm] = TimerHeap()
         self._alarms: dict[Hashable, Callable[[], None]] = {}
-        self._failures: dict[K, int] = {}
+        self._failures: dict[K, tuple[int, float | None]] = {}  # attempts so far, the last delay
         self._wakeup = asyncio.Event()
 
     # --- asking for work -------------------------------------------------------------------------
@@ -99,8 +113,11 @@ class Controller(Generic[K]):
     def alarm_at(self, token: Hashable) -> datetime.datetime | None:
         return self._timers.due_at(_Alarm(token))
 
-    def backoff_delay(self, attempt: int) -> float:
-        return float(self._backoff[min(attempt, len(self._backoff) - 1)])
+    def backoff_delay(self, attempt: int, previous: float | None = None) -> float:
+        """The delay before retry `attempt` (0-based); `previous` is the delay before the last one."""
+        if not self._jitter:
+            return float(self._backoff[min(attempt, len(self._backoff) - 1)])
+        return decorrelated_jitter(self._rng, base=self._backoff[0], cap=self._backoff[-1], previous=previous)
 
     # --- running -------------------------------------------------------------------------------
 
@@ -126,8 +143,12 @@ class Controller(Generic[K]):
 
     async def run_worker(self) -> None:
         while True:
+            if self._gate is not None:
+                await self._gate()
             key = await self.queue.get()
             try:
+                if self._gate is not None:
+                    await self._gate()  # leadership may have been lost while waiting for a key
                 result = await self._reconcile(key)
             except asyncio.CancelledError:
                 raise
@@ -145,9 +166,16 @@ class Controller(Generic[K]):
         await self.queue.join()
 
     def _failed(self, key: K, exc: Exception) -> None:
-        attempt = self._failures.get(key, 0)
-        self._failures[key] = attempt + 1
-        delay = self.backoff_delay(attempt)
+        attempt, previous = self._failures.get(key, (0, None))
+        delay = self.backoff_delay(attempt, previous)
+        self._failures[key] = (attempt + 1, delay)
         if self._on_failure is not None:
             self._on_failure(key, exc, delay)
         self.requeue_at(key, self._clock() + datetime.timedelta(seconds=delay))
+
+
+def decorrelated_jitter(rng: random.Random, *, base: float, cap: float, previous: float | None) -> float:
+    """The next delay of a decorrelated-jitter backoff: uniform in [base, 3 * previous] (previous
+    starts at base), never above `cap` nor below `base`."""
+    upper = max(base, 3 * (previous if previous is not None else base))
+    return float(min(cap, max(base, rng.uniform(base, upper))))
