@@ -27,6 +27,7 @@ PURE = [
     "coroner.core.procfs",
     "coroner.core.wire",
     "coroner.core.policy_json",
+    "coroner.core.admission_digest",
     # The operator's cache, filled from watches and LISTs by its callers; the one decide-all
     # (coroner.core.fingerprint) decides over it.
     "coroner.core.world",

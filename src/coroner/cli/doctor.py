@@ -18,7 +18,7 @@ from typing import Any, Final
 
 from coroner.cli.plan import OPERATOR_LEASE, PolicyChoice, Unreadable, display, key_of
 from coroner.cli.plan import names_text as _names
-from coroner.core import api, model
+from coroner.core import admission_digest, api, model
 from coroner.core.decision import AgentFacts, Decision, NodeFacts, Policy, decide, lease_expiry
 from coroner.core.fingerprint import Plan, PlanEntry
 from coroner.core.reasons import Evidence, Reason
@@ -38,6 +38,10 @@ ADMISSION_POLICIES: Final = (
     "coroner-agent-attests-own-node-only",
     "coroner-status-fields-by-identity",
     "coroner-agent-renews-own-lease-only",
+    "coroner-retire-requires-evidence",
+    "coroner-registrant-recorded",
+    "coroner-delete-only-terminal",
+    "coroner-system-leases-by-owner",
 )
 
 #: The taint a person sets on a Node that is shut down for good (KEP-2268); the operator accepts it
@@ -159,6 +163,44 @@ def check_admission_policies(
             facts=facts,
         )
     return passed(name, f"all {len(ADMISSION_POLICIES)} policies present and bound with Deny.", facts=facts)
+
+
+def check_admission_content(
+    *,
+    policies: Sequence[Mapping[str, Any]] | Unreadable,
+    bindings: Sequence[Mapping[str, Any]] | Unreadable,
+    system_namespace: str = api.SYSTEM_NAMESPACE,
+) -> Check:
+    """Each ValidatingAdmissionPolicy and binding has the content the manifests ship (a digest of
+    expressions, failurePolicy, match rules, actions and binding scope; coroner.core.admission_digest):
+    a policy narrowed or a binding that only warns or misses namespaces is as good as missing."""
+    name = "admission-content"
+    for listed in (policies, bindings):
+        if isinstance(listed, Unreadable):
+            return unknown(name, f"admission policies could not be read: {listed.reason}")
+    assert not isinstance(policies, Unreadable) and not isinstance(bindings, Unreadable)
+    validating = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+    expected = {k: v for k, v in admission_digest.EXPECTED.items() if k[0] in validating}
+    documents = [{"kind": "ValidatingAdmissionPolicy", **p} for p in policies]
+    documents += [{"kind": "ValidatingAdmissionPolicyBinding", **b} for b in bindings]
+    comparison = admission_digest.compare(documents, expected=expected, system_namespace=system_namespace)
+    node_evidence = "admitted" if comparison.node_loss else "refused"
+    facts = {"compared": len(expected), "operatorNodeEvidence": node_evidence}
+    if not comparison.intact:
+        shown = [f"{kind}/{policy}" for kind, policy in sorted((*comparison.missing, *comparison.differing))]
+        return failed(
+            name,
+            f"not as the manifests ship them: {_names(comparison.names())}; re-apply the manifests "
+            f"(`kubectl apply -k` your overlay) and find out who changed them.",
+            objects=tuple(shown),
+            facts=facts,
+        )
+    return passed(
+        name,
+        f"all {len(expected)} policies and bindings have the manifests' content (the operator's node "
+        f"evidence is {node_evidence}).",
+        facts=facts,
+    )
 
 
 def check_operator_alive(
@@ -762,6 +804,7 @@ class Findings:
 CHECKS: Final[tuple[Callable[[Findings], Check], ...]] = (
     lambda f: check_crd(f.crd),
     lambda f: check_admission_policies(policies=f.policies, bindings=f.bindings),
+    lambda f: check_admission_content(policies=f.policies, bindings=f.bindings, system_namespace=f.system_namespace),
     lambda f: check_operator_alive(lease=f.operator_lease, system_namespace=f.system_namespace, now=f.now),
     lambda f: check_last_sweep(lease=f.operator_lease, system_namespace=f.system_namespace),
     lambda f: check_retire_grant(

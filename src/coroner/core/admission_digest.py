@@ -1,0 +1,305 @@
+"""The admission policies as content, not names: what a cluster must have for Coroner to be safe.
+
+Every rule the API server enforces for Coroner (manifests/base/admission-policies.yaml) is one
+policy object and one binding. Deleting either, or narrowing it (a weaker expression, a
+`failurePolicy: Ignore`, a match rule that misses a resource or operation, a binding that only
+`Warn`s or is scoped to some namespaces), silently removes the rule. This module reduces each
+object to its *essence* — exactly the fields that decide what is admitted: expressions
+(validations, match conditions, variables, mutations), failurePolicy, match rules, binding actions
+and binding scope, and not the wording of messages — with the API server's defaults filled in, and
+hashes it (SHA-256 of canonical JSON). `compare` says, per expected object, whether the cluster has
+it with that content.
+
+`EXPECTED` holds the digests of the shipped manifests (tests/unit/test_admission_digest.py
+recomputes them from the YAML, so they cannot drift). `NODE_LOSS_ALTERNATES` holds the one variant
+components/node-loss makes: the evidence policy with the operator's node-evidence opt-in on.
+
+Pure: no I/O. `kubectl coroner doctor` compares content with it; the operator should stay
+plan-only unless `compare(...).intact` (docs/security.md).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+#: The kinds whose objects are admission rules, and which part of `spec` decides what is admitted.
+_ESSENTIAL_SPEC: Final[Mapping[str, tuple[str, ...]]] = {
+    "ValidatingAdmissionPolicy": (
+        "failurePolicy",
+        "paramKind",
+        "matchConstraints",
+        "matchConditions",
+        "variables",
+        "validations",
+        "auditAnnotations",
+    ),
+    "ValidatingAdmissionPolicyBinding": ("policyName", "paramRef", "matchResources", "validationActions"),
+    "MutatingAdmissionPolicy": (
+        "failurePolicy",
+        "paramKind",
+        "matchConstraints",
+        "matchConditions",
+        "variables",
+        "mutations",
+        "reinvocationPolicy",
+    ),
+    "MutatingAdmissionPolicyBinding": ("policyName", "paramRef", "matchResources"),
+}
+KINDS: Final = tuple(_ESSENTIAL_SPEC)
+
+#: The shipped operator and agent identities, written into the expressions in this namespace.
+SHIPPED_NAMESPACE: Final = "coroner-system"
+
+#: (kind, name) -> digest of the shipped manifests/base/admission-policies.yaml.
+EXPECTED: Final[Mapping[tuple[str, str], str]] = {
+    (
+        "MutatingAdmissionPolicy",
+        "coroner-record-registrant",
+    ): "25af0184855b4784d9c8cce01d7f15f4d2531ef95acad7f9405792c3827d2e25",
+    (
+        "MutatingAdmissionPolicyBinding",
+        "coroner-record-registrant",
+    ): "08b8376797a8555d4b5887de1a6f7aee7188b727e9c00416ed0fdad3b1ac5557",
+    (
+        "ValidatingAdmissionPolicy",
+        "coroner-agent-attests-own-node-only",
+    ): "d9b50bafdc4a4cbfa5f1a3e020a57fc8eb8c33c1e2e005a1e36b8d86938402b8",
+    (
+        "ValidatingAdmissionPolicy",
+        "coroner-agent-renews-own-lease-only",
+    ): "30304d21ac255931a48ac0165e7354e5be233be2721cf4acb55cc142e3a939c4",
+    (
+        "ValidatingAdmissionPolicy",
+        "coroner-delete-only-terminal",
+    ): "ebf88a17cab92d63da0b6a1ae401295e9f0f9c27eabe9418642884fc704e9e14",
+    (
+        "ValidatingAdmissionPolicy",
+        "coroner-node-label-matches-spec",
+    ): "937b3d7f7f4a3896bdd29c9d1f04c9ee21bd95ae2f56703cab27b001539fc2a8",
+    (
+        "ValidatingAdmissionPolicy",
+        "coroner-registrant-recorded",
+    ): "ade01b24c34e2ecab7c1d754386141c4181e4660f331da13b6df0d741fd32bb1",
+    (
+        "ValidatingAdmissionPolicy",
+        "coroner-retire-requires-capability",
+    ): "a40349298ee79c891e4623a975930d1920300a175b8f7ed150dfc00a943527ba",
+    (
+        "ValidatingAdmissionPolicy",
+        "coroner-retire-requires-evidence",
+    ): "0c00f2a7669027b2141b981fcb21d66867b99779936ab6eec6dcaebf9d9987f9",
+    (
+        "ValidatingAdmissionPolicy",
+        "coroner-status-fields-by-identity",
+    ): "8ddcfdad5f5dfdc73f4fac088e5663a1754f7c2a927f0a944c7da86f3df9d6b3",
+    (
+        "ValidatingAdmissionPolicy",
+        "coroner-system-leases-by-owner",
+    ): "1531683c38aee2458033400f572b75bba1494881a716ef5e6e699b7dafe423e2",
+    (
+        "ValidatingAdmissionPolicyBinding",
+        "coroner-agent-attests-own-node-only",
+    ): "8f41c3fec8e92c12881dd6bb60745f1a0442effe1fbbd9576bde16763597b796",
+    (
+        "ValidatingAdmissionPolicyBinding",
+        "coroner-agent-renews-own-lease-only",
+    ): "966d1dc1588351469ff5a7f7b6cc23c244c89b25cfaff6cf7250461bc4615ef5",
+    (
+        "ValidatingAdmissionPolicyBinding",
+        "coroner-delete-only-terminal",
+    ): "5eadd1b20d9763ab02449f3058b501c5fe979957d2bfaf75878d39b393855ee5",
+    (
+        "ValidatingAdmissionPolicyBinding",
+        "coroner-node-label-matches-spec",
+    ): "109f0d38a2a5ed59702198435d408b377a2065be00d1e6d7221d17481bfd84b4",
+    (
+        "ValidatingAdmissionPolicyBinding",
+        "coroner-registrant-recorded",
+    ): "dcc84224ec55c9d1d6b45eee14e910349a6b8fd8b69240b8d982ad31e9dc733a",
+    (
+        "ValidatingAdmissionPolicyBinding",
+        "coroner-retire-requires-capability",
+    ): "646dca1cc8edf5e143b5345b69426dd1abc29e1fc5818a7271952fd2fd75ccac",
+    (
+        "ValidatingAdmissionPolicyBinding",
+        "coroner-retire-requires-evidence",
+    ): "59001dc0afcad93344a32bd678793a30d0ab59510dbc96bf58f1356c451b0e6c",
+    (
+        "ValidatingAdmissionPolicyBinding",
+        "coroner-status-fields-by-identity",
+    ): "6a3071177018679a835b5d4fa105e7777f60c38fb8cd0113a7bf459225e343e0",
+    (
+        "ValidatingAdmissionPolicyBinding",
+        "coroner-system-leases-by-owner",
+    ): "7c0cc19d11aa510d6238b06a6c34e0ee1ae66bbcff53312f35cfbb3ffe7c6756",
+}
+
+#: The variants components/node-loss installs instead of the base object: (kind, name) -> digest.
+NODE_LOSS_ALTERNATES: Final[Mapping[tuple[str, str], str]] = {
+    (
+        "ValidatingAdmissionPolicy",
+        "coroner-retire-requires-evidence",
+    ): "d30bf4eab98fb9f312e8322d302a86ba5d3f22a01231e4198ede90ee33647129",
+}
+
+#: The variables of the evidence policy that components/node-loss turns to "true".
+NODE_LOSS_VARIABLES: Final = ("operatorMayUseNodeDeleted", "operatorMayUseNodeOutOfService")
+EVIDENCE_POLICY: Final = ("ValidatingAdmissionPolicy", "coroner-retire-requires-evidence")
+
+
+def _with_match_defaults(match: Any) -> Any:
+    """A matchConstraints / matchResources with the API server's defaults filled in."""
+    if not isinstance(match, Mapping):
+        return match
+    filled = dict(match)
+    filled.setdefault("matchPolicy", "Equivalent")
+    filled.setdefault("namespaceSelector", {})
+    filled.setdefault("objectSelector", {})
+    for key in ("resourceRules", "excludeResourceRules"):
+        rules = filled.get(key)
+        if isinstance(rules, list):
+            filled[key] = [{**rule, "scope": rule.get("scope", "*")} if isinstance(rule, Mapping) else rule
+                           for rule in rules]  # fmt: skip
+    return filled
+
+
+def normalize_expression(expression: str) -> str:
+    """A CEL expression with each run of whitespace outside string literals made one space.
+
+    CEL ignores that whitespace, and YAML parsers disagree on it (a folded scalar's more-indented
+    lines keep one newline in PyYAML and two in the API server's parser); string literals keep
+    theirs exactly."""
+    out: list[str] = []
+    quote: str | None = None
+    escaped = False
+    pending_space = False
+    for char in expression:
+        if quote is not None:
+            out.append(char)
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == quote:
+                quote = None
+            continue
+        if char.isspace():
+            pending_space = bool(out)
+            continue
+        if pending_space:
+            out.append(" ")
+            pending_space = False
+        out.append(char)
+        if char in "'\"":
+            quote = char
+    return "".join(out)
+
+
+def _normalize_expressions(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {
+            k: normalize_expression(v) if k == "expression" and isinstance(v, str) else _normalize_expressions(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_normalize_expressions(item) for item in value]
+    return value
+
+
+def essence(document: Mapping[str, Any], *, system_namespace: str = SHIPPED_NAMESPACE) -> dict[str, Any]:
+    """What decides admission in one policy or binding, defaults filled, messages left out.
+
+    `system_namespace`: where this installation runs the operator and agent; their identities in
+    the expressions are read as the shipped ones, so an install in another namespace compares."""
+    kind = str(document.get("kind") or "")
+    fields = _ESSENTIAL_SPEC.get(kind)
+    if fields is None:
+        raise ValueError(f"not an admission policy or binding: kind {kind!r}")
+    spec = document.get("spec") or {}
+    kept: dict[str, Any] = {key: copy.deepcopy(spec[key]) for key in fields if key in spec}
+    for key in ("matchConstraints", "matchResources"):
+        if key in kept:
+            kept[key] = _with_match_defaults(kept[key])
+    if kind.startswith("Validating") and not kind.endswith("Binding"):
+        kept.setdefault("failurePolicy", "Fail")
+        kept["validations"] = [{"expression": v.get("expression")} for v in kept.get("validations") or []]
+    if kind.startswith("Mutating") and not kind.endswith("Binding"):
+        kept.setdefault("failurePolicy", "Fail")
+        kept.setdefault("reinvocationPolicy", "Never")
+    text = json.dumps(_normalize_expressions(kept), sort_keys=True)
+    if system_namespace != SHIPPED_NAMESPACE:
+        text = text.replace(f"system:serviceaccount:{system_namespace}:", f"system:serviceaccount:{SHIPPED_NAMESPACE}:")
+        text = text.replace(f'"{system_namespace}"', f'"{SHIPPED_NAMESPACE}"')
+    result: dict[str, Any] = json.loads(text)
+    return result
+
+
+def digest(document: Mapping[str, Any], *, system_namespace: str = SHIPPED_NAMESPACE) -> str:
+    """SHA-256 of the canonical JSON of `essence(document)`."""
+    canonical = json.dumps(essence(document, system_namespace=system_namespace), sort_keys=True,
+                           separators=(",", ":"))  # fmt: skip
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def key(document: Mapping[str, Any]) -> tuple[str, str]:
+    return str(document.get("kind") or ""), str((document.get("metadata") or {}).get("name") or "")
+
+
+def digests(
+    documents: Iterable[Mapping[str, Any]], *, system_namespace: str = SHIPPED_NAMESPACE
+) -> dict[tuple[str, str], str]:
+    """(kind, name) -> digest of every admission policy and binding among `documents`."""
+    return {
+        key(document): digest(document, system_namespace=system_namespace)
+        for document in documents
+        if isinstance(document, Mapping) and document.get("kind") in _ESSENTIAL_SPEC
+    }
+
+
+def with_node_loss(document: Mapping[str, Any]) -> dict[str, Any]:
+    """The evidence policy as components/node-loss patches it (the operator's opt-in variables true)."""
+    patched = copy.deepcopy(dict(document))
+    for variable in (patched.get("spec") or {}).get("variables") or []:
+        if variable.get("name") in NODE_LOSS_VARIABLES:
+            variable["expression"] = "true"
+    return patched
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Comparison:
+    """How the cluster's admission objects compare with the expected ones."""
+
+    missing: tuple[tuple[str, str], ...]
+    """Expected and absent."""
+    differing: tuple[tuple[str, str], ...]
+    """Present with other content (weaker or not: any change is reported)."""
+    node_loss: bool
+    """The evidence policy is the node-loss variant (the operator may retire on node evidence)."""
+
+    @property
+    def intact(self) -> bool:
+        return not self.missing and not self.differing
+
+    def names(self) -> list[str]:
+        return [f"{kind}/{name} ({'missing' if (kind, name) in self.missing else 'differs'})"
+                for kind, name in sorted((*self.missing, *self.differing))]  # fmt: skip
+
+
+def compare(
+    actual: Iterable[Mapping[str, Any]],
+    *,
+    expected: Mapping[tuple[str, str], str] = EXPECTED,
+    alternates: Mapping[tuple[str, str], str] = NODE_LOSS_ALTERNATES,
+    system_namespace: str = SHIPPED_NAMESPACE,
+) -> Comparison:
+    """Every expected object present with its expected digest (or its node-loss alternate)."""
+    found = digests(actual, system_namespace=system_namespace)
+    missing = tuple(sorted(k for k in expected if k not in found))
+    differing = tuple(sorted(k for k in expected if k in found and found[k] not in (expected[k], alternates.get(k))))
+    node_loss = EVIDENCE_POLICY in alternates and found.get(EVIDENCE_POLICY) == alternates[EVIDENCE_POLICY]
+    return Comparison(missing=missing, differing=differing, node_loss=node_loss)

@@ -1,0 +1,70 @@
+"""Admission content as the API server serves it (issue 17, item 3): the objects `kubectl apply -k`
+installs compare intact with coroner.core.admission_digest (the server's defaults and its YAML
+reading do not count as changes), and `kubectl coroner doctor` fails on a binding that only warns
+— which the names-only check passes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from typing import Any
+
+import pytest
+
+from coroner.core import admission_digest as ad
+from coroner_dev.devcluster.cluster import Cluster
+from support import components, kube
+
+pytestmark = pytest.mark.e2e
+
+KINDS = (
+    "validatingadmissionpolicy,validatingadmissionpolicybinding,mutatingadmissionpolicy,mutatingadmissionpolicybinding"
+)
+
+
+def served(cluster: Cluster) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = json.loads(kube.kubectl(cluster, "get", KINDS, "-o", "json").stdout)["items"]
+    return items
+
+
+def doctor_checks(cluster: Cluster) -> dict[str, dict[str, Any]]:
+    result = subprocess.run(
+        [str(components.BIN / "kubectl-coroner"), "doctor", "-o", "json", f"--kubeconfig={cluster.kubeconfig}"],
+        capture_output=True, text=True, timeout=120, check=False, env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    return {check["name"]: check for check in json.loads(result.stdout)["checks"]}
+
+
+def test_what_the_server_serves_is_what_ships_and_a_warn_only_binding_is_not(cluster: Cluster) -> None:
+    components.install(cluster, grant=False)
+    comparison = ad.compare(served(cluster))
+    assert comparison.intact, comparison.names()
+    assert not comparison.node_loss
+    assert doctor_checks(cluster)["admission-content"]["status"] == "PASS"
+    binding = "coroner-retire-requires-evidence"
+    kube.kubectl(cluster, "patch", "validatingadmissionpolicybinding", binding, "--type=merge",
+                 "-p", '{"spec":{"validationActions":["Warn"]}}')  # fmt: skip
+    try:
+        assert ad.compare(served(cluster)).differing == (("ValidatingAdmissionPolicyBinding", binding),)
+        checks = doctor_checks(cluster)
+        assert checks["admission-policies"]["status"] == "FAIL"  # no Deny: the names-only check sees it too
+        assert checks["admission-content"]["status"] == "FAIL"
+        assert checks["admission-content"]["objects"] == [f"ValidatingAdmissionPolicyBinding/{binding}"]
+        kube.kubectl(cluster, "patch", "validatingadmissionpolicybinding", binding, "--type=merge",
+                     "-p", '{"spec":{"validationActions":["Deny"],"matchResources":{"namespaceSelector":'
+                     '{"matchLabels":{"only":"here"}}}}}')  # fmt: skip
+        checks = doctor_checks(cluster)
+        assert checks["admission-policies"]["status"] == "PASS"  # the names-only check is fooled
+        assert checks["admission-content"]["status"] == "FAIL"
+    finally:
+        # Re-applying does not undo a patch (kubectl apply keeps fields it never set): replace it.
+        kube.kubectl(cluster, "delete", "validatingadmissionpolicybinding", binding)
+        components.install(cluster, grant=False)
+    assert ad.compare(served(cluster)).intact
+    components.install(cluster, grant=True, node_loss=True)
+    try:
+        comparison = ad.compare(served(cluster))
+        assert comparison.intact and comparison.node_loss
+    finally:
+        components.install(cluster, grant=False)

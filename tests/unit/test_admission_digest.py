@@ -1,0 +1,212 @@
+"""coroner.core.admission_digest: the content of the admission policies, not their names (issue 17, item 3).
+
+A change that weakens a rule (an expression, failurePolicy, a match rule, a binding's actions or
+scope, a deletion) is reported; what the API server adds by itself (defaults, metadata) and the
+wording of messages are not.
+"""
+
+from __future__ import annotations
+
+import copy
+import pathlib
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from coroner.cli import doctor
+from coroner.core import admission_digest as ad
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+SHIPPED = [d for d in yaml.safe_load_all((REPO / "manifests" / "base" / "admission-policies.yaml").read_text()) if d]
+
+
+def shipped() -> list[dict[str, Any]]:
+    return copy.deepcopy(SHIPPED)
+
+
+def find(documents: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    (found,) = [d for d in documents if ad.key(d) == (kind, name)]
+    return found
+
+
+def test_the_expected_digests_are_the_manifests() -> None:
+    # Fails after any edit of admission-policies.yaml until EXPECTED is regenerated: the content a
+    # cluster is checked against is always the content that ships.
+    assert dict(ad.EXPECTED) == ad.digests(SHIPPED)
+    evidence = find(shipped(), *ad.EVIDENCE_POLICY)
+    assert dict(ad.NODE_LOSS_ALTERNATES) == {ad.EVIDENCE_POLICY: ad.digest(ad.with_node_loss(evidence))}
+    assert ad.compare(SHIPPED).intact
+
+
+def as_served(document: dict[str, Any]) -> dict[str, Any]:
+    """What the API server returns for a shipped object: defaults filled, metadata added."""
+    served = copy.deepcopy(document)
+    served["metadata"].update(uid="u", resourceVersion="42", generation=1, managedFields=[{"manager": "kubectl"}])
+    spec = served["spec"]
+    for key in ("matchConstraints", "matchResources"):
+        if key in spec:
+            spec[key].setdefault("matchPolicy", "Equivalent")
+            spec[key].setdefault("namespaceSelector", {})
+            spec[key].setdefault("objectSelector", {})
+            for rule in spec[key].get("resourceRules", []):
+                rule.setdefault("scope", "*")
+    served["status"] = {"observedGeneration": 1}
+    return served
+
+
+def test_what_the_server_adds_and_message_wording_change_nothing() -> None:
+    served = [as_served(d) for d in shipped()]
+    for document in served:
+        for validation in document["spec"].get("validations", []):
+            validation["message"] = "reworded"
+            validation.pop("messageExpression", None)
+    assert ad.compare(served).intact
+
+
+Mutation = Callable[[list[dict[str, Any]]], None]
+
+
+def _set(kind: str, name: str, edit: Callable[[dict[str, Any]], None]) -> Mutation:
+    return lambda docs: edit(find(docs, kind, name)["spec"])
+
+
+VAP, VAPB = "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"
+EVIDENCE = "coroner-retire-requires-evidence"
+WEAKENINGS: dict[str, tuple[Mutation, tuple[str, str], str]] = {
+    "failure-policy-ignore": (
+        _set(VAP, EVIDENCE, lambda s: s.update(failurePolicy="Ignore")),
+        (VAP, EVIDENCE),
+        "differs",
+    ),
+    "expression-true": (
+        _set(VAP, EVIDENCE, lambda s: s["validations"][5].update(expression="true")),
+        (VAP, EVIDENCE),
+        "differs",
+    ),
+    "operation-dropped": (
+        _set(VAP, EVIDENCE, lambda s: s["matchConstraints"]["resourceRules"][0].update(operations=["CREATE"])),
+        (VAP, EVIDENCE),
+        "differs",
+    ),
+    "match-condition-dropped": (
+        _set(VAP, "coroner-agent-attests-own-node-only", lambda s: s.pop("matchConditions")),
+        (VAP, "coroner-agent-attests-own-node-only"),
+        "differs",
+    ),
+    "variable-changed": (
+        _set(VAP, "coroner-status-fields-by-identity", lambda s: s["variables"][0].update(expression="true")),
+        (VAP, "coroner-status-fields-by-identity"),
+        "differs",
+    ),
+    "binding-warns-only": (
+        _set(VAPB, EVIDENCE, lambda s: s.update(validationActions=["Warn"])),
+        (VAPB, EVIDENCE),
+        "differs",
+    ),
+    "binding-narrowed": (
+        _set(VAPB, EVIDENCE, lambda s: s.update(matchResources={"namespaceSelector": {"matchLabels": {"x": "y"}}})),
+        (VAPB, EVIDENCE),
+        "differs",
+    ),
+    "binding-of-another-policy": (
+        _set(VAPB, EVIDENCE, lambda s: s.update(policyName="coroner-node-label-matches-spec")),
+        (VAPB, EVIDENCE),
+        "differs",
+    ),
+    "mutation-changed": (
+        _set(
+            "MutatingAdmissionPolicy",
+            "coroner-record-registrant",
+            lambda s: s["mutations"][0]["applyConfiguration"].update(expression="Object{}"),
+        ),
+        ("MutatingAdmissionPolicy", "coroner-record-registrant"),
+        "differs",
+    ),
+    "policy-deleted": (
+        lambda docs: docs.remove(find(docs, VAP, "coroner-delete-only-terminal")),
+        (VAP, "coroner-delete-only-terminal"),
+        "missing",
+    ),
+    "binding-deleted": (
+        lambda docs: docs.remove(find(docs, VAPB, "coroner-retire-requires-capability")),
+        (VAPB, "coroner-retire-requires-capability"),
+        "missing",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WEAKENINGS))
+def test_every_weakening_is_reported_by_name(case: str) -> None:
+    mutate, which, how = WEAKENINGS[case]
+    documents = shipped()
+    mutate(documents)
+    comparison = ad.compare(documents)
+    assert not comparison.intact
+    assert (comparison.missing if how == "missing" else comparison.differing) == (which,)
+    assert comparison.names() == [f"{which[0]}/{which[1]} ({how})"]
+
+
+def test_the_node_loss_variant_is_accepted_and_said() -> None:
+    documents = shipped()
+    index = documents.index(find(documents, *ad.EVIDENCE_POLICY))
+    documents[index] = ad.with_node_loss(documents[index])
+    comparison = ad.compare(documents)
+    assert comparison.intact and comparison.node_loss
+    assert not ad.compare(SHIPPED).node_loss
+
+
+def test_an_install_in_another_namespace_compares_with_its_identities() -> None:
+    text = yaml.safe_dump_all(SHIPPED).replace("serviceaccount:coroner-system:", "serviceaccount:tenant-a:")
+    text = text.replace("kubernetes.io/metadata.name: coroner-system", "kubernetes.io/metadata.name: tenant-a")
+    assert "tenant-a" in text
+    moved = [d for d in yaml.safe_load_all(text) if d]
+    assert not ad.compare(moved).intact
+    assert ad.compare(moved, system_namespace="tenant-a").intact
+
+
+@given(st.text(min_size=1, max_size=40))
+def test_any_other_expression_is_another_digest(text: str) -> None:
+    documents = shipped()
+    policy = find(documents, VAP, "coroner-node-label-matches-spec")
+    original = policy["spec"]["validations"][0]["expression"]
+    policy["spec"]["validations"][0]["expression"] = text
+    changed = ad.digest(policy) != ad.EXPECTED[(VAP, "coroner-node-label-matches-spec")]
+    assert changed == (text != original)
+
+
+def test_doctor_compares_content_and_names_what_differs() -> None:
+    policies = [d for d in shipped() if d["kind"] == VAP]
+    bindings = [d for d in shipped() if d["kind"] == VAPB]
+    assert doctor.check_admission_content(policies=policies, bindings=bindings).status == doctor.CheckStatus.PASS
+    # The names-only check passes a binding narrowed to one namespace; the content check does not.
+    find(bindings, VAPB, EVIDENCE)["spec"]["matchResources"] = {"namespaceSelector": {"matchLabels": {"a": "b"}}}
+    assert doctor.check_admission_policies(policies=policies, bindings=bindings).status == doctor.CheckStatus.PASS
+    check = doctor.check_admission_content(policies=policies, bindings=bindings)
+    assert check.status == doctor.CheckStatus.FAIL
+    assert check.objects == (f"{VAPB}/{EVIDENCE}",)
+    assert "differs" in check.summary
+    unreadable = doctor.check_admission_content(policies=doctor.Unreadable(reason="forbidden"), bindings=[])
+    assert unreadable.status == doctor.CheckStatus.UNKNOWN
+
+
+@pytest.mark.parametrize(
+    ("written", "normal"),
+    [
+        ("a ==\n\n  b", "a == b"),
+        ("  a\t&&\n b  ", "a && b"),
+        ("x == 'two  spaces\n kept'", "x == 'two  spaces\n kept'"),
+        ('x == "it\'s  \\"q\\"  "  &&  y', 'x == "it\'s  \\"q\\"  " && y'),
+    ],
+)
+def test_whitespace_outside_literals_is_not_content(written: str, normal: str) -> None:
+    assert ad.normalize_expression(written) == normal
+
+
+@given(st.text(alphabet=" \n\tab=&'", max_size=30))
+def test_normalizing_is_idempotent(expression: str) -> None:
+    once = ad.normalize_expression(expression)
+    assert ad.normalize_expression(once) == once
