@@ -274,7 +274,7 @@ class LeaderElector:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._kick.wait(), timeout=seconds)
 
-    def _set(self, leading: bool) -> None:
+    def _set(self, leading: bool, why: str = "") -> None:
         if leading == self.is_leader:
             return
         if leading:
@@ -283,10 +283,8 @@ class LeaderElector:
         else:
             self.leading.clear()
             self._held = None
-            logger.warning(
-                "leader election: %s stopped leading (Lease %s/%s not renewed within %gs, or taken); standing by",
-                self.identity, self.namespace, self.name, self.config.renew_deadline,
-            )  # fmt: skip
+            logger.warning("leader election: %s stopped leading (Lease %s/%s %s)", self.identity, self.namespace,
+                           self.name, why)  # fmt: skip
         if self.on_change is not None:
             self.on_change(leading)
 
@@ -305,7 +303,12 @@ class LeaderElector:
                 if self.holder != self.identity or self.monotonic() - last_renewed >= self.config.renew_deadline:
                     break
                 # A failed renewal is retried at the retry period until the deadline.
-            self._set(False)
+            why = (
+                f"taken by {self.holder}"
+                if self.holder != self.identity
+                else f"not renewed within {self.config.renew_deadline:g}s; standing by"
+            )
+            self._set(False, why)
 
     async def release(self) -> None:
         """On a clean shutdown: give the Lease up so a standby takes over at its next retry. From
@@ -314,7 +317,7 @@ class LeaderElector:
         held = self._held
         if not self.is_leader or held is None:
             return
-        self._set(False)
+        self._set(False, "released: shutting down")
         try:
             await asyncio.wait_for(
                 self.store.replace_lease(
