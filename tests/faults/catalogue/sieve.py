@@ -10,7 +10,7 @@ the agents are the shipped processes, unchanged:
   attestation of the old incarnation (`stale_view_operator`), the agent attests the old
   incarnation Dead (`stale_view_agent`). The write's preconditions (the resourceVersion and
   attestation `test`s, the agent's heartbeat `test`) must refuse it: the proxy must see it
-  answered 409/422, and the live incarnation must never be retired nor carry another
+  answered 404/409/422, and the live incarnation must never be retired nor carry another
   incarnation's attestation.
 - **unobserved state**: the events between N and a cancelling N' are never delivered (Alive ->
   Dead -> deleted -> re-created Alive: only the last arrives) to the operator
@@ -48,6 +48,9 @@ from faults.workers import Worker
 
 #: How long a fault waits for the component to act on what it was shown.
 ACT_SECONDS = 20.0
+#: A write on a stale view refused: its `test`s failed (422), a conflict (409), or the object it
+#: was about is gone (404: a component that relisted mid-fault wrote in the delete/re-create gap).
+REFUSED = (404, 409, 422)
 
 
 def strip_tests(body: bytes) -> bytes:
@@ -168,7 +171,7 @@ class _ViewFault(Fault):
 
     def _count(self, statuses: list[int]) -> None:
         """Numeric facts (the long run sums them per fault): stale writes refused and accepted."""
-        self.facts["stale_writes_refused"] = sum(1 for s in statuses if s in (409, 422))
+        self.facts["stale_writes_refused"] = sum(1 for s in statuses if s in REFUSED)
         self.facts["stale_writes_accepted"] = sum(1 for s in statuses if 200 <= s < 300)
 
     def _refused(self, kind: str) -> list[int]:
@@ -185,7 +188,7 @@ class _ViewFault(Fault):
 @fault("stale_view_operator")
 class StaleViewOperator(_ViewFault):
     """The operator decides on the Dead attestation of an incarnation whose registration was since
-    deleted and re-created for a live one; its retirement must be refused (409/422)."""
+    deleted and re-created for a live one; its retirement must be refused (404/409/422)."""
 
     mutants = ("mutant-no-cas",)
 
@@ -238,14 +241,14 @@ class StaleViewOperator(_ViewFault):
             self.failures.append("the operator never tried to retire on the stale view")
         elif any(200 <= s < 300 for s in statuses):
             self.failures.append(f"a retirement on the stale view was accepted: {statuses}")
-        elif not all(s in (409, 422) for s in statuses):
+        elif not all(s in REFUSED for s in statuses):
             self.failures.append(f"unexpected answers to the stale retirement: {statuses}")
 
 
 @fault("stale_view_agent")
 class StaleViewAgent(_ViewFault):
     """The agent attests Dead an incarnation whose registration was deleted and re-created for a
-    live one while its watch withheld that; its attestation must be refused (409/422)."""
+    live one while its watch withheld that; its attestation must be refused (404/409/422)."""
 
     component = "agent"
     mutants = ("mutant-no-cas",)
