@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from coroner.cli import doctor, plan
-from coroner.core import api, policy_json
+from coroner.core import api, fingerprint, policy_json
 from coroner.core.decision import Policy
 from coroner.core.policy_json import PolicyUnreadable
 from unit.builders import BOOT, NAMESPACE, NODE, NODE_UID, NOW, OTHER_BOOT
@@ -184,7 +184,7 @@ def node_loss(
 ) -> doctor.Check:
     world = plan.build_world(listing(registrations, leases=leases, nodes=nodes, permission=False))
     chosen = choice(published)
-    decided = plan.decide_all(world=world, policy=chosen.policy, now=NOW)
+    decided = fingerprint.decide_all(world=world, policy=chosen.policy, now=NOW)
     return doctor.check_node_loss(world=world, plan=decided, policy=chosen, system_namespace=SYSTEM, now=NOW)
 
 
@@ -465,7 +465,7 @@ class TestAgentsOfNodesWithRegistrations:
         problem: str | None,
     ) -> None:
         world = plan.build_world(listing(registrations, leases=leases, nodes=nodes))
-        decided = plan.decide_all(world=world, policy=Policy(), now=NOW)
+        decided = fingerprint.decide_all(world=world, policy=Policy(), now=NOW)
         check = doctor.check_agents(nodes=nodes, leases=leases, system_namespace=SYSTEM, now=NOW, plan=decided)
         assert check.status == status, check.summary
         if problem is None:
@@ -479,7 +479,7 @@ class TestAgentsOfNodesWithRegistrations:
         """The report from the field: 22 registrations, their node deleted, no Ready node at all."""
         registrations = [worker(f"w{i}", attested=False) for i in range(22)]
         world = plan.build_world(listing(registrations, leases=[EXPIRED], nodes=[]))
-        decided = plan.decide_all(world=world, policy=Policy(), now=NOW)
+        decided = fingerprint.decide_all(world=world, policy=Policy(), now=NOW)
         agents = doctor.check_agents(nodes=[], leases=[EXPIRED], system_namespace=SYSTEM, now=NOW, plan=decided)
         lost = doctor.check_node_loss(world=world, plan=decided, policy=choice(), system_namespace=SYSTEM, now=NOW)
         assert agents.status == lost.status == doctor.CheckStatus.FAIL

@@ -10,6 +10,7 @@ import ast
 import copy
 import dataclasses
 import datetime
+import functools
 import io
 import json
 import pathlib
@@ -27,7 +28,7 @@ from rich.console import Console
 from coroner.cli import doctor, options, plan, render, session
 from coroner.cli.commands import completion
 from coroner.cli.kubectl import main
-from coroner.core import api
+from coroner.core import api, fingerprint, model, wire
 from coroner.core.decision import Policy
 from coroner.core.model import format_time
 from coroner.core.reasons import ApplyAbort, Evidence, Reason
@@ -111,7 +112,7 @@ def listing(
 
 
 def planned(registrations: list[dict[str, Any]], *, now: datetime.datetime = NOW, **kwargs: Any) -> plan.Plan:
-    return plan.decide_all(world=plan.build_world(listing(registrations, **kwargs)), policy=Policy(), now=now)
+    return fingerprint.decide_all(world=plan.build_world(listing(registrations, **kwargs)), policy=Policy(), now=now)
 
 
 def reasons(result: plan.Plan) -> dict[str, Reason]:
@@ -121,7 +122,7 @@ def reasons(result: plan.Plan) -> dict[str, Reason]:
 def retire(body: dict[str, Any], result: plan.Plan, *, by: str = "alice") -> dict[str, Any]:
     """Applies apply's own patch to `body` as the API server would (tests included)."""
     entry = next(e for e in result.entries if e.registration.name == body["metadata"]["name"])
-    ops = plan.retirement_patch(
+    ops = functools.partial(wire.retirement_ops, writer=wire.Writer.PERSON)(
         body=body, registration=entry.registration, decision=entry.decision, retired_by=by, now=NOW
     )
     patched: dict[str, Any] = jsonpatch.apply_patch(body, ops)
@@ -167,7 +168,7 @@ class TestFacts:
         world = plan.build_world(listing([unattested], nodes=[]))
         assert world.nodes_synced
         policy = Policy(node_deletion_evidence=True)
-        result = plan.decide_all(world=world, policy=policy, now=NOW)
+        result = fingerprint.decide_all(world=world, policy=policy, now=NOW)
         assert reasons(result) == {"a": Reason.ATTESTATION_MISSING}
 
     @pytest.mark.parametrize(
@@ -185,7 +186,7 @@ class TestFacts:
             dataclasses.replace(listing([lost], nodes=[], leases=[expired]), nodes_gone={NODE: NOW})
         )
         policy = Policy(node_deletion_evidence=True, node_deletion_quarantine_seconds=quarantine)
-        result = plan.decide_all(world=world, policy=policy, now=NOW)
+        result = fingerprint.decide_all(world=world, policy=policy, now=NOW)
         assert reasons(result) == {"a": expected}
         if expected is Reason.ELIGIBLE_STALE_ORPHAN:
             assert result.entries[0].decision.death_evidence is Evidence.NODE_DELETED
@@ -203,8 +204,8 @@ class TestFacts:
             nodes=[node()],
             retire_permission={NAMESPACE: True, "ops": False},
         )
-        result = plan.decide_all(world=plan.build_world(facts), policy=Policy(), now=NOW)
-        by_key = {plan.key_of(e.registration): e.decision.reason for e in result.entries}
+        result = fingerprint.decide_all(world=plan.build_world(facts), policy=Policy(), now=NOW)
+        by_key = {model.key_of(e.registration): e.decision.reason for e in result.entries}
         assert by_key == {
             (NAMESPACE, "a"): Reason.ELIGIBLE_STALE_ORPHAN,
             ("ops", "a"): Reason.RETIRE_PERMISSION_MISSING,
@@ -225,7 +226,7 @@ class TestCounts:
 
     def test_entries_are_in_namespace_then_name_order(self) -> None:
         result = planned([worker("b"), worker("a", namespace="zz"), worker("a")])
-        assert [plan.key_of(e.registration) for e in result.entries] == [
+        assert [model.key_of(e.registration) for e in result.entries] == [
             (NAMESPACE, "a"),
             (NAMESPACE, "b"),
             ("zz", "a"),
@@ -402,7 +403,7 @@ class TestRetirementPatch:
     def patch(self, body: dict[str, Any], *, by: str = "alice") -> list[dict[str, Any]]:
         result = planned([body])
         entry = result.entries[0]
-        return plan.retirement_patch(
+        return functools.partial(wire.retirement_ops, writer=wire.Writer.PERSON)(
             body=body, registration=entry.registration, decision=entry.decision, retired_by=by, now=NOW
         )
 
@@ -449,7 +450,7 @@ class TestRetirementPatch:
         )
         entry = result.entries[0]
         assert entry.decision.reason == Reason.ELIGIBLE_STALE_ORPHAN, entry.decision.detail
-        ops = plan.retirement_patch(
+        ops = functools.partial(wire.retirement_ops, writer=wire.Writer.PERSON)(
             body=body, registration=entry.registration, decision=entry.decision, retired_by="alice", now=NOW
         )
         assert [(op["op"], op["path"]) for op in ops] == [("test", "/metadata/resourceVersion"), ("add", "/status")]
@@ -972,7 +973,7 @@ class TestSavedPlan:
         assert approval.registry_fingerprint == result.registry_fingerprint
         assert approval.candidate_fingerprint == result.candidate_fingerprint
         assert approval.namespace == namespace
-        assert list(approval.candidates) == [plan.key_of(e.registration) for e in plan.candidates(result)]
+        assert list(approval.candidates) == [model.key_of(e.registration) for e in plan.candidates(result)]
         assert approval.candidates == tuple((NAMESPACE, name) for name, attested in sorted(rows) if attested)
 
     @pytest.mark.parametrize(

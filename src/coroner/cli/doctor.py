@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
-from coroner.cli.plan import OPERATOR_LEASE, PolicyChoice, Unreadable, display, key_of
+from coroner.cli.plan import OPERATOR_LEASE, PolicyChoice, Unreadable, display
 from coroner.cli.plan import names_text as _names
 from coroner.core import admission_digest, api, model
 from coroner.core.decision import AgentFacts, Decision, NodeFacts, Policy, decide, lease_expiry
@@ -219,7 +219,7 @@ def check_operator_alive(
             objects=(subject,),
         )
     facts = lease_facts(lease)
-    until = _expiry(facts.renew_time, facts.lease_duration_seconds)
+    until = lease_expiry(facts.renew_time, facts.lease_duration_seconds)
     renewed = "never" if facts.renew_time is None else model.format_time(facts.renew_time)
     recorded = {"holderIdentity": facts.holder_identity, "renewTime": renewed, "expires": _stamp(until)}
     if until is None or now >= until:
@@ -388,7 +388,7 @@ def check_agents(
         if agent is None:
             problems[node_name] = f"no agent ({lease_ref} not found){where}"
             continue
-        until = _expiry(agent.renew_time, agent.lease_duration_seconds)
+        until = lease_expiry(agent.renew_time, agent.lease_duration_seconds)
         if until is None or now >= until:
             state = "has no computable expiry" if until is None else f"expired at {model.format_time(until)}"
             problems[node_name] = f"agent not live ({lease_ref} {state}){where}"
@@ -477,7 +477,7 @@ def check_node_loss(
         missing = world if isinstance(world, Unreadable) else plan
         assert isinstance(missing, Unreadable)
         return unknown(name, f"could not be decided: {missing.reason}")
-    decisions = {key_of(entry.registration): entry.decision for entry in plan.entries}
+    decisions = {model.key_of(entry.registration): entry.decision for entry in plan.entries}
     lost = _lost_nodes(world, now=now)
     if not lost:
         active = sum(1 for r in world.parsed.values() if not r.terminal)
@@ -708,7 +708,7 @@ def check_unattested(*, plan: Plan | Unreadable, now: datetime.datetime, grace_s
         if entry.decision.reason == Reason.ATTESTATION_MISSING
         and (entry.registration.creation_time is None or now - entry.registration.creation_time >= grace)
     ]
-    named = [display(key_of(entry.registration)) for entry in stuck]
+    named = [display(model.key_of(entry.registration)) for entry in stuck]
     facts = {"count": len(stuck), "graceSeconds": grace_seconds, "registrations": named}
     if stuck:
         nodes = sorted({entry.registration.node_name or "?" for entry in stuck})
@@ -736,7 +736,7 @@ def check_blocked(*, plan: Plan | Unreadable, expect_plan_only: bool, permission
     found = [entry for entry in plan.entries if blocked(entry)]
     by_reason: dict[str, list[str]] = {}
     for entry in found:
-        by_reason.setdefault(entry.decision.reason.value, []).append(display(key_of(entry.registration)))
+        by_reason.setdefault(entry.decision.reason.value, []).append(display(model.key_of(entry.registration)))
     waiting = (
         by_reason.pop(Reason.RETIRE_PERMISSION_MISSING.value, []) if expect_plan_only or not permission_known else []
     )
@@ -856,7 +856,6 @@ def _positive(count: object) -> bool:
 
 
 #: One lease expiry, the decision's (so that doctor and decide never disagree on whether a Lease is live).
-_expiry = lease_expiry
 
 
 def _stamp(moment: datetime.datetime | None) -> str | None:

@@ -14,13 +14,11 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import enum
-import functools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from coroner.core import api, fingerprint, model, policy_json
-from coroner.core import wire as retirement
 from coroner.core.decision import Policy
 from coroner.core.fingerprint import Plan, PlanEntry, PlanRow
 from coroner.core.policy_json import PolicyUnreadable
@@ -92,12 +90,6 @@ def build_world(listing: Listing) -> World:
         world.put_registration(dict(body))
     world.retire_permission.update(listing.retire_permission)
     return world
-
-
-# One decide-all and one plan assembly (coroner.core.fingerprint), one key (coroner.core.model).
-decide_all = fingerprint.decide_all
-assemble = fingerprint.assemble
-key_of = model.key_of
 
 
 def display(key: Key) -> str:
@@ -315,7 +307,7 @@ class ApplyAssessment:
         for entry in self.not_candidates:
             reason = entry.decision.reason
             sentences.append(
-                f"WorkerRegistration {display(key_of(entry.registration))} is not a retirement candidate "
+                f"WorkerRegistration {display(model.key_of(entry.registration))} is not a retirement candidate "
                 f"({reason}): {entry.decision.detail}"
             )
         return sentences
@@ -354,7 +346,7 @@ def assess_apply(
     moved, that is the abort reason (``CandidateSetMoved``); otherwise any other row that moved
     aborts with ``RegistryMoved``.
     """
-    by_key = {key_of(entry.registration): entry for entry in plan.entries}
+    by_key = {model.key_of(entry.registration): entry for entry in plan.entries}
     to_retire: list[PlanEntry] = []
     already: list[PlanEntry] = []
     unknown: list[Key] = []
@@ -373,7 +365,7 @@ def assess_apply(
             to_retire.append(entry)
         else:
             not_candidates.append(entry)
-    rows = [replayed.get(key_of(entry.registration), entry.row) for entry in plan.entries]
+    rows = [replayed.get(model.key_of(entry.registration), entry.row) for entry in plan.entries]
     registry_now = fingerprint.registry_fingerprint(rows)
     candidates_now = fingerprint.candidate_fingerprint(rows)
     abort: ApplyAbort | None = None
@@ -424,13 +416,13 @@ def _unnamed_replay_hint(
     One extra recomputation tells whether naming the other retired rows would match exactly.
     """
     unnamed = {
-        key_of(entry.registration): row
+        model.key_of(entry.registration): row
         for entry in plan.entries
-        if key_of(entry.registration) not in replayed and (row := replayed_row(entry)) is not None
+        if model.key_of(entry.registration) not in replayed and (row := replayed_row(entry)) is not None
     }
     if not unnamed:
         return ""
-    rows = [{**replayed, **unnamed}.get(key_of(entry.registration), entry.row) for entry in plan.entries]
+    rows = [{**replayed, **unnamed}.get(model.key_of(entry.registration), entry.row) for entry in plan.entries]
     if (
         fingerprint.registry_fingerprint(rows) != registry_fingerprint
         or fingerprint.candidate_fingerprint(rows) != candidate_fingerprint
@@ -442,10 +434,6 @@ def _unnamed_replay_hint(
         f"{names_text([display(key) for key in sorted(unnamed)])}; name those too ({names}) to replay, or run "
         f"`kubectl coroner plan` again."
     )
-
-
-#: The compare-and-swap retirement patch, one builder for the operator and ``apply`` (coroner.core.wire).
-retirement_patch = functools.partial(retirement.retirement_ops, writer=retirement.Writer.PERSON)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -473,7 +461,7 @@ def apply_command(*, plan: Plan, entries: Sequence[PlanEntry], namespace: str | 
     """The ``kubectl coroner apply`` line that retires `entries` of `plan`."""
     scope = "-A" if namespace is None else f"-n {namespace}"
     names = " ".join(
-        display(key_of(entry.registration)) if namespace is None else entry.registration.name or "?"
+        display(model.key_of(entry.registration)) if namespace is None else entry.registration.name or "?"
         for entry in entries
     )
     return (
@@ -564,11 +552,13 @@ def all_candidates(plan: Plan, *, registry_fingerprint: str, candidate_fingerpri
     approved fingerprints. Else the candidates now, and `assess_apply` aborts on the drift. The
     candidate fingerprint is a hash of the approved set, so whatever matches it is that set.
     """
-    now = [key_of(entry.registration) for entry in candidates(plan)]
+    now = [model.key_of(entry.registration) for entry in candidates(plan)]
     if plan.registry_fingerprint == registry_fingerprint and plan.candidate_fingerprint == candidate_fingerprint:
         return now
-    replayed = {key_of(entry.registration): row for entry in plan.entries if (row := replayed_row(entry)) is not None}
-    rows = [replayed.get(key_of(entry.registration), entry.row) for entry in plan.entries]
+    replayed = {
+        model.key_of(entry.registration): row for entry in plan.entries if (row := replayed_row(entry)) is not None
+    }
+    rows = [replayed.get(model.key_of(entry.registration), entry.row) for entry in plan.entries]
     if (
         replayed
         and fingerprint.registry_fingerprint(rows) == registry_fingerprint

@@ -33,7 +33,6 @@ from coroner.cli.plan import (
     apply_command,
     candidates,
     display,
-    key_of,
     names_text,
 )
 from coroner.core import api, model
@@ -72,7 +71,7 @@ def registration_name(key: tuple[str, str]) -> str:
 
 def plan_names(plan: Plan) -> list[str]:
     """``-o name`` of a plan: every registration."""
-    return [registration_name(key_of(entry.registration)) for entry in plan.entries]
+    return [registration_name(model.key_of(entry.registration)) for entry in plan.entries]
 
 
 def apply_names(results: Sequence[RowResult]) -> list[str]:
@@ -144,7 +143,7 @@ def plan_document(
         "counts": {reason.value: count for reason, count in plan.counts.items()},
         "total": len(plan.entries),
         "retirePermission": {ns: allowed for ns, allowed in sorted(retire_permission.items())},
-        "candidates": [display(key_of(entry.registration)) for entry in candidates(plan)],
+        "candidates": [display(model.key_of(entry.registration)) for entry in candidates(plan)],
         "registrations": [_entry_document(entry) for entry in plan.entries],
     }
 

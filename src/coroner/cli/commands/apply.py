@@ -37,7 +37,7 @@ from coroner.cli.session import (
     utcnow,
 )
 from coroner.client.kube import patch_registration_status
-from coroner.core import api, model
+from coroner.core import api, fingerprint, model
 from coroner.core.decision import Policy
 from coroner.core.fingerprint import PlanEntry
 from coroner.core.wire import Writer
@@ -154,7 +154,7 @@ def apply_command(
     now = utcnow()
     listing = confirm_gone_nodes(session, listing, policy=policy, now=now)
     world = planning.build_world(listing)
-    plan = planning.decide_all(world=world, policy=policy, now=now)
+    plan = fingerprint.decide_all(world=world, policy=policy, now=now)
     if all_candidates:
         keys = (
             list(saved.candidates)
@@ -184,7 +184,7 @@ def apply_command(
 
     results = [
         planning.RowResult(
-            key=planning.key_of(entry.registration),
+            key=model.key_of(entry.registration),
             outcome=planning.RowOutcome.ALREADY_RETIRED,
             detail=_already_retired_detail(entry),
             node_name=entry.registration.node_name,
@@ -197,7 +197,7 @@ def apply_command(
     if not yes:
         results += [
             planning.RowResult(
-                key=planning.key_of(entry.registration),
+                key=model.key_of(entry.registration),
                 outcome=planning.RowOutcome.WOULD_RETIRE,
                 detail=entry.decision.detail,
                 node_name=entry.registration.node_name,
@@ -393,7 +393,7 @@ _ROWS: Final = {
 def _retire(session: Session, *, world: World, entry: PlanEntry, policy: Policy, retired_by: str) -> planning.RowResult:
     """One retirement under the caller's identity: the operator's retire protocol (`coroner.retire`)."""
     registration = entry.registration
-    key = planning.key_of(registration)
+    key = model.key_of(registration)
     subject = f"WorkerRegistration {key[0]}/{key[1]}"
     intent = RetireIntent(
         body=world.bodies[key],

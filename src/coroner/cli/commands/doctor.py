@@ -12,7 +12,7 @@ from coroner.cli import doctor as diagnosis
 from coroner.cli import options, render
 from coroner.cli import plan as planning
 from coroner.cli.session import EXIT_OK, Connection, PluginError, Session, fail, lease_policy, utcnow
-from coroner.core import api
+from coroner.core import api, fingerprint
 from coroner.core.fingerprint import Plan
 from coroner.core.world import World
 
@@ -101,7 +101,7 @@ def doctor_command(
                 system_namespace=system_namespace,
             )
             world = planning.build_world(listing)
-            plan = planning.decide_all(world=world, policy=choice.policy, now=utcnow())
+            plan = fingerprint.decide_all(world=world, policy=choice.policy, now=utcnow())
 
     now = utcnow()
     checks = diagnosis.run_checks(

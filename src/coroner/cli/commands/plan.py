@@ -7,6 +7,7 @@ import click
 from coroner.cli import options, render
 from coroner.cli import plan as planning
 from coroner.cli.session import Connection, Session, confirm_gone_nodes, gather, listed_policy, scope_of, utcnow
+from coroner.core import fingerprint
 
 
 @click.command("plan")
@@ -39,7 +40,7 @@ def plan_command(
         listing, node_deletion_evidence=node_deletion_evidence, node_quarantine_seconds=node_quarantine_seconds
     )
     listing = confirm_gone_nodes(session, listing, policy=choice.policy, now=now)
-    plan = planning.decide_all(world=planning.build_world(listing), policy=choice.policy, now=now)
+    plan = fingerprint.decide_all(world=planning.build_world(listing), policy=choice.policy, now=now)
     render.emit(
         output,
         document=render.plan_document(
