@@ -121,7 +121,9 @@ class FakeKube:
     def renew_lease(self, *, holder: str, duration: int, annotations: dict[str, str]) -> None:
         self.renewals.append(time.monotonic())
 
-    def watch_registrations(self, *, loop: asyncio.AbstractEventLoop, on_event: Any, on_relist: Any, stop: Any) -> None:
+    def watch_registrations(
+        self, *, loop: asyncio.AbstractEventLoop, on_event: Any, on_relist: Any, stop: Any, **_: Any
+    ) -> None:
         loop.call_soon_threadsafe(on_relist, [copy.deepcopy(b) for b in self.bodies.values()])
         stop.wait()
         self.watch_stopped.set()

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from typing import Any
 from coroner.client.rest import JSON_PATCH, ApiError, Rest, registrations_path, upsert_lease
 from coroner.core import api
 from coroner.core.wire import attestation_ops as attestation_ops
+from coroner.runtime.controller import decorrelated_jitter
 
 logger = logging.getLogger("coroner.agent")
 
@@ -101,17 +103,25 @@ class AgentApi:
         on_relist: Callable[[list[dict[str, Any]]], None],
         stop: threading.Event,
         timeout_seconds: int = 300,
+        on_error: Callable[[str, BaseException], None] | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         """List-then-watch forever in this (worker) thread; a 410 or a dropped watch relists.
 
-        Events are delivered on the event loop via call_soon_threadsafe, never called here.
+        Events are delivered on the event loop via call_soon_threadsafe, never called here. A failed
+        list or watch is reported to `on_error` ("list" or "watch", the error; from this thread) and
+        retried after a decorrelated-jitter backoff (0.5 s up to 30 s): after an API server restart
+        the agents of a cluster relist spread out, not in lockstep.
         """
-        backoff = 0.5
+        rng = rng or random.Random()
+        backoff: float | None = None
         while not stop.is_set():
+            call = "list"
             try:
                 items, resource_version = self.list_registrations()
                 loop.call_soon_threadsafe(on_relist, items)
-                backoff = 0.5
+                backoff = None
+                call = "watch"
                 while not stop.is_set():
                     query = {
                         "labelSelector": self.selector,
@@ -130,13 +140,17 @@ class AgentApi:
                         loop.call_soon_threadsafe(on_event, event["type"], obj)
             except ApiError as exc:
                 if exc.status != 410:
+                    if on_error is not None:
+                        on_error(call, exc)
+                    backoff = decorrelated_jitter(rng, base=0.5, cap=30.0, previous=backoff)
                     logger.warning(
-                        "watch failed node=%s status=%s; relisting in %.1fs", self.node_name, exc.status, backoff
+                        "%s failed node=%s status=%s; relisting in %.1fs", call, self.node_name, exc.status, backoff
                     )
                     stop.wait(backoff)
-                    backoff = min(backoff * 2, 30.0)
             except Exception as exc:  # connection errors: back off and relist, never guess
-                logger.warning("watch failed node=%s error=%r; relisting in %.1fs", self.node_name, exc, backoff)
+                if on_error is not None:
+                    on_error(call, exc)
+                backoff = decorrelated_jitter(rng, base=0.5, cap=30.0, previous=backoff)
+                logger.warning("%s failed node=%s error=%r; relisting in %.1fs", call, self.node_name, exc, backoff)
                 with contextlib.suppress(Exception):
                     stop.wait(backoff)
-                backoff = min(backoff * 2, 30.0)

@@ -1,9 +1,12 @@
 """`coroner-agent`: the per-node agent. Runs until SIGTERM; then keeps attesting while it waits
-(at most --shutdown-grace-seconds) for its node's live incarnations to exit, sweeps once and exits."""
+(at most --shutdown-grace-seconds) for its node's live incarnations to exit, sweeps once and exits.
+With --metrics-port it serves /metrics, /healthz and /readyz (coroner_agent.health) from its start,
+before it first reaches the API server."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import resource
@@ -14,6 +17,7 @@ import click
 
 from coroner.client.rest import Rest
 from coroner.core import api
+from coroner_agent.health import AgentMetrics, HealthServer, HealthState, heartbeat
 from coroner_agent.kube import AgentApi
 from coroner_agent.prober import ProcProber
 from coroner_agent.service import Agent, AgentSettings
@@ -58,6 +62,19 @@ logger = logging.getLogger("coroner.agent")
     help="A death read from /proc (ProcAbsent, BootBoundary) is attested once seen again this long after it "
     "was first seen; at least the operator's policy absenceConfirmSeconds. A pidfd death needs no wait.",
 )
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(min=0, max=65535),
+    default=None,
+    help="Serve /metrics, /healthz and /readyz on this port (the manifests: 9102, named `metrics`); 0 picks a "
+    "free one. Off without it.",
+)
+@click.option(
+    "--metrics-bind-address",
+    default="0.0.0.0",
+    show_default=True,
+    help="Address /metrics, /healthz and /readyz listen on (all addresses in a pod; 127.0.0.1 keeps them on this host).",
+)
 @click.option("--verbose", "-v", is_flag=True)
 def main(
     node_name: str,
@@ -75,6 +92,8 @@ def main(
     shutdown_grace_seconds: float,
     shutdown_sweep_seconds: float,
     absence_confirm_seconds: float,
+    metrics_port: int | None,
+    metrics_bind_address: str,
     verbose: bool,
 ) -> None:
     """Attest the death (or life) of this node's registered worker incarnations."""
@@ -100,9 +119,29 @@ def main(
         "use_pidfd": not no_pidfd,
         "max_pidfds": _raise_fd_limit(max_pidfds),
     }
-    asyncio.run(
-        _run(settings=settings, kubeconfig=kubeconfig, system_namespace=system_namespace, prober_options=prober_options)
-    )
+    metrics = AgentMetrics()
+    state = HealthState(lease_duration=lease_duration_seconds)
+    server = None
+    if metrics_port is not None:
+        # Bound before anything else: a port taken is a configuration error, said at once.
+        server = HealthServer(
+            address=metrics_bind_address, port=metrics_port, metrics=metrics, state=state, before_scrape=lambda: None
+        )
+    try:
+        asyncio.run(
+            _run(
+                settings=settings,
+                kubeconfig=kubeconfig,
+                system_namespace=system_namespace,
+                prober_options=prober_options,
+                metrics=metrics,
+                state=state,
+                server=server,
+            )
+        )
+    finally:
+        if server is not None:
+            server.close()
 
 
 def _raise_fd_limit(wanted: int) -> int:
@@ -124,7 +163,46 @@ def _raise_fd_limit(wanted: int) -> int:
 
 
 async def _run(
-    *, settings: AgentSettings, kubeconfig: str | None, system_namespace: str, prober_options: dict[str, Any]
+    *,
+    settings: AgentSettings,
+    kubeconfig: str | None,
+    system_namespace: str,
+    prober_options: dict[str, Any],
+    metrics: AgentMetrics,
+    state: HealthState,
+    server: HealthServer | None,
+) -> None:
+    # The heartbeat and the server first: /healthz answers (true) while the agent still waits for an
+    # unreachable API server below; /readyz says it is not ready yet.
+    beating = asyncio.create_task(heartbeat(state))
+    if server is not None:
+        server.start()
+        logger.info("serving /metrics, /healthz and /readyz port=%s", server.port)
+    try:
+        await _serve(
+            settings=settings,
+            kubeconfig=kubeconfig,
+            system_namespace=system_namespace,
+            prober_options=prober_options,
+            metrics=metrics,
+            state=state,
+            server=server,
+        )
+    finally:
+        beating.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await beating
+
+
+async def _serve(
+    *,
+    settings: AgentSettings,
+    kubeconfig: str | None,
+    system_namespace: str,
+    prober_options: dict[str, Any],
+    metrics: AgentMetrics,
+    state: HealthState,
+    server: HealthServer | None,
 ) -> None:
     node_name = settings.node_name
     kube = AgentApi(
@@ -143,8 +221,10 @@ async def _run(
             node_boot,
             prober.boot_id(),
         )
-    agent = Agent(kube=kube, prober=prober, settings=settings, identity=identity)
+    agent = Agent(kube=kube, prober=prober, settings=settings, identity=identity, metrics=metrics, health=state)
     agent_ref.append(agent)
+    if server is not None:
+        server.before_scrape = agent.scrape
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)

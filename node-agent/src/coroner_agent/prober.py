@@ -180,6 +180,10 @@ class ProcProber:
         for key in sorted(keys):
             self._on_exit(key)
 
+    def pidfds_held(self) -> int:
+        """Pidfds open: pinned incarnations and watched holders of a Reused registration's number."""
+        return len(self.pidfds)
+
     @property
     def watched_reusers(self) -> int:
         """Distinct processes holding a Reused registration's number that the prober watches."""

@@ -19,7 +19,9 @@ import contextlib
 import dataclasses
 import datetime
 import logging
+import random
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -28,7 +30,9 @@ from coroner.core import api, model, wire
 from coroner.core.model import Key as Key
 from coroner.core.reasons import Evidence, Verdict
 from coroner.core.world import slim
+from coroner.runtime.controller import decorrelated_jitter
 from coroner.runtime.workqueue import KeyedQueue
+from coroner_agent.health import AgentMetrics, HealthState
 from coroner_agent.kube import AgentApi
 from coroner_agent.probe import ProbeResult
 
@@ -43,6 +47,7 @@ class Prober(Protocol):
     def rescan(self) -> None: ...
     def probe(self, *, key: Key, registration: model.Registration) -> ProbeResult: ...
     def forget(self, *, key: Key) -> None: ...
+    def pidfds_held(self) -> int: ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -128,8 +133,19 @@ def _recorded_incarnation(attestation: model.Attestation) -> dict[str, object]:
 class Agent:
     """One node's agent."""
 
-    def __init__(self, *, kube: AgentApi, prober: Prober, settings: AgentSettings, identity: str) -> None:
+    def __init__(
+        self,
+        *,
+        kube: AgentApi,
+        prober: Prober,
+        settings: AgentSettings,
+        identity: str,
+        metrics: AgentMetrics | None = None,
+        health: HealthState | None = None,
+    ) -> None:
         self.kube = kube
+        self.metrics = metrics if metrics is not None else _unexported_metrics()
+        self.health = health if health is not None else HealthState(lease_duration=settings.lease_duration_seconds)
         self.prober = prober
         self.settings = settings
         self.identity = identity
@@ -145,6 +161,10 @@ class Agent:
         """During the shutdown wait: the keys changed since it last looked (None: not waiting)."""
         self._first_seen: dict[Key, tuple[str, datetime.datetime]] = {}
         """Deaths read from /proc awaiting their confirming look: key -> (evidence, first seen)."""
+        self._built: dict[Key, dict[str, Any]] = {}
+        """What `attestation_for` last built each key's attestation from, for `_confirmed` to rebuild it
+        with its first look (wire.attestation_body(first_observed=))."""
+        self._rng = random.Random()
 
     # --- inputs --------------------------------------------------------------------------------
 
@@ -165,6 +185,7 @@ class Agent:
         for key in set(self.bodies) - seen:
             self._forget(key)
         self.synced.set()
+        self.health.synced = True
         self._touched(*seen)
 
     def on_event(self, event_type: str, body: dict[str, Any]) -> None:
@@ -179,6 +200,7 @@ class Agent:
     def _forget(self, key: Key) -> None:
         self.bodies.pop(key, None)
         self._first_seen.pop(key, None)
+        self._built.pop(key, None)
         self.prober.forget(key=key)
         self._touched(key)
 
@@ -203,20 +225,23 @@ class Agent:
                 detail=f"spec.nodeName is {registration.node_name!r}, this agent serves {self.settings.node_name!r}",
             )
         else:
+            started = time.perf_counter()
             outcome = self.prober.probe(key=key, registration=registration)
-        attestation = wire.attestation_body(
-            registration=registration,
-            verdict=outcome.verdict,
-            evidence=outcome.evidence,
-            detail=outcome.detail,
-            boot_id=self.prober.boot_id(),
-            host_id=self.prober.host_id(),
-            now=datetime.datetime.now(datetime.UTC),
-            agent_node=self.settings.node_name,
-            agent_pod=self.settings.pod_name,
-            agent_identity=self.identity,
-        )
-        return registration, attestation
+            self.metrics.probe_seconds.observe(time.perf_counter() - started)
+        built: dict[str, Any] = {
+            "registration": registration,
+            "verdict": outcome.verdict,
+            "evidence": outcome.evidence,
+            "detail": outcome.detail,
+            "boot_id": self.prober.boot_id(),
+            "host_id": self.prober.host_id(),
+            "now": datetime.datetime.now(datetime.UTC),
+            "agent_node": self.settings.node_name,
+            "agent_pod": self.settings.pod_name,
+            "agent_identity": self.identity,
+        }
+        self._built[key] = built
+        return registration, wire.attestation_body(**built)
 
     async def attest(self, key: Key) -> None:
         body = self.bodies.get(key)
@@ -232,10 +257,17 @@ class Agent:
             return
         try:
             written = await asyncio.to_thread(self.kube.write_attestation, body, attestation)
-        except ApiError as exc:
+        except Exception as exc:
+            self.metrics.api_error("attestation", exc)
+            if not isinstance(exc, ApiError):
+                raise
             if exc.status in (409, 422):
                 # What the probe relied on moved (a heartbeat landed): read again, probe again.
-                fresh = await asyncio.to_thread(self.kube.get_registration, key[0], key[1])
+                try:
+                    fresh = await asyncio.to_thread(self.kube.get_registration, key[0], key[1])
+                except Exception as read_exc:
+                    self.metrics.api_error("read", read_exc)
+                    raise
                 if fresh is None:
                     self._forget(key)
                 else:
@@ -248,6 +280,7 @@ class Agent:
             raise
         self.bodies[key] = slim(written)
         self.attestations_written += 1
+        self.metrics.attestations.labels(attestation["verdict"], attestation["evidence"]).inc()
         self._touched(key)
         logger.info(
             "attested workerregistration=%s/%s verdict=%s evidence=%s pid=%s node=%s",
@@ -285,7 +318,9 @@ class Agent:
         if remaining > 0:
             asyncio.get_running_loop().call_later(remaining, self.enqueue, key)
             return False
-        attestation["firstObservedTime"] = model.format_time(seen[1], fraction=True)
+        built = self._built.get(key)
+        assert built is not None, "_confirmed follows attestation_for of the same key"
+        attestation.update(wire.attestation_body(**built, first_observed=seen[1]))
         return True
 
     async def run_worker(self) -> None:
@@ -309,8 +344,13 @@ class Agent:
 
     # --- background loops ----------------------------------------------------------------------
 
+    def scrape(self) -> None:
+        """Brings the gauges read from state up to date (the metrics server calls it before a scrape)."""
+        self.metrics.registrations.set(len(self.bodies))
+        self.metrics.pidfds.set(self.prober.pidfds_held())
+
     async def run_lease(self) -> None:
-        backoff = 1.0
+        backoff: float | None = None
         while True:
             boot_id = self.prober.boot_id()
             annotations = {
@@ -324,16 +364,28 @@ class Agent:
                     duration=self.settings.lease_duration_seconds,
                     annotations=annotations,
                 )
-                backoff = 1.0
-                await asyncio.sleep(self.settings.renew_seconds)
-            except ApiError as exc:
-                logger.warning("lease renewal failed node=%s status=%s", self.settings.node_name, exc.status)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, self.settings.renew_seconds)
             except Exception as exc:
-                logger.warning("lease renewal failed node=%s error=%r", self.settings.node_name, exc)
+                self.metrics.lease_renewal_failures.inc()
+                self.metrics.api_error("lease", exc)
+                # Jittered (decorrelated, 1 s up to the renew period): after an API server restart the
+                # agents of a cluster do not retry in lockstep.
+                backoff = decorrelated_jitter(
+                    self._rng,
+                    base=min(1.0, self.settings.renew_seconds),
+                    cap=self.settings.renew_seconds,
+                    previous=backoff,
+                )
+                if isinstance(exc, ApiError):
+                    logger.warning("lease renewal failed node=%s status=%s", self.settings.node_name, exc.status)
+                else:
+                    logger.warning("lease renewal failed node=%s error=%r", self.settings.node_name, exc)
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, self.settings.renew_seconds)
+                continue
+            backoff = None
+            self.metrics.lease_renewals.inc()
+            self.metrics.lease_renewed.set(time.time())
+            self.health.renewed()
+            await asyncio.sleep(self.settings.renew_seconds)
 
     async def run_resync(self) -> None:
         while True:
@@ -345,7 +397,13 @@ class Agent:
     def start_watch(self, loop: asyncio.AbstractEventLoop) -> threading.Thread:
         thread = threading.Thread(
             target=self.kube.watch_registrations,
-            kwargs={"loop": loop, "on_event": self.on_event, "on_relist": self.on_relist, "stop": self._stop_watch},
+            kwargs={
+                "loop": loop,
+                "on_event": self.on_event,
+                "on_relist": self.on_relist,
+                "stop": self._stop_watch,
+                "on_error": self.metrics.api_error,
+            },
             name="watch-registrations",
             daemon=True,
         )
@@ -468,3 +526,14 @@ class Agent:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+_UNEXPORTED: list[AgentMetrics] = []
+
+
+def _unexported_metrics() -> AgentMetrics:
+    """One shared registry for agents built without one (unit tests, the simulation): counted,
+    never served."""
+    if not _UNEXPORTED:
+        _UNEXPORTED.append(AgentMetrics(process_collectors=False))
+    return _UNEXPORTED[0]

@@ -3,44 +3,20 @@ reason reads the same in a metric, a condition, an Event and a log line."""
 
 from __future__ import annotations
 
-import importlib.metadata
-import os
-import platform
 from collections import Counter as CountOf
 from collections.abc import Hashable
 
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    GCCollector,
-    Histogram,
-    PlatformCollector,
-    ProcessCollector,
-)
+from prometheus_client import Counter, Gauge, Histogram
 
 from coroner.core.reasons import Reason
+from coroner.runtime.metrics import process_registry
 
 
 class Metrics:
     """One registry per operator instance (tests run several operators in one process)."""
 
     def __init__(self, *, process_collectors: bool = True) -> None:
-        self.registry = CollectorRegistry()
-        if process_collectors:
-            # What prometheus_client's default registry carries (process_*, python_*): a custom
-            # registry starts without them.
-            ProcessCollector(registry=self.registry)
-            PlatformCollector(registry=self.registry)
-            GCCollector(registry=self.registry)
-        self.build_info = Gauge(
-            "coroner_build_info",
-            "Always 1; the labels say which build runs: the package version, the Python version and the "
-            "git commit the image was built from (CORONER_GIT_COMMIT, else unknown).",
-            ["version", "python", "commit"],
-            registry=self.registry,
-        )
-        self.build_info.labels(*build_labels()).set(1)
+        self.registry, self.build_info = process_registry(process_collectors=process_collectors)
         self.leader = Gauge(
             "coroner_operator_leader",
             "1 while this operator replica holds the leader Lease and reconciles; 0 while it stands by "
@@ -120,15 +96,6 @@ class Metrics:
             ["reason"],
             registry=self.registry,
         )
-
-
-def build_labels() -> tuple[str, str, str]:
-    """version, python, commit of `coroner_build_info`."""
-    try:
-        version = importlib.metadata.version("kube-coroner")
-    except importlib.metadata.PackageNotFoundError:
-        version = "unknown"
-    return version, platform.python_version(), os.environ.get("CORONER_GIT_COMMIT") or "unknown"
 
 
 class DecisionGauge:
