@@ -162,8 +162,8 @@ class Agent:
         self._first_seen: dict[Key, tuple[str, datetime.datetime]] = {}
         """Deaths read from /proc awaiting their confirming look: key -> (evidence, first seen)."""
         self._built: dict[Key, dict[str, Any]] = {}
-        """What `attestation_for` last built each key's attestation from, for `_confirmed` to rebuild it
-        with its first look (wire.attestation_body(first_observed=))."""
+        """What `attestation_for` built a key's attestation from, until `_confirmed` (called right after
+        it) takes it to rebuild the attestation with its first look (wire.attestation_body(first_observed=))."""
         self._rng = random.Random()
 
     # --- inputs --------------------------------------------------------------------------------
@@ -301,6 +301,7 @@ class Agent:
         process, so this incarnation was already gone), which keeps a reuser's exit as fast as a
         death. Anything else seen in between starts over. A pidfd's readability is the kernel's
         word: no wait."""
+        built = self._built.pop(key, None)
         evidence = attestation["evidence"]
         look = _ABSENCE.get(evidence) if attestation["verdict"] in (Verdict.DEAD.value, Verdict.REUSED.value) else None
         if look is None:
@@ -318,8 +319,8 @@ class Agent:
         if remaining > 0:
             asyncio.get_running_loop().call_later(remaining, self.enqueue, key)
             return False
-        built = self._built.get(key)
-        assert built is not None, "_confirmed follows attestation_for of the same key"
+        if built is None:
+            raise RuntimeError("_confirmed follows attestation_for of the same key")
         attestation.update(wire.attestation_body(**built, first_observed=seen[1]))
         return True
 
