@@ -217,3 +217,18 @@ def test_a_partitioned_leader_steps_down_before_the_standby_takes_over() -> None
     assert a_up[:2] == ("a", True) and a_down[:2] == ("a", False) and b_up[:2] == ("b", True)
     assert a_down[2] < b_up[2], "the partitioned leader stopped before the standby started"
     assert b_down[:2] == ("b", False) and a_again[:2] == ("a", True)
+
+
+def test_a_replica_that_stops_leading_stops_reporting_the_decision_gauges() -> None:
+    from coroner.core.reasons import Reason
+    from coroner_operator.metrics import DecisionGauge, Metrics
+
+    metrics = Metrics(process_collectors=False)
+    gauge = DecisionGauge(metrics)
+    reasons = list(Reason)[:3]
+    for i, reason in enumerate(reasons * 2):
+        gauge.set(("ns", f"w{i}"), reason)
+    assert sum(gauge.by_reason().values()) == 6
+    gauge.clear()
+    assert gauge.by_reason() == {}
+    assert all(metrics.registrations.labels(r.value)._value.get() == 0 for r in reasons)

@@ -135,6 +135,12 @@ class Operator:
 
     def _leading(self, leading: bool) -> None:
         self.metrics.leader.set(1 if leading else 0)
+        if not leading:
+            # The decision gauges are the leader's: a replica that stopped leading stops reporting
+            # them, so `sum(coroner_registrations)` over both replicas counts each registration once.
+            self.gauge.clear()
+            for state in ("active", "terminal"):
+                self.metrics.registration_objects.labels(state).set(0)
 
     async def _reconcile(self, key: Key) -> Result:
         return await self.reconciler.reconcile(key)

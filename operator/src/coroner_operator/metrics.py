@@ -114,5 +114,10 @@ class DecisionGauge:
             self._reasons[key] = reason
             self._gauge.labels(reason.value).inc()
 
+    def clear(self) -> None:
+        """Counts nothing (a replica that stopped leading: the leader's series are the cluster's)."""
+        for key in list(self._reasons):
+            self.set(key, None)
+
     def by_reason(self) -> dict[str, int]:
         return dict(CountOf(r.value for r in self._reasons.values()))
