@@ -5,6 +5,7 @@ watch listed; series are counted in the words of coroner.core.reasons, with boun
 from __future__ import annotations
 
 import asyncio
+import random
 import urllib.error
 import urllib.request
 from typing import Any
@@ -17,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from coroner.client.rest import ApiError
 from coroner.core.reasons import Evidence, Verdict
 from coroner_agent.health import AgentMetrics, HealthServer, HealthState, error_status, liveness, readiness
+from coroner_agent.kube import AgentApi
 from coroner_agent.service import Agent, AgentSettings
 from unit.test_agent_confirmation import ABSENT, ALIVE, EXITED, KEY, ScriptedProber
 from unit.test_agent_shutdown import NODE, FakeKube, registration
@@ -229,3 +231,48 @@ def test_the_server_answers_metrics_healthz_and_readyz_over_http() -> None:
         missing.value.close()
     finally:
         server.close()
+
+
+class _DownRest:
+    """Every request fails as an unreachable API server does."""
+
+    def request(self, *_: Any, **__: Any) -> Any:
+        raise ConnectionRefusedError("API server down")
+
+
+class _RecordingStop:
+    """A stop event that records each backoff the watch waits, and stops it after `limit` waits."""
+
+    def __init__(self, limit: int) -> None:
+        self.waits: list[float] = []
+        self.limit = limit
+
+    def is_set(self) -> bool:
+        return len(self.waits) >= self.limit
+
+    def wait(self, timeout: float) -> bool:
+        self.waits.append(timeout)
+        return self.is_set()
+
+
+def test_the_watch_relists_after_a_jittered_backoff_and_counts_each_failure() -> None:
+    """Decorrelated jitter between 0.5 s and 30 s: agents cut off together do not relist in lockstep."""
+    errors: list[tuple[str, str]] = []
+    delays: list[list[float]] = []
+    loop = asyncio.new_event_loop()
+    for seed in (1, 2):
+        stop = _RecordingStop(limit=12)
+        AgentApi(_DownRest(), node_name=NODE).watch_registrations(  # type: ignore[arg-type]
+            loop=loop,
+            on_event=lambda *_: None,
+            on_relist=lambda *_: None,
+            stop=stop,  # type: ignore[arg-type]
+            on_error=lambda call, exc: errors.append((call, error_status(exc))),
+            rng=random.Random(seed),
+        )
+        assert all(0.5 <= d <= 30.0 for d in stop.waits), stop.waits
+        delays.append(stop.waits)
+    loop.close()
+    assert delays[0] != delays[1], "two agents' backoffs differ"
+    assert max(delays[0]) > 0.5 * 3, "the backoff grows"
+    assert set(errors) == {("list", "unreachable")} and len(errors) == 24
