@@ -186,6 +186,9 @@ def test_two_operators_racing_retire_each_registration_exactly_once(
     granted: Cluster, agent_a: k8s.ApiClient, admin: k8s.ApiClient, namespace: str, tmp_path: pathlib.Path
 ) -> None:
     count = 200
+    # The agent stays live for the whole race. With the fixture's 60 s Lease a slow machine saw it
+    # expire mid-race, and the rest were then rightly kept (AgentUnavailable): not this test's subject.
+    components.put_agent_lease(admin, node="node-a", boot_id=BOOT, host_id=HOST, duration=900)
     config = components.operator_kubeconfig(granted)
     with (
         components.process(components.operator_argv(config), log=tmp_path / "operator-1.log"),
@@ -496,3 +499,26 @@ def test_the_standby_takes_over_after_the_leader_is_killed_and_retires_what_died
     records = [json.loads(line) for line in two.splitlines() if line.strip()]
     assert all("message" in r and "severity" in r for r in records)
     assert any(r["message"].startswith(f"retired workerregistration={namespace}/after") for r in records)
+
+
+def test_the_lease_field_selector_leaves_out_kube_node_lease_on_the_real_server(
+    granted: Cluster, admin: k8s.ApiClient, namespace: str
+) -> None:
+    """What kopf sends with the operator's Lease list and watch (handlers.LEASE_FIELD_SELECTOR), as
+    the operator's ServiceAccount: the kubelets' node Leases are not sent, a worker's Lease is."""
+    from coroner_operator.handlers import LEASE_FIELD_SELECTOR
+
+    coordination = k8s.CoordinationV1Api(admin)
+    for ns, name in (("kube-node-lease", "node-ha-test"), (namespace, "worker-held")):
+        body = {"metadata": {"name": name, "namespace": ns}, "spec": {"holderIdentity": name}}
+        try:
+            coordination.create_namespaced_lease(ns, body)
+        except k8s.exceptions.ApiException as exc:
+            if exc.status != 409:
+                raise
+    with api_client(components.operator_kubeconfig(granted)) as operator:
+        seen = k8s.CoordinationV1Api(operator).list_lease_for_all_namespaces(field_selector=LEASE_FIELD_SELECTOR)
+    names = {(item.metadata.namespace, item.metadata.name) for item in seen.items}
+    assert (namespace, "worker-held") in names
+    assert not any(ns == "kube-node-lease" for ns, _ in names)
+    coordination.delete_namespaced_lease("node-ha-test", "kube-node-lease")
