@@ -497,7 +497,9 @@ def test_the_standby_takes_over_after_the_leader_is_killed_and_retires_what_died
     import json
 
     records = [json.loads(line) for line in two.splitlines() if line.strip()]
-    assert all("message" in r and "severity" in r for r in records)
+    assert all("message" in r and "severity" in r and "logger" in r for r in records)
+    assert {"coroner.operator", "coroner.leader"} <= {r["logger"] for r in records}
+    assert any(r["logger"].startswith("kopf") for r in records), "kopf's own lines are JSON too"
     assert any(r["message"].startswith(f"retired workerregistration={namespace}/after") for r in records)
 
 

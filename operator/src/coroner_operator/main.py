@@ -178,9 +178,19 @@ def configure_logging(*, log_format: str, verbose: bool) -> None:
     level = logging.DEBUG if verbose else logging.INFO
     if log_format == "json":
         kopf.configure(verbose=verbose, log_format=kopf.LogFormat.JSON)
-        logging.getLogger().setLevel(level)
+        root = logging.getLogger()
+        root.setLevel(level)
+        for handler in root.handlers:
+            handler.addFilter(_name_the_logger)
     else:
         logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+
+
+def _name_the_logger(record: logging.LogRecord) -> bool:
+    """The JSON formatter adds a record's non-standard attributes as fields: `logger` says whose
+    line it is (coroner.operator, coroner.leader, kopf.…)."""
+    record.logger = record.name
+    return True
 
 
 def default_identity() -> str:
