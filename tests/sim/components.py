@@ -16,7 +16,7 @@ bumps it, and every callback scheduled by an older epoch is a no-op).
   replace `SimOperator.reconcile` and `_retire`: see docs/simulation.md).
 - `Worker`: records its incarnation with the production `procfs.incarnation_from` over its own
   /proc texts, says goodbye with the production `wire.release_apply`.
-- `Human`: `kubectl coroner apply`'s production `plan.build_world`, `decide_all`, `candidates`
+- `Human`: `kubectl coroner apply`'s production `plan.build_world`, `fingerprint.decide_all`, `candidates`
   and `retirement_patch`.
 """
 
@@ -40,6 +40,7 @@ from sim.prod import (
     agent_service,
     api,
     cli_plan,
+    fingerprint,
     model,
     operator_inputs,
     operator_step,
@@ -759,7 +760,7 @@ class Human:
         world = cli_plan.build_world(listing)
         now = dt(self.trial.now)
         policy = Policy()
-        plan = cli_plan.decide_all(world=world, policy=policy, now=now)
+        plan = fingerprint.decide_all(world=world, policy=policy, now=now)
         for entry in cli_plan.candidates(plan):
             registration = entry.registration
             key = (registration.namespace or "", registration.name or "")

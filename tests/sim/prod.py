@@ -13,7 +13,7 @@ from coroner import retire as retire_protocol
 from coroner.cli import plan as cli_plan
 
 # The pure core: vocabulary, model, decision, conditions, /proc parsers, the operator's cache.
-from coroner.core import api, conditions, decision, model, procfs, wire
+from coroner.core import api, conditions, decision, fingerprint, model, procfs, wire
 from coroner.core.decision import AgentFacts, Decision, Facts, Policy, decide, lease_expiry
 from coroner.core.reasons import ConditionType, Evidence, Reason, Verdict
 from coroner.core.world import World, lease_facts
@@ -41,6 +41,7 @@ __all__ = [
     "conditions",
     "decide",
     "decision",
+    "fingerprint",
     "lease_expiry",
     "lease_facts",
     "model",
