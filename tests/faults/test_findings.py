@@ -131,14 +131,37 @@ def test_an_agent_started_during_an_api_outage_serves_its_node_once_the_api_is_b
         _cleanup(plane, namespace, worker)
 
 
-def test_an_agent_that_met_a_restarting_api_server_names_itself_in_its_attestations(plane: Plane) -> None:
+@pytest.mark.parametrize(
+    "status",
+    [
+        429,
+        pytest.param(
+            401,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="finding 5, still open: a 401 of an API server whose authenticator is warming up is final",
+            ),
+        ),
+        pytest.param(
+            403,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="finding 5, still open: a 403 of an API server whose authorizer has not synced is final",
+            ),
+        ),
+    ],
+)
+def test_an_agent_that_met_a_restarting_api_server_names_itself_in_its_attestations(plane: Plane, status: int) -> None:
     """Found by the long run's shared rounds: zombie[agent-restarted] + apiserver_restart[crash]
-    (seed 43501029): every retirement on that agent's attestations recorded identity 'unknown'."""
+    (seed 43501029): every retirement on that agent's attestations recorded identity 'unknown'.
+    Seen again after the 429 fix (seed 1176102363 and others, resumed long run): the agent logged
+    one unreachable try, then took the restarting server's next answer (no "busy" retry: a 4xx
+    other than 429) as final."""
     namespace, worker = _dead_worker_setup(plane)
     agent = plane.agents[worker.node]
     try:
         agent.stop()
-        answered = agent.proxy.answer(lambda r: r.path.startswith(SELF_REVIEW), 429, times=1)
+        answered = agent.proxy.answer(lambda r: r.path.startswith(SELF_REVIEW), status, times=1)
         agent.start()
         agent.wait_started()
         assert answered[0] == 1, "the agent never asked who it is"
