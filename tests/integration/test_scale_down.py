@@ -53,7 +53,8 @@ def operator(installed: Cluster, tmp_path: pathlib.Path) -> Iterator[Callable[..
     def start(*extra: str) -> None:
         # The operator's opt-in into node evidence is the node-loss component, whose admission half
         # lets its retirements on node evidence through (issue 17).
-        components.install(installed, grant=True, node_loss="--node-deletion-evidence" in extra)
+        if "--node-deletion-evidence" in extra:
+            components.install(installed, grant=True, node_loss=True)
         argv = components.operator_argv(components.operator_kubeconfig(installed), *extra)
         with open(tmp_path / "operator.log", "ab") as out:
             started.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT))
