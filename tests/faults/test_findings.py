@@ -131,26 +131,7 @@ def test_an_agent_started_during_an_api_outage_serves_its_node_once_the_api_is_b
         _cleanup(plane, namespace, worker)
 
 
-@pytest.mark.parametrize(
-    "status",
-    [
-        429,
-        pytest.param(
-            401,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="finding 5, still open: a 401 of an API server whose authenticator is warming up is final",
-            ),
-        ),
-        pytest.param(
-            403,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="finding 5, still open: a 403 of an API server whose authorizer has not synced is final",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("status", [429, 401, 403])
 def test_an_agent_that_met_a_restarting_api_server_names_itself_in_its_attestations(plane: Plane, status: int) -> None:
     """Found by the long run's shared rounds: zombie[agent-restarted] + apiserver_restart[crash]
     (seed 43501029): every retirement on that agent's attestations recorded identity 'unknown'.

@@ -35,9 +35,25 @@ class ScriptedRest:
         return outcome
 
 
+class Clock:
+    """time.monotonic and time.sleep for the agent's kube module: sleeping moves the clock."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
 @pytest.fixture(autouse=True)
-def no_sleep(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kube_mod.time, "sleep", lambda _: None)
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    fake = Clock()
+    monkeypatch.setattr(kube_mod.time, "sleep", fake.sleep)
+    monkeypatch.setattr(kube_mod.time, "monotonic", fake.monotonic)
+    return fake
 
 
 @pytest.mark.parametrize(
@@ -47,7 +63,9 @@ def no_sleep(monkeypatch: pytest.MonkeyPatch) -> None:
         pytest.param([ApiError(429, "TooManyRequests"), ANSWER], ANSWER, 2, id="429-is-retried"),
         pytest.param([ApiError(503, "ServiceUnavailable"), ANSWER], ANSWER, 2, id="503-is-retried"),
         pytest.param([ConnectionRefusedError(), ANSWER], ANSWER, 2, id="unreachable-is-retried"),
-        pytest.param([ApiError(403, "Forbidden")], "unknown", 1, id="refused-is-final"),
+        pytest.param([ApiError(401, "Unauthorized"), ANSWER], ANSWER, 2, id="401-while-warming-up-is-retried"),
+        pytest.param([ApiError(403, "Forbidden"), ANSWER], ANSWER, 2, id="403-while-warming-up-is-retried"),
+        pytest.param([ApiError(404, "NotFound")], "unknown", 1, id="no-such-api-is-final"),
         pytest.param([{"status": {}}], "unknown", 1, id="answered-without-a-name"),
     ],
 )
@@ -57,3 +75,10 @@ def test_whoami(outcomes: list[Any], expected: Any, calls: int) -> None:
         expected = ANSWER["status"]["userInfo"]["username"]
     assert AgentApi(rest, node_name="node-a").whoami() == expected  # type: ignore[arg-type]
     assert rest.calls == calls
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_a_refusal_that_outlasts_the_patience_is_final(status: int, clock: Clock) -> None:
+    rest = ScriptedRest(*[ApiError(status, "refused")] * 100)
+    assert AgentApi(rest, node_name="node-a").whoami(refusal_patience_seconds=60) == "unknown"  # type: ignore[arg-type]
+    assert 60 <= clock.now - 1000.0 < 70, "gave up about when the patience ran out, not before"

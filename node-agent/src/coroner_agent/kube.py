@@ -17,12 +17,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from coroner.client.rest import JSON_PATCH, ApiError, Rest, registrations_path, upsert_lease
+from coroner.client.rest import ApiError, Rest, registrations_path, upsert_lease
 from coroner.core import api
-from coroner.core.wire import attestation_ops as attestation_ops
+from coroner.core.wire import JSON_PATCH, attestation_ops
 from coroner.runtime.controller import decorrelated_jitter
 
 logger = logging.getLogger("coroner.agent")
+
+#: How long a 401/403 to "who am I" is taken for a warming-up API server before it is final.
+IDENTITY_REFUSAL_PATIENCE_SECONDS = 60.0
 
 
 class AgentApi:
@@ -37,19 +40,33 @@ class AgentApi:
     def selector(self) -> str:
         return f"{api.NODE_LABEL}={self.node_name}"
 
-    def whoami(self) -> str:
+    def whoami(self, *, refusal_patience_seconds: float = IDENTITY_REFUSAL_PATIENCE_SECONDS) -> str:
         """The agent's username (recorded in attestations). Retried while the API server is
-        unreachable: an agent must come up with its node, not crash-loop through an outage."""
+        unreachable, busy (429, 5xx) or still warming up (401, 403: an authenticator or authorizer
+        not yet synced after a restart) — an agent must come up with its node and name itself, not
+        crash-loop or record 'unknown' for its whole life (finding 5). A refusal that outlasts
+        `refusal_patience_seconds` is taken as final: the identity is informational (admission
+        checks the real requester), so the agent goes on as 'unknown' and says why."""
         delay = 0.5
+        refused_since: float | None = None
         review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
         while True:
             try:
                 answer = self.rest.request("POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews", body=review)
             except ApiError as exc:
-                if exc.status < 500 and exc.status != 429:
-                    return "unknown"  # answered, but not allowed to say: informational only
-                # 429 and 5xx: a restarting or overloaded API server, not an answer (finding 5)
-                logger.warning("API server busy node=%s error=%r; retrying in %.1fs", self.node_name, exc, delay)
+                if exc.status in (401, 403):
+                    refused_since = time.monotonic() if refused_since is None else refused_since
+                    if time.monotonic() - refused_since >= refusal_patience_seconds:
+                        logger.error(
+                            "the API server refuses to say who this agent is node=%s status=%s for %.0fs; "
+                            "attestations will record identity 'unknown' (check the agent's token and that "
+                            "SelfSubjectReview is allowed to it)",
+                            self.node_name, exc.status, refusal_patience_seconds,
+                        )  # fmt: skip
+                        return "unknown"
+                elif exc.status < 500 and exc.status != 429:
+                    return "unknown"  # answered, but not with an identity: informational only
+                logger.warning("API server not ready node=%s error=%r; retrying in %.1fs", self.node_name, exc, delay)
             except Exception as exc:
                 logger.warning("API server unreachable node=%s error=%r; retrying in %.1fs", self.node_name, exc, delay)
             else:
