@@ -23,13 +23,12 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from harness.machine import BIN, MANIFESTS, REAL_BOOT_ID_FILE, SYSTEM, LoadMonitor, _pdeathsig, log, tail
-from harness.workers import Workers
-
 from coroner.client.rest import ApiError, Rest, registrations_path
 from coroner.core import api
 from coroner_dev.devcluster import cluster as cluster_mod
 from coroner_dev.devcluster.identities import ensure_node, mint_token
+from harness.machine import BIN, MANIFESTS, REAL_BOOT_ID_FILE, SYSTEM, LoadMonitor, _pdeathsig, log, tail
+from harness.workers import Workers
 
 # --- API clients ---------------------------------------------------------------------------------------
 

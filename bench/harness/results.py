@@ -11,9 +11,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from harness.machine import REPO, RESULTS, log
-
 from coroner.core import model
+from harness.machine import REPO, RESULTS, log
 
 
 def percentiles(values_s: Sequence[float]) -> dict[str, Any]:

@@ -18,11 +18,10 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from harness.machine import _pdeathsig, log
-from harness.results import percentiles
-
 from coroner.client.rest import Rest, registrations_path
 from coroner.core import model, wire
+from harness.machine import _pdeathsig, log
+from harness.results import percentiles
 
 #: Longest any sleep worker lives even if everything else fails: workers are bounded too.
 WORKER_SECONDS = 3600

@@ -181,6 +181,29 @@ def _prefix_config_refs(pod: dict[str, Any], owned: frozenset[str]) -> None:
             ref["name"] = "__PREFIX__" + ref["name"]
 
 
+def _template_container(container: dict[str, Any], values: Mapping[str, Any], chart: Mapping[str, Any]) -> None:
+    """A Coroner container's image, resources and arguments as sentinels for values (checked equal first)."""
+    which = CONTAINERS.get(str(container.get("name")))
+    if which is None:
+        return
+    default_image = f"{values[which]['image']['repository']}:{chart['appVersion']}"
+    if container.get("image") != default_image:
+        raise ValueError(f"{which} image {container.get('image')} is not values' default {default_image}")
+    container["image"] = f"__IMAGE_{which}__"
+    if container.get("resources") != values[which]["resources"]:
+        raise ValueError(f"{which} resources differ from values.yaml: {container.get('resources')}")
+    container["resources"] = f"__RESOURCES_{which}__"
+    args = []
+    for arg in container.get("args") or []:
+        for prefix, dotted in ARGUMENTS.items():
+            if arg.startswith(prefix):
+                if arg != f"{prefix}{_lookup(values, dotted)}":
+                    raise ValueError(f"{arg} differs from values.yaml's {dotted}")
+                arg = f"{prefix}__VALUE_{dotted}__"
+        args.append(arg)
+    container["args"] = ["__SYSTEM_NAMESPACE_ARG__", *args]
+
+
 def _templated(
     obj: Mapping[str, Any], values: Mapping[str, Any], chart: Mapping[str, Any], owned: frozenset[str] = frozenset()
 ) -> str:
@@ -205,25 +228,7 @@ def _templated(
             pod["serviceAccountName"] = "__PREFIX__" + pod["serviceAccountName"]
         _prefix_config_refs(pod, owned)
         for container in pod.get("containers") or []:
-            which = CONTAINERS.get(container.get("name"))
-            if which is None:
-                continue
-            default_image = f"{values[which]['image']['repository']}:{chart['appVersion']}"
-            if container.get("image") != default_image:
-                raise ValueError(f"{which} image {container.get('image')} is not values' default {default_image}")
-            container["image"] = f"__IMAGE_{which}__"
-            if container.get("resources") != values[which]["resources"]:
-                raise ValueError(f"{which} resources differ from values.yaml: {container.get('resources')}")
-            container["resources"] = f"__RESOURCES_{which}__"
-            args = []
-            for arg in container.get("args") or []:
-                for prefix, dotted in ARGUMENTS.items():
-                    if arg.startswith(prefix):
-                        if arg != f"{prefix}{_lookup(values, dotted)}":
-                            raise ValueError(f"{arg} differs from values.yaml's {dotted}")
-                        arg = f"{prefix}__VALUE_{dotted}__"
-                args.append(arg)
-            container["args"] = ["__SYSTEM_NAMESPACE_ARG__", *args]
+            _template_container(container, values, chart)
     # The identities the admission policies' CEL names, then the namespace everywhere it appears,
     # except in object names (a policy may be named after it, e.g. coroner-system-leases-by-owner).
     name, policy = meta["name"], (body.get("spec") or {}).get("policyName")

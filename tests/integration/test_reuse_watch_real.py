@@ -20,10 +20,10 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from coroner.core import model
+from coroner.core.model import Key
 from coroner.core.procfs import IncarnationKey
 from coroner.core.reasons import Evidence, Verdict
 from coroner_agent.prober import ProcProber
-from coroner_agent.service import Key
 from integration.test_probe_real import NAMESPACE_HELPER, REAL_BOOT, Node, PidNamespace, needs_root, needs_unshare
 
 pytestmark = [pytest.mark.procs, pytest.mark.timeout(60)]

@@ -21,9 +21,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from coroner.core import model
+from coroner.core.model import Key
 from coroner.core.reasons import ConditionType, Evidence, Verdict
 from coroner_agent.probe import ProbeResult
-from coroner_agent.service import Agent, AgentSettings, Key
+from coroner_agent.service import Agent, AgentSettings
 
 pytestmark = pytest.mark.unit
 

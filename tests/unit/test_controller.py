@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import random
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import random
 
 from coroner.runtime.controller import Controller, Result, _Requeue, decorrelated_jitter
 from coroner.runtime.timers import TimerHeap

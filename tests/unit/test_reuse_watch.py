@@ -19,11 +19,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coroner.core import model
+from coroner.core.model import Key
 from coroner.core.reasons import Evidence, Verdict
 from coroner_agent import prober as prober_module
 from coroner_agent.probe import PidfdTable
 from coroner_agent.prober import ProcProber
-from coroner_agent.service import Key
 from unit.test_probe_fake import (
     BOOT,
     CHILD,

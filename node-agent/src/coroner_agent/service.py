@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from coroner.client.rest import ApiError
 from coroner.core import api, model, wire
-from coroner.core.model import Key as Key
+from coroner.core.model import Key
 from coroner.core.reasons import Evidence, Verdict
 from coroner.core.world import slim
 from coroner.runtime.controller import decorrelated_jitter

@@ -22,7 +22,8 @@ from typing import Any
 
 from coroner.core import api
 from coroner.core.decision import Policy
-from coroner.core.world import Key, World
+from coroner.core.model import Key
+from coroner.core.world import World
 from coroner.runtime.controller import Controller, Result, utcnow
 from coroner.runtime.leader import LeaderElector
 from coroner_operator.events import EventPoster

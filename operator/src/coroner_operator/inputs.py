@@ -19,7 +19,8 @@ from typing import Any
 
 from coroner.core import model
 from coroner.core.decision import lease_expiry
-from coroner.core.world import Key, World
+from coroner.core.model import Key
+from coroner.core.world import World
 from coroner.runtime.controller import Controller
 from coroner_operator.executor import Executor
 from coroner_operator.metrics import DecisionGauge

@@ -16,9 +16,10 @@ import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from coroner.client.rest import JSON_PATCH, ApiError, Rest, leases_path, registrations_path, upsert_lease
+from coroner.client.rest import ApiError, Rest, leases_path, registrations_path, upsert_lease
 from coroner.core import api
 from coroner.core import wire as retirement
+from coroner.core.wire import JSON_PATCH
 from coroner.retire import PortError
 
 T = TypeVar("T")

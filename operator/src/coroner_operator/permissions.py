@@ -12,7 +12,8 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from coroner.core.world import Key, World
+from coroner.core.model import Key
+from coroner.core.world import World
 from coroner_operator.kubeapi import KubeApi
 
 logger = logging.getLogger("coroner.operator")

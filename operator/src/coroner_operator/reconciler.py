@@ -28,7 +28,8 @@ from collections.abc import Callable
 
 from coroner.core import model
 from coroner.core.decision import NodeFacts, Policy
-from coroner.core.world import Key, World
+from coroner.core.model import Key
+from coroner.core.world import World
 from coroner.runtime.controller import Result
 from coroner_operator import step
 from coroner_operator.effects import Effects

@@ -23,7 +23,8 @@ from typing import Any
 
 from coroner.core import api, model, policy_json
 from coroner.core.decision import Policy
-from coroner.core.world import Key, World
+from coroner.core.model import Key
+from coroner.core.world import World
 from coroner.runtime.leader import LeaderElector
 from coroner_operator.kubeapi import KubeApi, describe
 from coroner_operator.metrics import DecisionGauge, Metrics

@@ -21,8 +21,9 @@ from coroner.cli.plan import names_text as _names
 from coroner.core import admission_digest, api, model
 from coroner.core.decision import AgentFacts, Decision, NodeFacts, Policy, decide, lease_expiry
 from coroner.core.fingerprint import Plan, PlanEntry
+from coroner.core.model import Key
 from coroner.core.reasons import Evidence, Reason
-from coroner.core.world import Key, World, agent_facts_from_lease, lease_facts, node_facts
+from coroner.core.world import World, agent_facts_from_lease, lease_facts, node_facts
 
 __all__ = ["OPERATOR_LEASE", "Unreadable"]
 

@@ -21,9 +21,10 @@ from typing import Any, Final
 from coroner.core import api, fingerprint, model, policy_json
 from coroner.core.decision import Policy
 from coroner.core.fingerprint import Plan, PlanEntry, PlanRow
+from coroner.core.model import Key
 from coroner.core.policy_json import PolicyUnreadable
 from coroner.core.reasons import ApplyAbort, Reason
-from coroner.core.world import Key, World
+from coroner.core.world import World
 
 #: The operator's own Lease in the system namespace; it renews it after every sweep.
 OPERATOR_LEASE: Final = api.OPERATOR_LEASE

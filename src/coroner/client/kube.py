@@ -17,9 +17,7 @@ import kubernetes
 from kubernetes.client import ApiClient
 
 from coroner.core import api
-from coroner.core.wire import APPLY_PATCH as APPLY_PATCH
-from coroner.core.wire import JSON_PATCH as JSON_PATCH
-from coroner.core.wire import MERGE_PATCH as MERGE_PATCH
+from coroner.core.wire import JSON_PATCH, MERGE_PATCH
 
 
 def api_client(kubeconfig: str | os.PathLike[str] | None = None) -> ApiClient:

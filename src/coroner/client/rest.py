@@ -35,10 +35,7 @@ import urllib3
 import yaml
 
 from coroner.core import api, wire
-from coroner.core.wire import APPLY_PATCH as APPLY_PATCH
-from coroner.core.wire import JSON as JSON
-from coroner.core.wire import JSON_PATCH as JSON_PATCH
-from coroner.core.wire import MERGE_PATCH as MERGE_PATCH
+from coroner.core.wire import JSON
 
 #: Where a pod finds its ServiceAccount credentials (a test points it elsewhere).
 SERVICE_ACCOUNT_DIR = pathlib.Path("/var/run/secrets/kubernetes.io/serviceaccount")

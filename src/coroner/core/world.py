@@ -18,9 +18,7 @@ from coroner.core import api, model
 from coroner.core.decision import AgentFacts, Facts, LeaseFacts, NodeFacts, lease_expiry
 
 # One Key, one key_of, one RFC 3339 parser (strict: what does not parse is unknown), in model.
-from coroner.core.model import Key as Key
-from coroner.core.model import key_of as key_of
-from coroner.core.model import parse_time as parse_time
+from coroner.core.model import Key, key_of, parse_time
 
 
 def slim(body: dict[str, Any]) -> dict[str, Any]:

@@ -40,14 +40,34 @@ from coroner.client.kube import patch_registration_status
 from coroner.core import api, fingerprint, model
 from coroner.core.decision import Policy
 from coroner.core.fingerprint import PlanEntry
+from coroner.core.model import Key
 from coroner.core.wire import Writer
-from coroner.core.world import Key, World
+from coroner.core.world import World
 from coroner.retire import PortError, RetireIntent, RetireOutcome, RetirePort, Retirer, RetireResult, retire
 
 #: Rows retired at the same time by default, and at most (each is four requests in a row).
 DEFAULT_PARALLELISM: Final = 4
 MAX_PARALLELISM: Final = 32
 _RESOURCE_PREFIXES: Final = (f"{api.KIND.lower()}.{api.GROUP}/", f"{api.PLURAL}.{api.GROUP}/")
+
+
+def _one_selection(names: tuple[str, ...], *, all_candidates: bool) -> None:
+    if all_candidates and names:
+        raise click.UsageError("name the rows to retire, or pass --all-candidates; not both.")
+    if not all_candidates and not names:
+        raise click.UsageError("name the rows to retire (NAMES...), or pass --all-candidates.")
+
+
+def _fingerprint(flag: str, value: str | None) -> str:
+    """An approved plan's fingerprint, as given: present and well-formed, or a usage error naming the flag."""
+    if value is None:
+        raise click.UsageError(f"apply needs {flag} (from the plan you approved), or --from-plan FILE.")
+    if not planning.valid_fingerprint(value):
+        raise PluginError(
+            f"{flag} {value!r} is not a Coroner fingerprint (v1:sha256:<64 hex digits>); copy it from the "
+            f"output of `kubectl coroner plan`."
+        )
+    return value
 
 
 @click.command("apply")
@@ -113,22 +133,9 @@ def apply_command(
             node_deletion_evidence = bool(saved.policy_flags["node_deletion_evidence"])
         if node_quarantine_seconds is None and "node_deletion_quarantine_seconds" in saved.policy_flags:
             node_quarantine_seconds = _seconds(saved.policy_flags["node_deletion_quarantine_seconds"])
-    for flag, value in (
-        ("--registry-fingerprint", registry_fingerprint),
-        ("--candidate-fingerprint", candidate_fingerprint),
-    ):
-        if value is None:
-            raise click.UsageError(f"apply needs {flag} (from the plan you approved), or --from-plan FILE.")
-        if not planning.valid_fingerprint(value):
-            raise PluginError(
-                f"{flag} {value!r} is not a Coroner fingerprint (v1:sha256:<64 hex digits>); copy it from the "
-                f"output of `kubectl coroner plan`."
-            )
-    assert registry_fingerprint is not None and candidate_fingerprint is not None
-    if all_candidates and names:
-        raise click.UsageError("name the rows to retire, or pass --all-candidates; not both.")
-    if not all_candidates and not names:
-        raise click.UsageError("name the rows to retire (NAMES...), or pass --all-candidates.")
+    registry_fingerprint = _fingerprint("--registry-fingerprint", registry_fingerprint)
+    candidate_fingerprint = _fingerprint("--candidate-fingerprint", candidate_fingerprint)
+    _one_selection(names, all_candidates=all_candidates)
     scope = scope_of(namespace=namespace, all_namespaces=all_namespaces, connection=connection)
     keys = _keys(names, scope=scope)
     if saved is not None:
