@@ -37,7 +37,7 @@ test: lint
 unit: $(BIN)/.installed
 	$(BIN)/pytest -m unit
 
-# The deterministic simulation (docs/simulation.md): the CI batch of 100,000 seeded trials and the
+# The deterministic simulation (docs/simulation.md): the CI batch of 5,000 seeded trials and the
 # mutants (part of `make test` too); sim-bench runs 1,000,000 and writes bench/results/sim.json.
 sim: $(BIN)/.installed
 	$(BIN)/pytest -q tests/sim
