@@ -94,7 +94,10 @@ def test_the_real_agent_still_attests_under_the_profile(
     assert attestation(admin, namespace, "killed")["evidence"] == "PidfdExited"
     # Stop the agent, lose a worker while it is away, restart it: the death is read from /proc.
     stop(node.agent, measuring=bool(measure))
+    child = pathlib.Path(f"/proc/{vanished.child}")
     vanished.vanish()
+    # The orphaned worker is reaped by whoever adopts it; until then a new agent could still pin it.
+    kube.wait_for(lambda: not child.exists(), what="the vanished worker reaped")
     with open(node.log, "ab") as out:
         node.agent = subprocess.Popen(wrapped(), stdout=out, stderr=subprocess.STDOUT)
     kube.wait_for(lambda: attestation(admin, namespace, "vanished").get("verdict") == "Dead", what="vanished Dead")
