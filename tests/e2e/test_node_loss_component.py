@@ -66,7 +66,7 @@ def test_the_component_turns_on_node_deletion_evidence_with_a_quarantine(
     documents = render(cluster, own_overlay(tmp_path, base))
     added = operator_args(documents)[len(operator_args(without)) :]
     assert operator_args(documents)[: len(operator_args(without))] == operator_args(without)
-    assert added == ["--node-deletion-evidence", "--node-quarantine-seconds=300"]
+    assert added == ["--node-deletion-evidence", "--node-quarantine-seconds=300", "--node-out-of-service-evidence"]
     # Nothing else changes but the admission half: the evidence policy admits the operator's node
     # evidence (its two opt-in variables turn true). No RBAC, no other object.
     assert len(documents) == len(without)

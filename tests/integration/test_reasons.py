@@ -32,7 +32,10 @@ def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
     components.install(cluster, grant=True, node_loss=True)  # the operator's node evidence, as below
     logs = tmp_path_factory.mktemp("operator")
     argv = components.operator_argv(
-        components.operator_kubeconfig(cluster), "--node-deletion-evidence", "--node-quarantine-seconds=1"
+        components.operator_kubeconfig(cluster),
+        "--node-deletion-evidence",
+        "--node-quarantine-seconds=1",
+        "--node-out-of-service-evidence",
     )
     with components.process(argv, log=logs / "operator.log"):
         yield cluster

@@ -47,3 +47,23 @@ def test_an_appended_flag_overrides_the_base(extra: list[str], retention: float)
 def test_nonsense_is_refused(bad: str) -> None:
     with pytest.raises(click.BadParameter):
         params(bad)
+
+
+@pytest.mark.parametrize(
+    ("extra", "deletion", "out_of_service"),
+    [
+        # The API server admits node evidence from the operator only where components/node-loss is
+        # installed (policy 6), so without the component the operator counts neither: otherwise it
+        # would try retirements the server refuses and read the refusal as a missing grant.
+        pytest.param([], False, False, id="base-counts-no-node-evidence"),
+        pytest.param(
+            ["--node-deletion-evidence", "--node-quarantine-seconds=300", "--node-out-of-service-evidence"],
+            True,
+            True,
+            id="node-loss-component",
+        ),
+    ],
+)
+def test_node_evidence_is_the_components_opt_in(extra: list[str], deletion: bool, out_of_service: bool) -> None:
+    p = params(*BASE, *extra)
+    assert (p["node_deletion_evidence"], p["node_out_of_service_evidence"]) == (deletion, out_of_service)

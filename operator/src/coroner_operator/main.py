@@ -233,6 +233,14 @@ def _finite(param: click.Parameter, value: float) -> float:
     "Published with the rest of the policy on the operator's Lease, where kubectl coroner reads it.",
 )
 @click.option(
+    "--node-out-of-service-evidence/--no-node-out-of-service-evidence",
+    default=False,
+    show_default=True,
+    help="Accept the node.kubernetes.io/out-of-service taint (a person's statement that the node is gone) as death "
+    "evidence. The API server admits that evidence from the operator only where components/node-loss is "
+    "installed, which sets this flag: without it the operator would try retirements the API server refuses.",
+)
+@click.option(
     "--node-quarantine-seconds",
     type=float,
     default=40.0,
@@ -300,6 +308,7 @@ def main(
     resync_seconds: float,
     permission_refresh_seconds: float,
     node_deletion_evidence: bool,
+    node_out_of_service_evidence: bool,
     node_quarantine_seconds: float,
     terminal_retention_seconds: float,
     event_burst: int,
@@ -332,6 +341,7 @@ def main(
     policy = Policy(
         node_deletion_evidence=node_deletion_evidence,
         node_deletion_quarantine_seconds=node_quarantine_seconds,
+        node_out_of_service_evidence=node_out_of_service_evidence,
     )
     settings = OperatorSettings(
         workers=workers,

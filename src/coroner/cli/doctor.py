@@ -46,7 +46,7 @@ ADMISSION_POLICIES: Final = (
 )
 
 #: The taint a person sets on a Node that is shut down for good (KEP-2268); the operator accepts it
-#: as death evidence unless its policy says nodeOutOfServiceEvidence=false.
+#: as death evidence where its policy says nodeOutOfServiceEvidence=true (components/node-loss).
 OUT_OF_SERVICE_TAINT_COMMAND: Final = (
     "kubectl taint node {node} node.kubernetes.io/out-of-service=nodeshutdown:NoExecute"
 )
@@ -636,7 +636,8 @@ def _releases(
         if not base.node_out_of_service_evidence:
             sentences.append(
                 f"restarting the agent on {item.node} (the coroner-agent DaemonSet pod); the out-of-service taint "
-                f"does not help: the operator's policy has nodeOutOfServiceEvidence=false."
+                f"does not help: the operator's policy has nodeOutOfServiceEvidence=false (the {NODE_LOSS_COMPONENT} "
+                f"component turns it on)."
             )
         else:
             sentences.append(
