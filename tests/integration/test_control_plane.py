@@ -129,7 +129,7 @@ def test_rbac_denies_without_grant_and_allows_a_custom_verb_after_binding(
     assert can_i.stdout.strip() == "yes"
 
 
-def test_admission_policy_with_authorizer_check_denies_then_allows(
+def test_admission_policy_with_authorizer_check_denies_until_the_verb_is_granted(
     coroner_api: Cluster, admin: k8s.ApiClient, namespace: str
 ) -> None:
     kube.create_registration(admin, namespace, kube.registration_body(name="w1"))
@@ -154,11 +154,18 @@ def test_admission_policy_with_authorizer_check_denies_then_allows(
         with pytest.raises(ApiException) as raised:
             kube.patch_status(client, namespace, "w1", retire)
         assert raised.value.status in (403, 422)
-        assert "requires the retire verb" in kube.api_error_body(raised.value)["message"]
+        # Two policies refuse this write (no retire verb, no evidence); the server names one of them.
+        refused_by = kube.api_error_body(raised.value)["message"]
+        assert "requires the retire verb" in refused_by or "coroner-retire-requires-evidence" in refused_by
         _bind(admin, namespace, sa="retirer", verbs=[api.RETIRE_VERB], resources=[api.PLURAL])
         kube.wait_for(lambda: _self_can(client, verb=api.RETIRE_VERB, namespace=namespace), what="retire grant")
-        done = kube.patch_status(client, namespace, "w1", retire)
-    assert done["status"]["retirement"]["reason"] == "ProcAbsent"
+        # With the verb the authorizer check passes; what refuses this write now is the evidence
+        # policy (a retirement needs its Dead attestation: tests/integration/test_admission_evidence.py).
+        with pytest.raises(ApiException) as raised:
+            kube.patch_status(client, namespace, "w1", retire)
+    message = kube.api_error_body(raised.value)["message"]
+    assert "requires the retire verb" not in message
+    assert "coroner-retire-requires-evidence" in message, message
 
 
 def test_node_bound_token_carries_the_node_name(coroner_api: Cluster, admin: k8s.ApiClient, namespace: str) -> None:
