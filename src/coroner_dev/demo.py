@@ -238,7 +238,7 @@ class Demo:
         self.kubectl("get", "registrations", "-n", NAMESPACE, "-o", "wide", show=True)
         console.print()
         console.print("What happened:")
-        console.print("  • consumer-a, consumer-c: RETIRED=True — their node's agent saw the exact incarnation exit.")
+        console.print("  • consumer-a, consumer-c: STATE=Retired — their node's agent saw the exact incarnation exit.")
         console.print("  • consumer-b, consumer-d: alive, attested Alive (pinned by a pidfd) — never retired.")
         console.print("  • reused-worker: dead, but its pid number now belongs to another process. Coroner cannot")
         console.print("    prove which process that number names, so it preserves it: PidReuseDetected.")
