@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -40,6 +41,8 @@ logger = logging.getLogger("coroner.launcher")
 
 #: The identity's client (Rest) is named in the API server's logs and audit as this user agent.
 USER_AGENT = "coroner-launcher"
+#: How long registering outlasts a busy or unavailable API server (429, 5xx) before it fails.
+CREATE_PATIENCE_SECONDS = 30.0
 
 
 class RegistrationError(Exception):
@@ -203,7 +206,7 @@ def register(
         heartbeat=None if interval_seconds is None or ttl_seconds is None else (interval_seconds, ttl_seconds),
     )
     try:
-        created = client.request("POST", registrations_path(namespace), body=body)
+        created = _create(client, namespace, body)
     except ApiError as exc:
         if exc.status == 409:
             existing = client.request("GET", registrations_path(namespace, name))
@@ -227,12 +230,39 @@ def register(
                 f"not allowed to create WorkerRegistrations in namespace {namespace!r}; bind the ClusterRole "
                 f"coroner-worker to this identity there"
             ) from exc
+        elif _transient(exc.status):
+            raise RegistrationError(
+                f"registering {namespace}/{name} failed: {exc.status} {exc.reason}: the API server is still "
+                f"unavailable after {CREATE_PATIENCE_SECONDS:.0f} s ({exc.message})"
+            ) from exc
         else:
             raise RegistrationError(f"registering {namespace}/{name} failed: {exc.status} {exc.reason}") from exc
     registration = Held(client=client, namespace=namespace, name=name, interval_seconds=interval_seconds, body=created)
     if interval_seconds is not None:
         registration.heartbeat()
     return registration
+
+
+def _transient(status: int) -> bool:
+    return status == 429 or status >= 500
+
+
+def _create(client: Rest, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+    """POSTs the registration, again while the API server answers busy or unavailable (429, 5xx) for
+    up to CREATE_PATIENCE_SECONDS: right after the CRD is installed the server answers 503 "Resource
+    kind ... not found" for a moment, and a worker must not fail to start for that. An earlier
+    attempt that landed is a 409 the caller recognises as its own."""
+    deadline = time.monotonic() + CREATE_PATIENCE_SECONDS
+    delay = 0.2
+    while True:
+        try:
+            return client.request("POST", registrations_path(namespace), body=body)
+        except ApiError as exc:
+            if not _transient(exc.status) or time.monotonic() >= deadline:
+                raise
+            logger.warning("registering %s/%s: %s; retrying in %.1fs", namespace, body["metadata"]["name"], exc, delay)
+        time.sleep(delay)
+        delay = min(delay * 2, 5.0)
 
 
 def client_for(kubeconfig: str | None) -> Rest:

@@ -85,7 +85,7 @@ def test_helm_install_upgrade_and_uninstall_keeping_the_crd(
         f"--set=namePrefix={PREFIX}", "--set=retireGrant.enabled=true", "--set=monitoring.enabled=true",
     )  # fmt: skip
     assert "STATUS: deployed" in installed.stdout and "GRANTED" in installed.stdout
-    kube.kubectl(cluster, "wait", "--for=condition=Established", f"crd/{api.CRD_NAME}", "--timeout=60s")
+    kube.wait_for_crd(cluster)
     # The release's objects, in its namespace, under its prefix; monitoring validated by the real CRDs.
     for kind, name in (
         ("deployment", f"{PREFIX}coroner-operator"),

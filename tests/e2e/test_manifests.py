@@ -42,7 +42,7 @@ def can_i(
 @pytest.fixture
 def plan_only(cluster: Cluster) -> Iterator[Cluster]:
     apply_overlay(cluster, "plan-only")
-    kube.kubectl(cluster, "wait", "--for=condition=Established", f"crd/{api.CRD_NAME}", "--timeout=60s")
+    kube.wait_for_crd(cluster)
     # The retire grant is removed by deleting the component's objects, exactly as reverting the
     # GitOps commit that added it would prune them.
     kube.kubectl(cluster, "delete", "clusterrolebinding", "coroner-operator-retire", "--ignore-not-found")
@@ -237,4 +237,4 @@ def test_delete_overlays_leaves_nothing_behind(cluster: Cluster) -> None:
     assert kube.kubectl(cluster, "get", "namespace", SYSTEM, check=False).returncode != 0
     # Later tests share this cluster: put the API back.
     apply_overlay(cluster, "plan-only")
-    kube.kubectl(cluster, "wait", "--for=condition=Established", f"crd/{api.CRD_NAME}", "--timeout=60s")
+    kube.wait_for_crd(cluster)

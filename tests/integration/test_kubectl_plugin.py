@@ -74,7 +74,7 @@ def one_clear_sentence(result: subprocess.CompletedProcess[str]) -> str:
 def installed(cluster: Cluster) -> Cluster:
     """The plan-only overlay, as a cluster admin installs it first."""
     kube.kubectl(cluster, "apply", "-k", str(kube.MANIFESTS / "overlays" / "plan-only"))
-    kube.kubectl(cluster, "wait", "--for=condition=Established", f"crd/{api.CRD_NAME}", "--timeout=60s")
+    kube.wait_for_crd(cluster)
     return cluster
 
 

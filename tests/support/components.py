@@ -32,7 +32,7 @@ def install(cluster: Cluster, *, grant: bool, node_loss: bool = False) -> None:
     if node_loss:
         overlay = _with_node_loss(cluster, overlay)
     kube.kubectl(cluster, "apply", "-k", str(overlay))
-    kube.kubectl(cluster, "wait", "--for=condition=Established", f"crd/{api.CRD_NAME}", "--timeout=60s")
+    kube.wait_for_crd(cluster)
     if not grant:
         kube.kubectl(cluster, "delete", "clusterrolebinding", "coroner-operator-retire", "--ignore-not-found")
 

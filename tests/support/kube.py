@@ -60,6 +60,10 @@ def install_api(cluster: Cluster) -> None:
         "-f",
         str(MANIFESTS / "base" / "admission-policies.yaml"),
     )
+    wait_for_crd(cluster)
+
+
+def wait_for_crd(cluster: Cluster) -> None:
     kubectl(cluster, "wait", "--for=condition=Established", f"crd/{api.CRD_NAME}", "--timeout=60s")
 
 
@@ -103,10 +107,21 @@ def custom(client: k8s.ApiClient) -> k8s.CustomObjectsApi:
 
 
 def create_registration(client: k8s.ApiClient, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-    created: dict[str, Any] = custom(client).create_namespaced_custom_object(
-        api.GROUP, api.VERSION, namespace, api.PLURAL, body
-    )
-    return created
+    """Creates, again while the API server answers 503: a MutatingAdmissionPolicy needs the CRD's
+    schema, which the server publishes some moments after Established — after clean_slate deletes
+    and re-creates the CRD, a create can be refused so for seconds (test_helm failed so in CI, and
+    the launcher outlasts it the same way)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            created: dict[str, Any] = custom(client).create_namespaced_custom_object(
+                api.GROUP, api.VERSION, namespace, api.PLURAL, body
+            )
+            return created
+        except ApiException as exc:
+            if exc.status != 503 or time.monotonic() > deadline:
+                raise
+        time.sleep(0.2)
 
 
 def get_registration(client: k8s.ApiClient, namespace: str, name: str) -> dict[str, Any]:

@@ -9,6 +9,7 @@ import pathlib
 import pytest
 
 from coroner import launcher
+from coroner.core import procfs
 
 pytestmark = pytest.mark.unit
 
@@ -60,3 +61,51 @@ def test_run_starts_no_worker_without_a_client(tmp_path: pathlib.Path) -> None:
             kubeconfig=str(kubeconfig(tmp_path, {"exec": {"command": "aws"}})),
         )
     assert not marker.exists()
+
+
+class Flaky:
+    """A client whose POSTs are answered with `statuses` first (the API server warming up after a
+    CRD was created: 503 "Resource kind ... not found"), then created."""
+
+    def __init__(self, *statuses: int) -> None:
+        self.statuses = list(statuses)
+        self.posts = 0
+
+    def request(self, method: str, path: str, **kwargs: object) -> dict[str, object]:
+        assert method == "POST"
+        self.posts += 1
+        if self.statuses:
+            raise launcher.ApiError(self.statuses.pop(0), "Service Unavailable", "not yet")
+        return dict(kwargs["body"])  # type: ignore[call-overload]
+
+
+def _register(client: Flaky) -> launcher.Held:
+    return launcher.register(
+        client=client,  # type: ignore[arg-type]
+        namespace="n",
+        node_name="node-a",
+        incarnation=procfs.ProcessIncarnation(boot_id="b", pid_namespace=4026531836, pid=7, start_time=1, host_id="h"),
+        name="w",
+    )
+
+
+def test_registration_outlasts_a_busy_or_warming_api_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(launcher.time, "sleep", lambda _seconds: None)
+    client = Flaky(503, 429, 500)
+    assert _register(client).name == "w"
+    assert client.posts == 4
+
+
+def test_registration_gives_up_on_a_server_that_stays_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = iter(range(0, 10_000, 5))
+    monkeypatch.setattr(launcher.time, "monotonic", lambda: float(next(clock)))
+    monkeypatch.setattr(launcher.time, "sleep", lambda _seconds: None)
+    with pytest.raises(launcher.RegistrationError, match=r"n/w failed: 503 .*still unavailable after"):
+        _register(Flaky(*[503] * 100))
+
+
+def test_a_refusal_is_not_retried() -> None:
+    client = Flaky(422)
+    with pytest.raises(launcher.RegistrationError, match="422"):
+        _register(client)
+    assert client.posts == 1
