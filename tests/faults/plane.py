@@ -132,7 +132,9 @@ class Agent:
         self.skew = skew
         env = {"POD_NAME": f"agent-{self.name}-{self.incarnations}"}
         if skew:
-            env |= {"PYTHONPATH": str(SKEW_PATH), "CORONER_FAULTS_CLOCK_SKEW_SECONDS": str(skew)}
+            # Prepended: a run from a copy of the tree puts its own sources on PYTHONPATH too.
+            path = os.pathsep.join(filter(None, (str(SKEW_PATH), os.environ.get("PYTHONPATH"))))
+            env |= {"PYTHONPATH": path, "CORONER_FAULTS_CLOCK_SKEW_SECONDS": str(skew)}
         argv = components.agent_argv(
             self.kubeconfig,
             node=self.name,
