@@ -203,11 +203,30 @@ class Agent:
         return self.boot_id
 
 
+#: Leader election as the manifests run it (2 replicas, --leader-elect), on the harness's short clock
+#: (like the agents' Leases: a takeover observable in seconds, not client-go's 15 s).
+LEADER_ELECTION = (
+    "--leader-elect",
+    "--leader-elect-lease-duration=5",
+    "--leader-elect-renew-deadline=3",
+    "--leader-elect-retry-period=1",
+)
+
+
 class Operator:
-    def __init__(self, plane: Plane, index: int) -> None:
+    def __init__(self, plane: Plane, index: int, *, leader_elect: bool = False) -> None:
         self.index = index
-        self.log = plane.work / f"operator-{plane.suffix}-{index}.log"
-        self.proc = _spawn(components.operator_argv(plane.operator_kubeconfig), log=self.log)
+        self.identity = f"operator-{plane.suffix}-{index}"
+        self.log = plane.work / f"{self.identity}.log"
+        extra = LEADER_ELECTION if leader_elect else ()
+        argv = components.operator_argv(plane.operator_kubeconfig, *extra)
+        self.proc = _spawn(argv, log=self.log, env={"POD_NAME": self.identity})
+
+    @property
+    def leads(self) -> bool:
+        """Its log says it leads, and not since that it stopped (a plain operator never says either)."""
+        text = self.log.read_text(errors="replace")
+        return text.rfind(f"{self.identity} leads") > text.rfind(f"{self.identity} stopped leading")
 
     @property
     def running(self) -> bool:
@@ -334,9 +353,9 @@ class Plane:
 
     # --- operators -------------------------------------------------------------------------------
 
-    def start_operator(self) -> Operator:
+    def start_operator(self, *, leader_elect: bool = False) -> Operator:
         self._operator_index += 1
-        operator = Operator(self, self._operator_index)
+        operator = Operator(self, self._operator_index, leader_elect=leader_elect)
         self.operators.append(operator)
         self.operator_logs.append(operator.log)
         return operator
@@ -355,6 +374,18 @@ class Plane:
         self.operators = [o for o in self.operators[:1] if o.running]
         if not self.operators:
             self.start_operator()
+
+    def replace_operators(self, count: int, *, leader_elect: bool) -> list[Operator]:
+        """Stops every operator and starts `count` new ones (the same image, the same identity)."""
+        for operator in self.operators:
+            operator.stop()
+        self.operators = []
+        if leader_elect:
+            # A plain operator's Lease names no elector and lasts 3 resyncs (minutes): as on a fresh
+            # install, the replicas find none (an upgrade from a plain operator waits it out once).
+            with contextlib.suppress(ApiException):
+                k8s.CoordinationV1Api(self.admin).delete_namespaced_lease(api.OPERATOR_LEASE, api.SYSTEM_NAMESPACE)
+        return [self.start_operator(leader_elect=leader_elect) for _ in range(count)]
 
     # --- the retire grant ------------------------------------------------------------------------
 

@@ -26,7 +26,14 @@ WEIGHTS = {name: 1.0 for name in FAULTS if name not in ("none", "selftest")} | {
 #: Pairs of faults that cannot share a trial: both restart the API server; or one needs a view the
 #: other resets (a restarted operator or a relisting agent sees the present, not the withheld past;
 #: a revoked grant means no retirement is tried on the stale view); or both kill the operator.
-_RESETS_OPERATOR_VIEW = ("operator_sigkill", "two_operators", "apiserver_restart", "watch_expiry", "crash_after_write")
+_RESETS_OPERATOR_VIEW = (
+    "operator_sigkill",
+    "two_operators",
+    "leader_kill",
+    "apiserver_restart",
+    "watch_expiry",
+    "crash_after_write",
+)
 EXCLUSIVE = [
     {"apiserver_restart", "watch_expiry"},
     *({view, other} for view in ("stale_view_operator", "unobserved_operator") for other in _RESETS_OPERATOR_VIEW),
@@ -38,6 +45,7 @@ EXCLUSIVE = [
     {"stale_view_operator", "grant_revoked"},
     {"crash_after_write", "operator_sigkill"},
     {"crash_after_write", "two_operators"},
+    *({"leader_kill", other} for other in ("operator_sigkill", "two_operators", "crash_after_write")),
 ]
 
 

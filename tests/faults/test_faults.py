@@ -69,6 +69,7 @@ ALONE = [
     ("crash_after_write:retirement", 127),
     ("crash_after_write:event", 128),
     ("agent_crash_after_write", 129),
+    ("leader_kill", 130),
 ]
 COMBINED = [
     (["pid_reuse:killed", "grant_revoked", "heartbeat_race"], 201),

@@ -4,8 +4,8 @@ base        Fault (a fault's part in each phase), the registry FAULTS, @fault
 processes   pid_reuse, boot_id_change, zombie
 agents      agent_sigkill, agent_sigstop, agent_partition, agent_restart, agent_clock_skew,
             worker_clock_skew
-control     operator_sigkill, two_operators, apiserver_restart, watch_expiry, grant_revoked,
-            mass_death
+control     operator_sigkill, two_operators, leader_kill, apiserver_restart, watch_expiry,
+            grant_revoked, mass_death
 writes      heartbeat_race, foreign_attestation, worker_attestation, malformed
 sieve       Sieve's three patterns on the real control plane: stale_view, unobserved_state,
             crash_after_write (see docs/faults.md)

@@ -67,6 +67,55 @@ class TwoOperators(Fault):
         self.facts["cas_conflicts"] = text.count(f"retire conflict workerregistration={self.trial.namespace}/")
 
 
+@fault("leader_kill")
+class LeaderKill(Fault):
+    """Two replicas with leader election, as the manifests run them; SIGKILL the leader in the middle
+    of a burst of deaths. The standby leads once the Lease expires and retires what is left; anything
+    the killed leader wrote is fenced by the resourceVersion test like any other writer's."""
+
+    cluster_wide = True
+
+    def plan(self) -> None:
+        self.variant = self.pick(["at-first-retirement", "random-delay"])
+        for i in range(self.rng.randint(6, 12)):
+            self.trial.add(self.trial.rng.choice(self.trial.nodes), "sleep", victim=True, tag=f"burst{i}")
+
+    def arm(self) -> None:
+        self.pair = self.trial.plane.replace_operators(2, leader_elect=True)
+        deadline = time.monotonic() + 60
+        while not any(o.leads for o in self.pair):
+            if time.monotonic() > deadline:
+                self.failures.append("neither replica led within 60 s")
+                return
+            time.sleep(0.05)
+        time.sleep(1.0)  # the leader's watches are listed once it leads
+
+    def after(self) -> None:
+        leader = next((o for o in self.pair if o.leads), None)
+        if leader is None:
+            self.failures.append("no replica led when the leader was to be killed")
+            return
+        if self.variant == "at-first-retirement":
+            needle = f"retired workerregistration={self.trial.namespace}/"
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and needle not in leader.log.read_text(errors="replace"):
+                time.sleep(0.005)
+        else:
+            time.sleep(self.rng.uniform(0.0, 0.6))
+        leader.kill()
+        killed_at = time.monotonic()
+        self.trial.note(f"leader {leader.identity} SIGKILLed")
+        standby = next(o for o in self.pair if o is not leader)
+        while not standby.leads and time.monotonic() - killed_at < 60:
+            time.sleep(0.05)
+        self.facts["takeover_seconds"] = round(time.monotonic() - killed_at, 2)
+        if not standby.leads:
+            self.failures.append(f"the standby {standby.identity} did not lead within 60 s of the leader's SIGKILL")
+
+    def heal(self) -> None:
+        self.trial.plane.replace_operators(1, leader_elect=False)
+
+
 @fault("apiserver_restart")
 class ApiserverRestart(Fault):
     """The kube-apiserver stopped (SIGTERM or a crash) and started again on the same port, right
