@@ -43,7 +43,7 @@ from typing import Any
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-import common  # noqa: E402  (bench/common.py: machine facts and versions, shared by every bench)
+from harness.machine import machine_info, versions  # noqa: E402
 
 from faults import runner  # noqa: E402
 from faults.plane import Plane  # noqa: E402
@@ -160,8 +160,8 @@ def main() -> int:
             "rounds_run": state["rounds"],
             "load_average": list(os.getloadavg()),
             "plane_directory": str(directory),
-            "machine": common.machine_info(),
-            "versions": common.versions(),
+            "machine": machine_info(),
+            "versions": versions(),
             "command": command,
             "started": started_at,
             "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
