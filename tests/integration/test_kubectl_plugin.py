@@ -665,6 +665,64 @@ def test_doctor_reports_the_retire_grant_and_registrations_blocked_or_unattested
     assert dead_row not in checks["blocked"]["objects"]
 
 
+def test_doctor_reviews_the_grant_of_a_name_prefixed_operator(installed: Cluster, admin: k8s.ApiClient) -> None:
+    """A Helm release with namePrefix (charts/coroner) runs its operator as `<prefix>coroner-operator`
+    and binds `<prefix>coroner-operator-retire` to it: doctor pointed at that release's namespace
+    reviews that ServiceAccount's grant, learned from the operator's Deployment there (issue 18)."""
+    system, prefix = f"prefixed-{SUFFIX}", "team-a-"
+    account = f"{prefix}coroner-operator"
+    user = f"system:serviceaccount:{system}:{account}"
+    labels = {"app.kubernetes.io/name": "coroner-operator"}
+    rbac = k8s.RbacAuthorizationV1Api(admin)
+    kube.kubectl(installed, "create", "namespace", system)
+    try:
+        k8s.AppsV1Api(admin).create_namespaced_deployment(
+            system,
+            {
+                "metadata": {"name": account},
+                "spec": {
+                    "replicas": 0,
+                    "selector": {"matchLabels": labels},
+                    "template": {
+                        "metadata": {"labels": labels},
+                        "spec": {"serviceAccountName": account, "containers": [{"name": "operator", "image": "x"}]},
+                    },
+                },
+            },
+        )
+        _, checks = doctor(installed, f"--system-namespace={system}")
+        assert checks["retire-grant"]["status"] == "FAIL" and checks["retire-grant"]["objects"] == [user]
+        assert f"from Deployment {system}/{account}" in checks["retire-grant"]["summary"]
+
+        rbac.create_cluster_role(
+            {
+                "metadata": {"name": f"{prefix}coroner-retire-{SUFFIX}"},
+                "rules": [{"apiGroups": [api.GROUP], "resources": [api.PLURAL], "verbs": [api.RETIRE_VERB]}],
+            }
+        )
+        rbac.create_cluster_role_binding(
+            {
+                "metadata": {"name": f"{prefix}coroner-operator-retire-{SUFFIX}"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": f"{prefix}coroner-retire-{SUFFIX}",
+                },
+                "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": system}],
+            }
+        )
+        _, checks = doctor(installed, f"--system-namespace={system}")
+        assert checks["retire-grant"]["status"] == "PASS", checks["retire-grant"]["summary"]
+        assert checks["retire-grant"]["facts"]["user"] == user
+    finally:
+        for kind, name in (
+            ("clusterrolebinding", f"{prefix}coroner-operator-retire-{SUFFIX}"),
+            ("clusterrole", f"{prefix}coroner-retire-{SUFFIX}"),
+            ("namespace", system),
+        ):
+            kube.kubectl(installed, "delete", kind, name, "--ignore-not-found", "--wait=false")
+
+
 # --- the operator's published policy, and node loss -----------------------------------------------
 
 NODE_LOSS_POLICY = json.dumps(

@@ -486,3 +486,94 @@ class TestAgentsOfNodesWithRegistrations:
         assert "22 active registration(s)" in agents.summary
         assert lost.facts["count"] == 22 and "node-a: 22 registration(s)" in lost.summary
         assert NODE_UID  # the registrations name the Node that is gone
+
+
+# --- retire-grant: the grant of the operator doctor is pointed at --------------------------------
+
+
+def operator_deployment(
+    *, name: str = "coroner-operator", service_account: str | None = "coroner-operator", app: str = "coroner-operator"
+) -> dict[str, Any]:
+    """A Deployment in the system namespace as the manifests and the chart render it (prefix in the names)."""
+    pod_spec = {} if service_account is None else {"serviceAccountName": service_account}
+    return {
+        "metadata": {"name": name, "namespace": SYSTEM},
+        "spec": {
+            "selector": {"matchLabels": {"app.kubernetes.io/name": app}},
+            "template": {"metadata": {"labels": {"app.kubernetes.io/name": app}}, "spec": pod_spec},
+        },
+    }
+
+
+SHIPPED_USER = f"system:serviceaccount:{SYSTEM}:coroner-operator"
+PREFIXED = operator_deployment(name="team-a-coroner-operator", service_account="team-a-coroner-operator")
+
+
+class TestRetireGrantOfTheOperatorPointedAt:
+    """A Helm release with namePrefix runs the operator as `<prefix>coroner-operator` and binds
+    `<prefix>coroner-operator-retire` to it: the grant doctor reviews is that ServiceAccount's,
+    learned from the operator's Deployment (`spec.template.spec.serviceAccountName`)."""
+
+    @pytest.mark.parametrize(
+        ("deployments", "user", "learned"),
+        [
+            pytest.param(
+                [PREFIXED], f"system:serviceaccount:{SYSTEM}:team-a-coroner-operator", "Deployment", id="helm-prefix"
+            ),
+            pytest.param([operator_deployment()], SHIPPED_USER, "Deployment", id="kustomize-names"),
+            pytest.param([], SHIPPED_USER, "no operator Deployment", id="no-deployment-manifests-name"),
+            pytest.param(
+                [operator_deployment(name="web", service_account="web", app="web")],
+                SHIPPED_USER,
+                "no operator Deployment",
+                id="other-deployments-ignored",
+            ),
+            pytest.param(
+                [operator_deployment(service_account=None)],
+                f"system:serviceaccount:{SYSTEM}:default",
+                "Deployment",
+                id="no-service-account-is-default",
+            ),
+            pytest.param(
+                plan.Unreadable(reason="deployments.apps is forbidden"),
+                SHIPPED_USER,
+                "deployments.apps is forbidden",
+                id="unreadable-manifests-name-said-so",
+            ),
+        ],
+    )
+    def test_the_operators_service_account_is_reviewed(
+        self, deployments: list[dict[str, Any]] | plan.Unreadable, user: str, learned: str
+    ) -> None:
+        assert doctor.operator_identity(deployments, system_namespace=SYSTEM).user == user
+        check = doctor.check_retire_grant(
+            cluster_wide=False,
+            per_namespace={},
+            expect_plan_only=False,
+            system_namespace=SYSTEM,
+            operator_deployments=deployments,
+        )
+        assert check.status == doctor.CheckStatus.FAIL, check.summary
+        assert check.objects == (user,) and check.facts["user"] == user
+        assert learned in check.facts["userFrom"] and learned in check.summary
+        granted = doctor.check_retire_grant(
+            cluster_wide=True,
+            per_namespace={},
+            expect_plan_only=False,
+            system_namespace=SYSTEM,
+            operator_deployments=deployments,
+        )
+        assert granted.status == doctor.CheckStatus.PASS and user in granted.summary
+
+    def test_two_operators_in_one_namespace_is_unknown_not_a_guess(self) -> None:
+        both = [operator_deployment(), PREFIXED]
+        assert doctor.operator_identity(both, system_namespace=SYSTEM).user is None
+        check = doctor.check_retire_grant(
+            cluster_wide=None,
+            per_namespace={},
+            expect_plan_only=False,
+            system_namespace=SYSTEM,
+            operator_deployments=both,
+        )
+        assert check.status == doctor.CheckStatus.UNKNOWN
+        assert "coroner-operator" in check.summary and "team-a-coroner-operator" in check.summary

@@ -28,7 +28,6 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config import ConfigException
 
-from coroner.cli import doctor as diagnosis
 from coroner.cli import plan as planning
 from coroner.core import api
 from coroner.core import wire as retirement
@@ -270,13 +269,14 @@ class Session:
         }
         return self._review(k8s.AuthorizationV1Api(self.client).create_self_subject_access_review, body)
 
-    def operator_may_retire(self, *, system_namespace: str, namespace: str | None) -> bool | None:
-        """SubjectAccessReview for the operator's ServiceAccount (doctor); None when not allowed to ask."""
+    def operator_may_retire(self, *, user: str, system_namespace: str, namespace: str | None) -> bool | None:
+        """SubjectAccessReview for the operator's ServiceAccount `user` (doctor's `operator_identity`), one of
+        `system_namespace`; None when not allowed to ask."""
         body = {
             "apiVersion": "authorization.k8s.io/v1",
             "kind": "SubjectAccessReview",
             "spec": {
-                "user": diagnosis.operator_username(system_namespace),
+                "user": user,
                 "groups": [
                     "system:serviceaccounts",
                     f"system:serviceaccounts:{system_namespace}",

@@ -71,7 +71,18 @@ def doctor_command(
     nodes = session.read_list(k8s.CoreV1Api(session.client).list_node, what="list nodes")
     leases = session.read_list(coordination.list_lease_for_all_namespaces, what="list leases in every namespace")
 
-    cluster_wide = session.operator_may_retire(system_namespace=system_namespace, namespace=None)
+    deployments = session.read_list(
+        k8s.AppsV1Api(session.client).list_namespaced_deployment,
+        system_namespace,
+        what=f"list deployments in namespace {system_namespace}",
+    )
+    # The reviews are of the operator's own ServiceAccount (a Helm namePrefix renames it).
+    operator_user = diagnosis.operator_identity(deployments, system_namespace=system_namespace).user
+    cluster_wide = (
+        None
+        if operator_user is None
+        else session.operator_may_retire(user=operator_user, system_namespace=system_namespace, namespace=None)
+    )
     plan: Plan | planning.Unreadable
     world: World | planning.Unreadable
     per_namespace: dict[str, bool | None] = {}
@@ -84,9 +95,12 @@ def doctor_command(
     else:
         namespaces = sorted({str((b.get("metadata") or {}).get("namespace") or "") for b in registrations})
         for ns in namespaces:
-            per_namespace[ns] = (
-                True if cluster_wide else session.operator_may_retire(system_namespace=system_namespace, namespace=ns)
-            )
+            if cluster_wide or operator_user is None:
+                per_namespace[ns] = cluster_wide
+            else:
+                per_namespace[ns] = session.operator_may_retire(
+                    user=operator_user, system_namespace=system_namespace, namespace=ns
+                )
         if isinstance(leases, planning.Unreadable) or isinstance(nodes, planning.Unreadable):
             missing = leases if isinstance(leases, planning.Unreadable) else nodes
             assert isinstance(missing, planning.Unreadable)
@@ -110,6 +124,7 @@ def doctor_command(
             policies=policies,
             bindings=bindings,
             operator_lease=operator_lease,
+            operator_deployments=deployments,
             nodes=nodes,
             leases=leases,
             world=world,

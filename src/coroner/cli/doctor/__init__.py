@@ -1,0 +1,121 @@
+"""``kubectl coroner doctor`` without the I/O: one pure function per check, and the one list of them.
+
+Each check reads raw objects as the API returned them (or `Unreadable` where a read failed) and
+the instant `now`, and says PASS, FAIL or UNKNOWN in one line that names the failing objects and
+the fix. UNKNOWN is a fact that could not be read; it is never shown as zero, and never as a pass.
+Registrations are decided exactly as `coroner.cli.plan` decides them, with the policy the operator
+publishes. The I/O shell is `coroner.cli.commands.doctor`.
+
+The checks live by family: `install` (the CRD, the admission policies and their content),
+`operator_lease` (the operator alive, its last sweep), `grant` (the retire verb), `agents`,
+`node_loss`, `registrations` (unattested, blocked); `outcome` is what a check says. `CHECKS` below
+is the one list, in the order doctor shows them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final
+
+from coroner.cli.doctor.agents import check_agents
+from coroner.cli.doctor.grant import check_retire_grant, operator_identity
+from coroner.cli.doctor.install import (
+    ADMISSION_POLICIES,
+    check_admission_content,
+    check_admission_policies,
+    check_crd,
+)
+from coroner.cli.doctor.node_loss import check_node_loss
+from coroner.cli.doctor.operator_lease import LAST_SWEEP_ANNOTATION, check_last_sweep, check_operator_alive
+from coroner.cli.doctor.outcome import Check, CheckStatus, doctor_exit_code, failed, passed
+from coroner.cli.doctor.registrations import check_blocked, check_unattested
+from coroner.cli.plan import PolicyChoice, Unreadable
+from coroner.core.fingerprint import Plan
+from coroner.core.world import World
+
+__all__ = [
+    "ADMISSION_POLICIES",
+    "CHECKS",
+    "LAST_SWEEP_ANNOTATION",
+    "Check",
+    "CheckStatus",
+    "Findings",
+    "Unreadable",
+    "check_admission_content",
+    "check_admission_policies",
+    "check_agents",
+    "check_blocked",
+    "check_crd",
+    "check_last_sweep",
+    "check_node_loss",
+    "check_operator_alive",
+    "check_retire_grant",
+    "check_unattested",
+    "doctor_exit_code",
+    "failed",
+    "operator_identity",
+    "passed",
+    "run_checks",
+]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Findings:
+    """Everything one doctor run read (or could not: `Unreadable`) and was asked: every check's input."""
+
+    crd: Mapping[str, Any] | Unreadable | None
+    policies: Sequence[Mapping[str, Any]] | Unreadable
+    """ValidatingAdmissionPolicies."""
+    bindings: Sequence[Mapping[str, Any]] | Unreadable
+    """ValidatingAdmissionPolicyBindings."""
+    operator_lease: Mapping[str, Any] | Unreadable | None
+    nodes: Sequence[Mapping[str, Any]] | Unreadable
+    leases: Sequence[Mapping[str, Any]] | Unreadable
+    """Every Lease of the cluster."""
+    world: World | Unreadable
+    plan: Plan | Unreadable
+    """Every registration decided with the operator's policy and the operator's retire permission."""
+    operator_deployments: Sequence[Mapping[str, Any]] | Unreadable
+    """The Deployments of the system namespace: the operator's ServiceAccount (`operator_identity`)."""
+    cluster_wide: bool | None
+    """Whether the operator holds retire in every namespace; None: could not be reviewed."""
+    per_namespace: Mapping[str, bool | None]
+    """Whether it holds retire, per namespace with registrations."""
+    policy: PolicyChoice
+    system_namespace: str
+    expect_plan_only: bool
+    attestation_grace_seconds: float
+    now: datetime.datetime
+
+
+#: The checks, in the order doctor shows them. A new check is one pure function of `Findings`
+#: returning a `Check` (built with `passed`, `failed` or `unknown`) and one entry here.
+CHECKS: Final[tuple[Callable[[Findings], Check], ...]] = (
+    lambda f: check_crd(f.crd),
+    lambda f: check_admission_policies(policies=f.policies, bindings=f.bindings),
+    lambda f: check_admission_content(policies=f.policies, bindings=f.bindings, system_namespace=f.system_namespace),
+    lambda f: check_operator_alive(lease=f.operator_lease, system_namespace=f.system_namespace, now=f.now),
+    lambda f: check_last_sweep(lease=f.operator_lease, system_namespace=f.system_namespace),
+    lambda f: check_retire_grant(
+        cluster_wide=f.cluster_wide,
+        per_namespace=f.per_namespace,
+        expect_plan_only=f.expect_plan_only,
+        system_namespace=f.system_namespace,
+        operator_deployments=f.operator_deployments,
+    ),
+    lambda f: check_agents(nodes=f.nodes, leases=f.leases, system_namespace=f.system_namespace, now=f.now, plan=f.plan),
+    lambda f: check_node_loss(
+        world=f.world, plan=f.plan, policy=f.policy, system_namespace=f.system_namespace, now=f.now
+    ),
+    lambda f: check_unattested(plan=f.plan, now=f.now, grace_seconds=f.attestation_grace_seconds),
+    lambda f: check_blocked(
+        plan=f.plan, expect_plan_only=f.expect_plan_only, permission_known=f.cluster_wide is not None
+    ),
+)
+
+
+def run_checks(findings: Findings, checks: Sequence[Callable[[Findings], Check]] = CHECKS) -> list[Check]:
+    """Every check of `checks` on one doctor run's findings, in order."""
+    return [check(findings) for check in checks]

@@ -1,0 +1,75 @@
+"""What a doctor check says: PASS, FAIL or UNKNOWN in one line, the objects it names, its facts.
+
+Every check module builds its `Check` with `passed`, `failed` or `unknown`; the small readers of raw
+API objects they share are here too, so that each is written once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import enum
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from coroner.core import model
+
+
+class CheckStatus(enum.StrEnum):
+    """A doctor check's outcome; UNKNOWN is a fact that could not be read, never a pass."""
+
+    PASS = "PASS"
+    FAIL = "FAIL"
+    UNKNOWN = "UNKNOWN"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Check:
+    """One doctor check: its status, one line for a person, the objects it names, its facts."""
+
+    name: str
+    status: CheckStatus
+    summary: str
+    objects: tuple[str, ...] = ()
+    facts: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def passed(name: str, summary: str, *, facts: Mapping[str, Any] | None = None) -> Check:
+    """A PASS line."""
+    return Check(name=name, status=CheckStatus.PASS, summary=summary, facts=facts or {})
+
+
+def failed(name: str, summary: str, *, objects: Sequence[str] = (), facts: Mapping[str, Any] | None = None) -> Check:
+    """A FAIL line naming the failing `objects`."""
+    return Check(name=name, status=CheckStatus.FAIL, summary=summary, objects=tuple(objects), facts=facts or {})
+
+
+def unknown(name: str, summary: str, *, objects: Sequence[str] = (), facts: Mapping[str, Any] | None = None) -> Check:
+    """An UNKNOWN line: a fact that could not be read (never a pass, never zero)."""
+    return Check(name=name, status=CheckStatus.UNKNOWN, summary=summary, objects=tuple(objects), facts=facts or {})
+
+
+def doctor_exit_code(checks: Sequence[Check]) -> int:
+    """1 when any check FAILs; UNKNOWN alone does not fail (it is reported, not guessed)."""
+    return 1 if any(check.status == CheckStatus.FAIL for check in checks) else 0
+
+
+def condition_status(status: object, condition_type: str) -> str | None:
+    """The status of the condition `condition_type` in an object's raw status; None if absent."""
+    if not isinstance(status, Mapping):
+        return None
+    for item in status.get("conditions") or []:
+        if isinstance(item, Mapping) and item.get("type") == condition_type:
+            value = item.get("status")
+            return value if isinstance(value, str) else None
+    return None
+
+
+def object_name(body: Mapping[str, Any]) -> str:
+    """metadata.name of a raw object ("" when absent)."""
+    return str((body.get("metadata") or {}).get("name") or "")
+
+
+def stamp(moment: datetime.datetime | None) -> str | None:
+    """`moment` as the API writes times; None stays None (unknown, never a made-up time)."""
+    return None if moment is None else model.format_time(moment)

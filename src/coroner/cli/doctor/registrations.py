@@ -1,0 +1,101 @@
+"""Doctor's registration checks: registrations stuck unattested, and dead ones blocked by a fixable cause."""
+
+from __future__ import annotations
+
+import datetime
+
+from coroner.cli.doctor.outcome import Check, failed, passed, unknown
+from coroner.cli.plan import Unreadable, display, names_text
+from coroner.core import model
+from coroner.core.fingerprint import Plan, PlanEntry
+from coroner.core.reasons import Reason
+
+
+def blocked(entry: PlanEntry) -> bool:
+    """Dead by evidence the decision accepted, yet preserved by a line where time alone will not help.
+
+    Death evidence is established before the agent, heartbeat, conflict, Lease and permission lines
+    of the conjunction; of those, only HeartbeatNotExpired resolves by the clock. The others need
+    someone to act (grant retire, repair an agent, release a Lease, resolve a conflict).
+    """
+    decision = entry.decision
+    return (
+        decision.death_evidence is not None
+        and not decision.retirable
+        and decision.reason not in (Reason.HEARTBEAT_NOT_EXPIRED, Reason.ALREADY_TERMINAL)
+    )
+
+
+def check_unattested(*, plan: Plan | Unreadable, now: datetime.datetime, grace_seconds: float) -> Check:
+    """Active registrations still without their agent's attestation after a grace period."""
+    name = "unattested"
+    if isinstance(plan, Unreadable):
+        return unknown(name, f"registrations could not be read: {plan.reason}")
+    grace = datetime.timedelta(seconds=grace_seconds)
+    stuck = [
+        entry
+        for entry in plan.entries
+        if entry.decision.reason == Reason.ATTESTATION_MISSING
+        and (entry.registration.creation_time is None or now - entry.registration.creation_time >= grace)
+    ]
+    named = [display(model.key_of(entry.registration)) for entry in stuck]
+    facts = {"count": len(stuck), "graceSeconds": grace_seconds, "registrations": named}
+    if stuck:
+        nodes = sorted({entry.registration.node_name or "?" for entry in stuck})
+        return failed(
+            name,
+            f"{len(stuck)} registration(s) unattested for over {grace_seconds:g}s: {names_text(named)} "
+            f"(node(s) {names_text(nodes)}); check the agents of those nodes.",
+            objects=tuple(f"workerregistration/{n}" for n in named),
+            facts=facts,
+        )
+    return passed(
+        name, f"0 of {len(plan.entries)} registration(s) unattested for over {grace_seconds:g}s.", facts=facts
+    )
+
+
+def check_blocked(*, plan: Plan | Unreadable, expect_plan_only: bool, permission_known: bool = True) -> Check:
+    """Registrations the operator would retire but for something a person must fix.
+
+    `plan` must be decided with the operator's retire permission; where that permission could not
+    be reviewed (`permission_known` False), RetirePermissionMissing rows are unknown, not blocked.
+    """
+    name = "blocked"
+    if isinstance(plan, Unreadable):
+        return unknown(name, f"registrations could not be read: {plan.reason}")
+    found = [entry for entry in plan.entries if blocked(entry)]
+    by_reason: dict[str, list[str]] = {}
+    for entry in found:
+        by_reason.setdefault(entry.decision.reason.value, []).append(display(model.key_of(entry.registration)))
+    waiting = (
+        by_reason.pop(Reason.RETIRE_PERMISSION_MISSING.value, []) if expect_plan_only or not permission_known else []
+    )
+    expected = waiting if permission_known else []
+    unreviewed = [] if permission_known else waiting
+    facts = {
+        "count": sum(len(names) for names in by_reason.values()),
+        "byReason": by_reason,
+        "expectedPlanOnly": expected,
+        "operatorPermissionUnknown": unreviewed,
+    }
+    if by_reason:
+        described = "; ".join(
+            f"{reason} {len(names)}: {names_text(names)}" for reason, names in sorted(by_reason.items())
+        )
+        return failed(
+            name,
+            f"{facts['count']} dead registration(s) preserved by a fixable cause: {described}. "
+            f"`kubectl coroner plan` explains each.",
+            objects=tuple(f"workerregistration/{n}" for names in by_reason.values() for n in names),
+            facts=facts,
+        )
+    if unreviewed:
+        return unknown(
+            name,
+            f"{len(unreviewed)} dead registration(s) wait for the retire verb, and whether the operator "
+            f"holds it could not be reviewed: {names_text(unreviewed)}.",
+            objects=tuple(f"workerregistration/{n}" for n in unreviewed),
+            facts=facts,
+        )
+    tail = f" ({len(expected)} waiting for retire, plan-only as expected)" if expected else ""
+    return passed(name, f"0 of {len(plan.entries)} registration(s) retirable-but-blocked{tail}.", facts=facts)
