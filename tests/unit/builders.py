@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import copy
 import datetime
+import functools
+import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
+
+import yaml
 
 from coroner.core.decision import AgentFacts, Decision, Facts, LeaseFacts, NodeFacts, Policy, decide
 from coroner.core.model import Registration, format_time, parse_registration
@@ -236,8 +240,10 @@ def make_facts(
     leases: Sequence[LeaseFacts] = (),
     peers: Sequence[Registration] = (),
     retire_permission: bool | None = True,
+    admission_unverified: Sequence[str] = (),
 ) -> Facts:
-    """Facts in which the default registration is retirable: live agent, its Node, the grant."""
+    """Facts in which the default registration is retirable: live agent, its Node, the grant, the
+    admission policies verified."""
     agents = {} if agent is None else {NODE: make_agent() if isinstance(agent, _Default) else agent}
     nodes = {} if node is None else {NODE: make_node() if isinstance(node, _Default) else node}
     return Facts(
@@ -246,6 +252,7 @@ def make_facts(
         protecting_leases=tuple(leases),
         peers=tuple(peers),
         retire_permission=retire_permission,
+        admission_unverified=tuple(admission_unverified),
     )
 
 
@@ -276,3 +283,15 @@ def decide_raw(
 ) -> Decision:
     """Parse and decide in one step."""
     return decide(registration=parse_registration(obj), facts=facts or make_facts(), policy=policy or Policy(), now=now)
+
+
+@functools.cache
+def _shipped_admission_policies() -> tuple[dict[str, Any], ...]:
+    path = pathlib.Path(__file__).resolve().parents[2] / "manifests" / "base" / "admission-policies.yaml"
+    return tuple(d for d in yaml.safe_load_all(path.read_text()) if d)
+
+
+def shipped_admission_policies() -> list[dict[str, Any]]:
+    """The admission policies and bindings as manifests/base ships them: what the operator lists
+    on a cluster whose policies are intact (a fresh copy each call)."""
+    return copy.deepcopy(list(_shipped_admission_policies()))

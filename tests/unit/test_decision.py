@@ -59,6 +59,10 @@ ALIVE: dict[str, Any] = {"verdict": "Alive", "evidence": "PidfdPinned"}
 EXPIRED_AGENT = make_agent(renewed_at=NOW - 100 * S)
 #: Abrupt node loss: workers and agent killed at once, the Node deleted past the quarantine.
 LOST_FACTS = make_facts(agent=EXPIRED_AGENT, node=GONE)
+#: What the operator records when its admission policies are not as shipped (Comparison.names()).
+MISSING_BINDING = "ValidatingAdmissionPolicyBinding/coroner-retire-requires-evidence (missing)"
+DIFFERING_POLICY = "ValidatingAdmissionPolicy/coroner-status-fields-by-identity (differs)"
+UNREADABLE = "the admission policies could not be read (403 Forbidden: no list)"
 
 
 def case(
@@ -619,7 +623,35 @@ REASON_CASES = [
         "lease-duration-unknown",
         facts=make_facts(leases=[make_lease(lease_duration_seconds=None)]),
     ),
-    # --- 14. retire permission -----------------------------------------------------------------
+    # --- 15. admission policies verified (the operator fails closed) --------------------------
+    case(
+        Reason.ADMISSION_POLICIES_UNVERIFIED,
+        "admission-binding-missing",
+        facts=make_facts(admission_unverified=[MISSING_BINDING]),
+    ),
+    case(
+        Reason.ADMISSION_POLICIES_UNVERIFIED,
+        "admission-policy-differs",
+        facts=make_facts(admission_unverified=[DIFFERING_POLICY, MISSING_BINDING]),
+    ),
+    case(
+        Reason.ADMISSION_POLICIES_UNVERIFIED,
+        "admission-unreadable",
+        facts=make_facts(admission_unverified=[UNREADABLE]),
+    ),
+    case(
+        Reason.ADMISSION_POLICIES_UNVERIFIED,
+        "admission-unverified-ahead-of-the-permission",
+        facts=make_facts(admission_unverified=[MISSING_BINDING], retire_permission=None),
+    ),
+    case(
+        Reason.ADMISSION_POLICIES_UNVERIFIED,
+        "admission-unverified-node-deleted",
+        registration={"attested": False},
+        facts=dataclasses.replace(GONE_FACTS, admission_unverified=(MISSING_BINDING,)),
+        policy=NODE_DELETION,
+    ),
+    # --- 16. retire permission -----------------------------------------------------------------
     case(Reason.RETIRE_PERMISSION_MISSING, "permission-unknown", facts=make_facts(retire_permission=None)),
     case(Reason.RETIRE_PERMISSION_MISSING, "permission-denied", facts=make_facts(retire_permission=False)),
     case(
@@ -804,6 +836,19 @@ class TestDecisionContents:
         assert decision.reason is Reason.RETIRE_PERMISSION_MISSING
         assert decision.death_evidence is Evidence.PROC_ABSENT
 
+    def test_unverified_admission_names_the_objects_and_the_death_path(self) -> None:
+        facts = make_facts(admission_unverified=[DIFFERING_POLICY, MISSING_BINDING])
+        decision = decide_raw(make_registration(evidence="ProcAbsent"), facts=facts)
+        assert decision.reason is Reason.ADMISSION_POLICIES_UNVERIFIED
+        assert not decision.retirable
+        assert decision.death_evidence is Evidence.PROC_ABSENT
+        assert DIFFERING_POLICY in decision.detail and MISSING_BINDING in decision.detail
+        assert "plan-only" in decision.detail and "ProcAbsent" in decision.detail
+        assert decision.evidence["admissionUnverified"] == [DIFFERING_POLICY, MISSING_BINDING]
+
+    def test_verified_admission_is_not_in_the_evidence(self) -> None:
+        assert "admissionUnverified" not in decide_raw(make_registration()).evidence
+
     def test_preserve_detail_says_what_would_change_it(self) -> None:
         decision = decide_raw(make_registration(verdict="Alive", evidence="PidfdPinned"))
         assert "alive" in decision.detail and "Dead" in decision.detail
@@ -926,6 +971,10 @@ def _no_permission(parts: dict[str, Any]) -> None:
     parts["retire_permission"] = None
 
 
+def _admission_unverified(parts: dict[str, Any]) -> None:
+    parts["admission_unverified"] = (MISSING_BINDING,)
+
+
 #: In conjunction order; when several are combined, the first must win.
 FAULTS = [
     Fault(Reason.ALREADY_TERMINAL, {"status.conditions": [condition("Released", "True")]}),
@@ -954,6 +1003,7 @@ FAULTS = [
         facts=_add_peer(make_peer(name="session-twin", client_instance_id="inst-twin", pid=5001, verdict="Alive")),
     ),
     Fault(Reason.PROTECTED_LEASE_HOLDER, facts=_add_lease),
+    Fault(Reason.ADMISSION_POLICIES_UNVERIFIED, facts=_admission_unverified),
     Fault(Reason.RETIRE_PERMISSION_MISSING, facts=_no_permission),
 ]
 
@@ -1129,6 +1179,7 @@ def states(draw: st.DrawFn) -> State:
         protecting_leases=() if draw(keep) else tuple(draw(LEASES)),
         peers=() if draw(keep) else tuple(draw(PEERS)),
         retire_permission=True if draw(keep) else draw(st.sampled_from([True, False, None])),
+        admission_unverified=() if draw(keep) else draw(st.sampled_from([(), (MISSING_BINDING,), (UNREADABLE,)])),
     )
     policy = policy if draw(keep) else draw(POLICIES)
     now = NOW if draw(keep) else NOW + draw(OFFSETS)
@@ -1156,6 +1207,7 @@ def test_eligibility_implies_every_requirement(state: State) -> None:
     # has no silence to wait for.
     assert not r.heartbeat.declared or silence >= datetime.timedelta(0)
     assert state.facts.retire_permission is True
+    assert not state.facts.admission_unverified
     assert decision.death_evidence is not None and decision.death_evidence.proves_death
     holders = {r.name, r.client_instance_id, r.session_id} - {None}
     for lease in state.facts.protecting_leases:
@@ -1251,6 +1303,8 @@ def _unknowings(state: State) -> Iterator[tuple[str, State]]:
         yield f"{path} unreadable", dataclasses.replace(state, obj=obj)
     facts = state.facts
     yield "permission unknown", dataclasses.replace(state, facts=dataclasses.replace(facts, retire_permission=None))
+    unread = dataclasses.replace(facts, admission_unverified=(UNREADABLE,))
+    yield "admission policies unread", dataclasses.replace(state, facts=unread)
     if "attestation" in state.obj.get("status", {}):
         # On the attested path the agent Lease is positive evidence (on the node path it is doubt).
         # Its absence is also what lets node-level evidence speak, so it goes with the Node's facts.

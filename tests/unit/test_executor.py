@@ -18,7 +18,7 @@ from coroner_operator.app import Operator
 from coroner_operator.executor import RetireFailed
 from coroner_operator.metrics import Metrics
 from coroner_operator.settings import OperatorSettings
-from unit.builders import NAME, NAMESPACE, make_registration
+from unit.builders import NAME, NAMESPACE, make_registration, shipped_admission_policies
 
 pytestmark = pytest.mark.unit
 
@@ -46,6 +46,9 @@ class FakeKube:
 
     async def list_leases(self, *, namespace: str) -> list[dict[str, Any]]:
         return self.leases
+
+    async def list_admission_policies(self) -> list[dict[str, Any]]:
+        return shipped_admission_policies()  # intact: the operator may retire
 
     async def get_node(self, *, name: str) -> dict[str, Any] | None:
         return None

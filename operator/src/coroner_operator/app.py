@@ -5,7 +5,8 @@ watch events ─▶ inputs ─▶ World (the cache)          runtime (coroner.ru
                                                           │ reconcile(key)
                      reconciler: gather facts ─▶ step (pure) ─▶ Effects ─▶ executor ─▶ API
                                                                            └─ retire protocol
-services: sweeper (periodic re-decision + the operator Lease), permission refresher,
+services: sweeper (periodic re-decision + the operator Lease), permission refresher (the retire
+          verb and the admission policies),
           Event poster (correlated, off the reconcile path), leader elector (with --leader-elect)
 
 Under leader election every replica watches and keeps its cache (World), queue and permission
@@ -91,6 +92,9 @@ class Operator:
             world=world,
             enqueue=self.controller.enqueue,
             interval_seconds=settings.permission_refresh_seconds,
+            system_namespace=settings.system_namespace,
+            node_evidence=policy.node_deletion_evidence or policy.node_out_of_service_evidence,
+            identity=identity,
         )
         self.executor = Executor(
             world=world,

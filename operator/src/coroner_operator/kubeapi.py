@@ -14,15 +14,25 @@ import functools
 import logging
 import uuid
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from coroner.client.rest import ApiError, Rest, leases_path, registrations_path, upsert_lease
-from coroner.core import api
+from coroner.core import admission_digest, api
 from coroner.core import wire as retirement
 from coroner.core.wire import JSON_PATCH
 from coroner.retire import PortError
 
 T = TypeVar("T")
+
+#: The resource of each admission kind `coroner.core.admission_digest` compares (the ClusterRole
+#: grants get/list on exactly these, in admissionregistration.k8s.io/v1).
+ADMISSION_RESOURCES: Final = {
+    "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
+    "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",
+    "MutatingAdmissionPolicy": "mutatingadmissionpolicies",
+    "MutatingAdmissionPolicyBinding": "mutatingadmissionpolicybindings",
+}
+assert tuple(ADMISSION_RESOURCES) == admission_digest.KINDS
 
 logger = logging.getLogger("coroner.operator")
 
@@ -65,6 +75,19 @@ class KubeApi:
             logger.warning("retire capability unknown namespace=%s error=%r", namespace, exc)
             return False
         return (result.get("status") or {}).get("allowed") is True
+
+    async def list_admission_policies(self) -> list[dict[str, Any]]:
+        """Every admission policy and binding of the kinds Coroner ships, each with its `kind` (a
+        list's items carry none). Errors propagate: the caller reads them as "not verified"."""
+        listed = await asyncio.gather(
+            *(self._request("GET", f"/apis/admissionregistration.k8s.io/v1/{plural}")
+              for plural in ADMISSION_RESOURCES.values())
+        )  # fmt: skip
+        return [
+            {**item, "kind": kind}
+            for kind, result in zip(ADMISSION_RESOURCES, listed, strict=True)
+            for item in result.get("items") or []
+        ]
 
     async def get_registration(self, *, namespace: str, name: str) -> dict[str, Any] | None:
         try:

@@ -1,37 +1,73 @@
-"""The permission refresher: whether the operator holds ``retire``, per namespace, kept current.
+"""The permission refresher: whether the operator may retire, kept current.
 
-The first reconcile in a namespace asks (`ensure`); every `interval_seconds` every namespace is
-asked again, and a flip (a grant, or a revocation) reconciles that namespace again: a plan-only
-cluster that grants the verb starts retiring without a restart. The retire protocol asks once more
-right before each write, so a revocation never waits for this loop.
+Two facts, each asked for before the first decision that needs it and again every
+`interval_seconds`; a flip reconciles what it may change, so no restart is ever needed:
+
+* the ``retire`` verb, per namespace: the first reconcile in a namespace asks (`ensure`), a flip (a
+  grant, or a revocation) reconciles that namespace again. The retire protocol asks once more right
+  before each write, so a revocation never waits for this loop.
+* the admission policies and bindings (issue 17, item 3): listed, and compared by content with what
+  the manifests ship (`coroner.core.admission_digest.compare`). While one is missing or differs, or
+  they cannot be read (unknown is never intact), every decision that would retire says
+  AdmissionPoliciesUnverified instead: the operator fails closed. Any change (what is missing or
+  differing, or restored) reconciles every registration again. Right before each retirement the
+  reconciler asks once more (`admission_verified`: a read sent after the decision, shared by every
+  retirement decided before it), so nothing is retired once a weakening is visible in the API.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Final
 
+from coroner.core import admission_digest, api
 from coroner.core.model import Key
 from coroner.core.world import World
-from coroner_operator.kubeapi import KubeApi
+from coroner_operator.freshread import FreshRead
+from coroner_operator.kubeapi import KubeApi, describe
 
 logger = logging.getLogger("coroner.operator")
 
 
 class PermissionRefresher:
-    def __init__(self, *, kube: KubeApi, world: World, enqueue: Callable[[Key], None], interval_seconds: float) -> None:
+    def __init__(
+        self,
+        *,
+        kube: KubeApi,
+        world: World,
+        enqueue: Callable[[Key], None],
+        interval_seconds: float,
+        system_namespace: str = api.SYSTEM_NAMESPACE,
+        node_evidence: bool = False,
+        identity: str = "",
+    ) -> None:
         self.kube = kube
         self.world = world
         self.enqueue = enqueue
         self.interval_seconds = interval_seconds
+        self.system_namespace = system_namespace
+        # The evidence policy as components/node-loss patches it admits node evidence from the
+        # operator: verified only where this operator uses node evidence (the component sets the
+        # flags); for one that does not, it is a rule weaker than it needs.
+        self.alternates: Mapping[tuple[str, str], str] = admission_digest.NODE_LOSS_ALTERNATES if node_evidence else {}
+        self.name_prefix = name_prefix_of(identity, system_namespace=system_namespace)
+        self._admission_checked = False
+        self._admission_lock = asyncio.Lock()
+        self._admission_reads: FreshRead[str, tuple[str, ...]] = FreshRead(self._read_admission)
 
     async def ensure(self, namespace: str) -> None:
-        """Asks once for a namespace never asked about (the decision needs an answer, even "unknown")."""
+        """Asks what was never asked before a decision needs it (an answer, even "unknown")."""
+        if not self._admission_checked:
+            async with self._admission_lock:
+                if not self._admission_checked:
+                    await self.refresh_admission()
         if namespace not in self.world.retire_permission:
             self.world.set_retire_permission(namespace, await self.kube.can_retire(namespace=namespace))
 
     async def refresh(self) -> None:
+        await self.refresh_admission()
         for namespace in self.world.namespaces():
             allowed = await self.kube.can_retire(namespace=namespace)
             if self.world.set_retire_permission(namespace, allowed):
@@ -39,7 +75,56 @@ class PermissionRefresher:
                 for key in self.world.keys_in_namespace(namespace):
                     self.enqueue(key)
 
+    async def refresh_admission(self) -> None:
+        """Lists and compares the admission policies; a change reconciles every registration."""
+        self._record(await self._read_admission(""))
+
+    async def admission_verified(self, *, decided_at: float) -> bool:
+        """Right before a retirement: are the policies verified by a read sent after the decision
+        taken at `decided_at` (a `time.monotonic()` reading)? One read answers every retirement
+        decided before it was sent (`FreshRead`); what it found is recorded like a refresh's."""
+        why = await self._admission_reads.get("", decided_at=decided_at)
+        self._record(why)
+        return not why
+
+    async def _read_admission(self, _: str) -> tuple[str, ...]:
+        """What keeps the policies from being verified (empty: nothing); never raises."""
+        try:
+            listed = await self.kube.list_admission_policies()
+        except Exception as exc:  # HTTP or connection error alike: unknown is never intact
+            return (f"the admission policies could not be read ({describe(exc)})",)
+        comparison = admission_digest.compare(
+            listed, alternates=self.alternates, system_namespace=self.system_namespace, name_prefix=self.name_prefix
+        )
+        return tuple(comparison.names())
+
+    def _record(self, why: tuple[str, ...]) -> None:
+        self._admission_checked = True
+        if not self.world.set_admission_unverified(why):
+            return
+        if why:
+            logger.warning("admission policies not verified, retiring nothing: %s", "; ".join(why))
+        else:
+            logger.info("admission policies verified as shipped")
+        for namespace in self.world.namespaces():
+            for key in self.world.keys_in_namespace(namespace):
+                self.enqueue(key)
+
     async def run(self) -> None:
         while True:
             await asyncio.sleep(self.interval_seconds)
             await self.refresh()
+
+
+#: The operator's ServiceAccount as the manifests name it; the Helm chart may prefix it (namePrefix).
+OPERATOR_SERVICE_ACCOUNT: Final = "coroner-operator"
+
+
+def name_prefix_of(identity: str, *, system_namespace: str) -> str:
+    """The Helm chart's namePrefix, read off the operator's own identity
+    (``system:serviceaccount:<namespace>:<prefix>coroner-operator``): the policies name the
+    operator's and the agent's ServiceAccounts with it. "" for any other identity."""
+    head = f"system:serviceaccount:{system_namespace}:"
+    if identity.startswith(head) and identity.endswith(OPERATOR_SERVICE_ACCOUNT):
+        return identity[len(head) : -len(OPERATOR_SERVICE_ACCOUNT)]
+    return ""

@@ -12,7 +12,9 @@ corroboration window, staleness, a Node's quarantine), not by a per-object timer
 Three phases, one module each:
 
 1. **gather** (here): the facts from the cache (`World.facts_for`) plus the two live reads the
-   decision may need — the namespace's ``retire`` capability the first time it is seen, and a
+   decision may need — the namespace's ``retire`` capability the first time it is seen (and the
+   admission policies before the first decision, `PermissionRefresher.ensure`, and again right
+   before a retirement, `PermissionRefresher.admission_verified`), and a
    live GET of a Node missing from the cache once its quarantine ended (like the pod garbage
    collector: only a 404, or another UID, counts as the Node being gone);
 2. **decide** (`coroner_operator.step.reconcile`): pure, returns `Effects`;
@@ -64,8 +66,15 @@ class Reconciler:
         self.monotonic = monotonic
 
     async def reconcile(self, key: Key) -> Result:
-        decided_at = self.monotonic()  # before the cache is read: the retire fence's reads come after it
-        effects = await self.effects(key)
+        while True:
+            decided_at = self.monotonic()  # before the cache is read: the retire fence's reads come after it
+            effects = await self.effects(key)
+            # A retirement waits for a read of the admission policies sent after its decision; one
+            # that finds them weakened is recorded, and the registration decided again from it.
+            if effects is None or effects.retire is None:
+                break
+            if await self.permissions.admission_verified(decided_at=decided_at):
+                break
         if effects is None:
             self.gauge.set(key, None)
             return Result()

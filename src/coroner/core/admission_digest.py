@@ -211,11 +211,14 @@ def _normalize_expressions(value: Any) -> Any:
     return value
 
 
-def essence(document: Mapping[str, Any], *, system_namespace: str = SHIPPED_NAMESPACE) -> dict[str, Any]:
+def essence(
+    document: Mapping[str, Any], *, system_namespace: str = SHIPPED_NAMESPACE, name_prefix: str = ""
+) -> dict[str, Any]:
     """What decides admission in one policy or binding, defaults filled, messages left out.
 
     `system_namespace`: where this installation runs the operator and agent; their identities in
-    the expressions are read as the shipped ones, so an install in another namespace compares."""
+    the expressions are read as the shipped ones, so an install in another namespace compares.
+    `name_prefix`: the Helm chart's namePrefix, prepended to those ServiceAccounts' names."""
     kind = str(document.get("kind") or "")
     fields = _ESSENTIAL_SPEC.get(kind)
     if fields is None:
@@ -232,6 +235,11 @@ def essence(document: Mapping[str, Any], *, system_namespace: str = SHIPPED_NAME
         kept.setdefault("failurePolicy", "Fail")
         kept.setdefault("reinvocationPolicy", "Never")
     text = json.dumps(_normalize_expressions(kept), sort_keys=True)
+    if name_prefix:
+        text = text.replace(
+            f"system:serviceaccount:{system_namespace}:{name_prefix}coroner-",
+            f"system:serviceaccount:{system_namespace}:coroner-",
+        )
     if system_namespace != SHIPPED_NAMESPACE:
         text = text.replace(f"system:serviceaccount:{system_namespace}:", f"system:serviceaccount:{SHIPPED_NAMESPACE}:")
         text = text.replace(f'"{system_namespace}"', f'"{SHIPPED_NAMESPACE}"')
@@ -239,9 +247,9 @@ def essence(document: Mapping[str, Any], *, system_namespace: str = SHIPPED_NAME
     return result
 
 
-def digest(document: Mapping[str, Any], *, system_namespace: str = SHIPPED_NAMESPACE) -> str:
+def digest(document: Mapping[str, Any], *, system_namespace: str = SHIPPED_NAMESPACE, name_prefix: str = "") -> str:
     """SHA-256 of the canonical JSON of `essence(document)`."""
-    canonical = json.dumps(essence(document, system_namespace=system_namespace), sort_keys=True,
+    canonical = json.dumps(essence(document, system_namespace=system_namespace, name_prefix=name_prefix), sort_keys=True,
                            separators=(",", ":"))  # fmt: skip
     return hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -251,11 +259,11 @@ def key(document: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def digests(
-    documents: Iterable[Mapping[str, Any]], *, system_namespace: str = SHIPPED_NAMESPACE
+    documents: Iterable[Mapping[str, Any]], *, system_namespace: str = SHIPPED_NAMESPACE, name_prefix: str = ""
 ) -> dict[tuple[str, str], str]:
     """(kind, name) -> digest of every admission policy and binding among `documents`."""
     return {
-        key(document): digest(document, system_namespace=system_namespace)
+        key(document): digest(document, system_namespace=system_namespace, name_prefix=name_prefix)
         for document in documents
         if isinstance(document, Mapping) and document.get("kind") in _ESSENTIAL_SPEC
     }
@@ -296,9 +304,10 @@ def compare(
     expected: Mapping[tuple[str, str], str] = EXPECTED,
     alternates: Mapping[tuple[str, str], str] = NODE_LOSS_ALTERNATES,
     system_namespace: str = SHIPPED_NAMESPACE,
+    name_prefix: str = "",
 ) -> Comparison:
     """Every expected object present with its expected digest (or its node-loss alternate)."""
-    found = digests(actual, system_namespace=system_namespace)
+    found = digests(actual, system_namespace=system_namespace, name_prefix=name_prefix)
     missing = tuple(sorted(k for k in expected if k not in found))
     differing = tuple(sorted(k for k in expected if k in found and found[k] not in (expected[k], alternates.get(k))))
     node_loss = EVIDENCE_POLICY in alternates and found.get(EVIDENCE_POLICY) == alternates[EVIDENCE_POLICY]

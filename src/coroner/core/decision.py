@@ -86,6 +86,12 @@ class Facts:
     """The other registrations of the namespace; the registration itself is skipped if present."""
     retire_permission: bool | None = None
     """Whether this identity holds the ``retire`` verb; None (unknown) counts as not granted."""
+    admission_unverified: Sequence[str] = ()
+    """Why the admission policies and bindings are not verified as shipped: each one missing or
+    differing (`coroner.core.admission_digest.Comparison.names`), or that they could not be read.
+    Empty: verified — or not checked by this caller. The operator checks (and retires nothing while
+    this is not empty); ``kubectl coroner plan/apply`` do not (a person's own verb and the API
+    server's admission decide there; ``doctor`` reports the policies' content)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -636,9 +642,20 @@ def _identity_lines(trail: _Trail, *, known: _Known, registration: Registration,
             f"{lease.holder_identity!r}), unexpired; it is decided once the Lease expires or changes holder.",
         )
 
-    # 15. The retire capability is granted (None, unknown, is not a grant).
-    trail.evidence["retirePermission"] = facts.retire_permission
+    # 15. The admission policies are verified as shipped: while one is missing, weakened or
+    #     unreadable, the operator stays plan-only (it fails closed; unknown is never intact).
     path = trail.death_evidence
+    if facts.admission_unverified:
+        trail.evidence["admissionUnverified"] = list(facts.admission_unverified)
+        return trail.conclude(
+            Reason.ADMISSION_POLICIES_UNVERIFIED,
+            f"{what} is a stale orphan ({path}), but Coroner's admission policies are not verified as "
+            f"shipped: {'; '.join(facts.admission_unverified)}; nothing is retired (plan-only) until they "
+            f"are restored (re-apply the manifests; `kubectl coroner doctor` checks their content).",
+        )
+
+    # 16. The retire capability is granted (None, unknown, is not a grant).
+    trail.evidence["retirePermission"] = facts.retire_permission
     if facts.retire_permission is not True:
         return trail.conclude(
             Reason.RETIRE_PERMISSION_MISSING,

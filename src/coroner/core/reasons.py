@@ -32,6 +32,9 @@ class Reason(enum.StrEnum):
     CLIENT_INSTANCE_CONFLICT = "ClientInstanceConflict"
     CONFLICTING_IDENTITY = "ConflictingIdentity"
     PROTECTED_LEASE_HOLDER = "ProtectedLeaseHolder"
+    #: The operator could not verify its admission policies and bindings as shipped (one missing,
+    #: differing, or unreadable): it retires nothing until they are (coroner.core.admission_digest).
+    ADMISSION_POLICIES_UNVERIFIED = "AdmissionPoliciesUnverified"
     RETIRE_PERMISSION_MISSING = "RetirePermissionMissing"
 
     @property

@@ -95,6 +95,9 @@ class World:
     own per decision, after the quarantine). Only these read exists=False."""
     leases: dict[str, dict[str, LeaseFacts]] = dataclasses.field(default_factory=lambda: defaultdict(dict))
     retire_permission: dict[str, bool | None] = dataclasses.field(default_factory=dict)
+    admission_unverified: tuple[str, ...] = ()
+    """Why the admission policies are not verified as shipped (`Facts.admission_unverified`): set
+    by the operator's refresher; empty for a caller that does not check them (the CLI)."""
     by_instance: dict[tuple[str, str], set[Key]] = dataclasses.field(default_factory=lambda: defaultdict(set))
     by_incarnation: dict[tuple[str, ...], set[Key]] = dataclasses.field(default_factory=lambda: defaultdict(set))
     by_session: dict[tuple[str, str, str], set[Key]] = dataclasses.field(default_factory=lambda: defaultdict(set))
@@ -195,6 +198,16 @@ class World:
         self.retire_permission[namespace] = allowed
         return changed
 
+    # --- the admission policies ----------------------------------------------------------------
+
+    def set_admission_unverified(self, why: Iterable[str]) -> bool:
+        """Records what keeps the admission policies from being verified (empty: verified); True
+        if that changed, which may change the decision of every registration."""
+        why = tuple(why)
+        changed = why != self.admission_unverified
+        self.admission_unverified = why
+        return changed
+
     # --- leases and nodes ----------------------------------------------------------------------
 
     def put_lease(self, body: Mapping[str, Any]) -> tuple[str, str | None]:
@@ -291,4 +304,5 @@ class World:
             protecting_leases=tuple(self.leases.get(key[0], {}).values()),
             peers=tuple(self.peers_of(key)),
             retire_permission=self.retire_permission.get(key[0]),
+            admission_unverified=self.admission_unverified,
         )
