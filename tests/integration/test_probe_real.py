@@ -29,15 +29,11 @@ import pytest
 from coroner.core import api, procfs
 from coroner.core.procfs import IncarnationKey
 from coroner.core.reasons import Evidence, Verdict
-from coroner_agent.probe import (
-    HostProcReader,
-    LocalNode,
-    PidfdTable,
-    PidfdWatcher,
-    PidIndex,
-    ProbeResult,
-    probe,
-)
+from coroner_agent.pidfds import PidfdTable, PidfdWatcher
+from coroner_agent.pidindex import PidIndex
+from coroner_agent.probe import probe
+from coroner_agent.proc import HostProcReader, LocalNode
+from coroner_agent.verdict import ProbeResult
 
 pytestmark = [pytest.mark.procs, pytest.mark.timeout(60)]
 

@@ -16,8 +16,8 @@ import pytest
 from coroner.core import model
 from coroner.core.model import Key
 from coroner.core.reasons import Evidence, Verdict
-from coroner_agent.probe import ProbeResult
 from coroner_agent.service import Agent, AgentSettings
+from coroner_agent.verdict import ProbeResult
 from unit.test_agent_shutdown import BOOT, NODE, FakeKube, registration
 
 pytestmark = pytest.mark.unit

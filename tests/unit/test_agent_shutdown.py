@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from coroner.core import model
 from coroner.core.model import Key
 from coroner.core.reasons import ConditionType, Evidence, Verdict
-from coroner_agent.probe import ProbeResult
 from coroner_agent.service import Agent, AgentSettings
+from coroner_agent.verdict import ProbeResult
 
 pytestmark = pytest.mark.unit
 

@@ -25,14 +25,11 @@ from hypothesis import strategies as st
 from coroner.core import api
 from coroner.core.procfs import IncarnationKey
 from coroner.core.reasons import Evidence, Verdict
-from coroner_agent.probe import (
-    LocalNode,
-    PidfdTable,
-    PidfdWatcher,
-    PidIndex,
-    ProbeResult,
-    probe,
-)
+from coroner_agent.pidfds import PidfdTable, PidfdWatcher
+from coroner_agent.pidindex import PidIndex
+from coroner_agent.probe import probe
+from coroner_agent.proc import LocalNode
+from coroner_agent.verdict import ProbeResult
 
 pytestmark = pytest.mark.unit
 

@@ -22,7 +22,7 @@ from coroner.core import model
 from coroner.core.model import Key
 from coroner.core.reasons import Evidence, Verdict
 from coroner_agent import prober as prober_module
-from coroner_agent.probe import PidfdTable
+from coroner_agent.pidfds import PidfdTable
 from coroner_agent.prober import ProcProber
 from unit.test_probe_fake import (
     BOOT,

@@ -23,6 +23,10 @@ from coroner.core import model, procfs
 from coroner.core.model import Key
 from coroner.core.procfs import IncarnationKey, ParseError
 from coroner_agent import probe as probes
+from coroner_agent.pidfds import PidfdTable, PidfdWatcher
+from coroner_agent.pidindex import PidIndex
+from coroner_agent.proc import HostProcReader, LocalNode
+from coroner_agent.verdict import ProbeResult
 
 logger = logging.getLogger("coroner.agent")
 
@@ -49,15 +53,15 @@ class ProcProber:
         self.node_name = node_name
         self.boot_id_file = boot_id_file
         self.machine_id_file = machine_id_file
-        self.reader = probes.HostProcReader(proc_root=proc_root)
-        self.index = probes.PidIndex()
+        self.reader = HostProcReader(proc_root=proc_root)
+        self.index = PidIndex()
         self._on_exit = on_exit
         # Without pidfds nothing is pinned: every verdict comes from /proc on resync (benchmarks
         # compare the two paths). A table with no room pins nothing and never guesses.
-        self.pidfds: probes.PidfdTable = (
-            probes.PidfdWatcher(loop=loop, on_exit=self._fired, max_pinned=max_pidfds)
+        self.pidfds: PidfdTable = (
+            PidfdWatcher(loop=loop, on_exit=self._fired, max_pinned=max_pidfds)
             if use_pidfd
-            else probes.PidfdTable(max_pinned=0)
+            else PidfdTable(max_pinned=0)
         )
         self._loop = loop
         self._registrations: dict[IncarnationKey, set[Key]] = defaultdict(set)
@@ -69,8 +73,8 @@ class ProcProber:
         self._retry_handles: dict[Key, asyncio.TimerHandle] = {}
         self.node = self._read_node()
 
-    def _read_node(self) -> probes.LocalNode:
-        return probes.LocalNode.read(
+    def _read_node(self) -> LocalNode:
+        return LocalNode.read(
             node_name=self.node_name,
             reader=self.reader,
             boot_id_file=self.boot_id_file,
@@ -98,7 +102,7 @@ class ProcProber:
         except OSError as exc:
             logger.warning("cannot list the proc root node=%s error=%s", self.node_name, exc)
 
-    def probe(self, *, key: Key, registration: model.Registration) -> probes.ProbeResult:
+    def probe(self, *, key: Key, registration: model.Registration) -> ProbeResult:
         result = probes.probe(
             incarnation=registration.incarnation,
             registration_node=registration.node_name,

@@ -34,7 +34,7 @@ from coroner.runtime.controller import decorrelated_jitter
 from coroner.runtime.workqueue import KeyedQueue
 from coroner_agent.health import AgentMetrics, HealthState
 from coroner_agent.kube import AgentApi
-from coroner_agent.probe import ProbeResult
+from coroner_agent.verdict import ProbeResult
 
 logger = logging.getLogger("coroner.agent")
 
