@@ -19,9 +19,13 @@ port (`RetirePort`) each of them implements with its own client. Step by step:
    decided from (and the attestation relied on, verbatim), then writes the conditions and
    ``status.retirement`` (who retired — the operator's identity or the person's — when, on which
    evidence). The API server answers:
-   409 or 422 (a ``test`` failed: it moved) or 404 (it is gone) → `CONFLICT`; 403 (admission
-   refused: the grant went since step 1) → `PERMISSION_MISSING`; no answer → `UNREACHABLE` (it may
-   have landed: read it again to know); any other status → `FAILED`.
+   an admission controller's refusal, in the API server's words (a ValidatingAdmissionPolicy's
+   "... with binding ... denied request: ...", 403 or 422 by the validation's ``reason``, or a
+   webhook's "admission webhook ... denied the request") → `REFUSED_BY_ADMISSION`, naming the policy
+   and what it said — but for policy ``coroner-retire-requires-capability``, whose refusal means the
+   ``retire`` verb went since step 1 → `PERMISSION_MISSING`, as is any other 403 (RBAC); 409 or 422
+   (a ``test`` failed: it moved) or 404 (it is gone) → `CONFLICT`; no answer → `UNREACHABLE` (it
+   may have landed: read it again to know); any other status → `FAILED`.
 5. **Event** — ``port.post_event`` about the object as written (reason ``Retired``). The
    retirement stands whether or not its Event is posted: a failure is reported in
    `RetireResult.event_error`, never as a failed retirement.
@@ -40,12 +44,14 @@ import asyncio
 import dataclasses
 import datetime
 import enum
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from coroner.core import api, model
+from coroner.core.admission_digest import CAPABILITY_POLICY
 from coroner.core.decision import Decision, Facts, LeaseFacts, Policy, decide
-from coroner.core.reasons import EventReason
+from coroner.core.reasons import EventReason, Reason
 from coroner.core.wire import Writer, retirement_ops
 from coroner.core.world import lease_facts
 
@@ -58,6 +64,46 @@ class PortError(Exception):
         self.status = status
         self.message = message
         self.reason = reason
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class AdmissionRefusal:
+    """An admission controller's refusal of a write, read from the API server's message."""
+
+    kind: str
+    """``ValidatingAdmissionPolicy`` or ``admission webhook``."""
+    name: str
+    """The policy's (or the webhook's) name."""
+    binding: str | None
+    """The policy binding that applied it (None for a webhook)."""
+    message: str
+    """What the policy said (its message, or messageExpression's value)."""
+
+    def describe(self) -> str:
+        """``ValidatingAdmissionPolicy NAME (binding BINDING)``, or ``admission webhook NAME``."""
+        return f"{self.kind} {self.name}" + ("" if self.binding is None else f" (binding {self.binding})")
+
+
+#: How kube-apiserver words a refusal by a ValidatingAdmissionPolicy (the Status message, after
+#: ``<resource> "<name>" is forbidden: ``) and by a validating webhook.
+_POLICY_DENIAL = re.compile(
+    r"ValidatingAdmissionPolicy '(?P<name>[^']+)' with binding '(?P<binding>[^']*)' denied request: (?P<said>.*)",
+    re.DOTALL,
+)
+_WEBHOOK_DENIAL = re.compile(r'admission webhook "(?P<name>[^"]+)" denied the request(?::\s*(?P<said>.*))?', re.DOTALL)
+
+
+def admission_refusal(error: PortError) -> AdmissionRefusal | None:
+    """The admission refusal `error` reports, if the API server answered one (a 4xx naming it)."""
+    if error.status is None or not 400 <= error.status < 500:
+        return None
+    if found := _POLICY_DENIAL.search(error.message):
+        kind, binding = "ValidatingAdmissionPolicy", found["binding"]
+    elif found := _WEBHOOK_DENIAL.search(error.message):
+        kind, binding = "admission webhook", None
+    else:
+        return None
+    return AdmissionRefusal(kind=kind, name=found["name"], binding=binding, message=(found["said"] or "").strip())
 
 
 class RetirePort(Protocol):
@@ -86,7 +132,11 @@ class RetireOutcome(enum.StrEnum):
     RETIRED = "Retired"
     """Written: status.retirement and the Retired condition are set."""
     PERMISSION_MISSING = "RetirePermissionMissing"
-    """The review said no (or could not be asked), or admission refused the write (403). Nothing written."""
+    """The review said no (or could not be asked), or the write was refused for the missing ``retire``
+    verb (RBAC, or policy coroner-retire-requires-capability). Nothing written."""
+    REFUSED_BY_ADMISSION = Reason.RETIRE_REFUSED_BY_ADMISSION.value
+    """An admission policy (or webhook) other than the verb's refused the write: the grant is there,
+    what was written is not admitted (`RetireResult.refusal` names the policy). Nothing written."""
     LEASE_FENCE_MOVED = "LeaseFenceMoved"
     """The protecting Leases changed holders since the decision. Nothing written."""
     ABANDONED = "RetireAbandoned"
@@ -156,6 +206,8 @@ class RetireResult:
     """The object as written (RETIRED only)."""
     error: PortError | None = None
     """The API server's answer that ended the attempt (or the missing answer)."""
+    refusal: AdmissionRefusal | None = None
+    """REFUSED_BY_ADMISSION: which policy refused the write, and what it said."""
     event_error: PortError | None = None
     """RETIRED, but its Event was not posted."""
 
@@ -182,6 +234,11 @@ def outcome_of_write(error: PortError) -> RetireOutcome:
     """The one mapping of the compare-and-swap's failures to outcomes."""
     if error.status is None:
         return RetireOutcome.UNREACHABLE
+    refusal = admission_refusal(error)
+    if refusal is not None:
+        if refusal.kind == CAPABILITY_POLICY[0] and refusal.name == CAPABILITY_POLICY[1]:
+            return RetireOutcome.PERMISSION_MISSING  # the verb went since the review: it is what it says
+        return RetireOutcome.REFUSED_BY_ADMISSION
     if error.status in (404, 409, 422):
         return RetireOutcome.CONFLICT
     if error.status == 403:
@@ -261,6 +318,7 @@ async def retire(
             decision=again,
             leases=live,
             error=error,
+            refusal=admission_refusal(error) if outcome is RetireOutcome.REFUSED_BY_ADMISSION else None,
         )
     # Step 5.
     evidence = again.death_evidence.value
@@ -298,6 +356,10 @@ def _write_failed(outcome: RetireOutcome, error: PortError, *, subject: str, res
         )
     if outcome is RetireOutcome.PERMISSION_MISSING:
         return f"the API server refused the retirement: {error.message}."
+    refusal = admission_refusal(error)
+    if outcome is RetireOutcome.REFUSED_BY_ADMISSION and refusal is not None:
+        said = refusal.message.rstrip(".") or "no message"
+        return f"{refusal.describe()} refused the retirement of {subject} ({error.status}): {said}; nothing written."
     if outcome is RetireOutcome.UNREACHABLE:
         return f"the retirement of {subject} got no answer ({error.message}); it may have landed."
     return f"{_said(error)}; nothing written."

@@ -4,6 +4,7 @@ answer of the API server (as the kubernetes package raises it) to its row, and w
 from __future__ import annotations
 
 import datetime
+import json
 from typing import Any
 
 import pytest
@@ -109,6 +110,28 @@ def test_a_retirement_records_the_person_and_posts_the_event(monkeypatch: pytest
     assert event["message"].startswith("PidfdExited: retired by alice with kubectl coroner apply: ")
 
 
+def _denied(status: int, policy: str) -> ApiException:
+    """A ValidatingAdmissionPolicy's refusal, as kube-apiserver answers it."""
+    said = "retiring WorkerRegistration jobs/w requires the retire verb" if "capability" in policy else "not here"
+    message = (
+        f"workerregistrations.coroner.dev \"w\" is forbidden: ValidatingAdmissionPolicy '{policy}' with binding "
+        f"'{policy}-binding' denied request: {said}"
+    )
+    exc = ApiException(status=status, reason="Forbidden" if status == 403 else "Unprocessable Entity")
+    exc.body = json.dumps({"kind": "Status", "message": message, "code": status})
+    return exc
+
+
+def test_an_admission_refusal_names_the_object_the_policy_and_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    row, _ = retire(monkeypatch, FakeSession(), patch=_denied(403, "deny-retirements"))
+    assert row.outcome is Row.RETIRE_REFUSED_BY_ADMISSION and row.outcome.value == "RetireRefusedByAdmission"
+    assert f"WorkerRegistration {NAMESPACE}/{NAME}" in row.detail
+    assert "ValidatingAdmissionPolicy deny-retirements (binding deny-retirements-binding)" in row.detail
+    assert "not here" in row.detail
+    assert "`kubectl get validatingadmissionpolicy deny-retirements -o yaml`" in row.detail
+    assert not row.outcome.done and planning.apply_exit_code([row]) == 2
+
+
 @pytest.mark.parametrize(
     ("error", "outcome", "says"),
     [
@@ -119,6 +142,10 @@ def test_a_retirement_records_the_person_and_posts_the_event(monkeypatch: pytest
         (ApiException(status=0, reason="no answer"), Row.RETIRE_FAILED, "Plan again to see whether it landed."),
         (urllib3.exceptions.ProtocolError("reset"), Row.RETIRE_FAILED, "Plan again to see whether it landed."),
         (ApiException(status=500, reason="InternalError"), Row.RETIRE_FAILED, "500 InternalError"),
+        (_denied(403, "deny-retirements"), Row.RETIRE_REFUSED_BY_ADMISSION, "a policy that is not Coroner's"),
+        (_denied(422, "deny-retirements"), Row.RETIRE_REFUSED_BY_ADMISSION, "retire grant is not the problem"),
+        (_denied(403, "coroner-retire-requires-evidence"), Row.RETIRE_REFUSED_BY_ADMISSION, "plan again"),
+        (_denied(403, "coroner-retire-requires-capability"), Row.RETIRE_PERMISSION_MISSING, "requires the retire"),
     ],
 )
 def test_each_answer_to_the_write_to_its_row(

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import json
 from typing import Any
 
+import jsonpatch
 import pytest
 
 from coroner.client.rest import ApiError
@@ -14,6 +16,7 @@ from coroner.core import api
 from coroner.core.decision import Policy
 from coroner.core.model import format_time
 from coroner.core.world import World
+from coroner.retire import RetireOutcome
 from coroner_operator.app import Operator
 from coroner_operator.executor import RetireFailed
 from coroner_operator.metrics import Metrics
@@ -149,3 +152,80 @@ def test_an_unexpected_write_failure_is_raised_for_the_backoff(error: BaseExcept
     with pytest.raises(RetireFailed):
         reconcile(op)
     assert KEY in op.world.bodies and op.controller.queue.pending == 0
+
+
+class RefusingKube(FakeKube):
+    """Admission refuses every retirement write with the API server's words; other writes land."""
+
+    def __init__(self, *, status: int, said: str = "not on this cluster") -> None:
+        super().__init__()
+        message = (
+            "workerregistrations.coroner.dev \"w\" is forbidden: ValidatingAdmissionPolicy 'deny-retirements' with "
+            f"binding 'deny-retirements-binding' denied request: {said}"
+        )
+        self.refusal = ApiError(status, "Forbidden", json.dumps({"kind": "Status", "message": message, "code": status}))
+        self.body = make_registration()
+
+    async def patch_status(self, *, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
+        self.patches.append(ops)
+        if any(_retires(op) for op in ops):
+            raise self.refusal
+        self.body = jsonpatch.apply_patch(self.body, ops)
+        self.body["metadata"]["resourceVersion"] = str(int(self.body["metadata"]["resourceVersion"]) + 1)
+        return self.body
+
+
+def _retires(op: dict[str, Any]) -> bool:
+    value = op.get("value")
+    return op["path"] == "/status/retirement" or (isinstance(value, dict) and "retirement" in value)
+
+
+def _retirable(body: dict[str, Any]) -> dict[str, Any]:
+    (found,) = [c for c in body["status"]["conditions"] if c["type"] == "Retirable"]
+    return dict(found)
+
+
+@pytest.mark.parametrize("status", [403, 422], ids=["reason-Forbidden", "reason-Invalid"])
+def test_an_admission_refusal_is_recorded_as_such_keeps_the_grant_and_backs_off(status: int) -> None:
+    kube = RefusingKube(status=status)
+    op = operator(kube)
+    op.world.put_registration(kube.body)
+    op.world.set_retire_permission(NAMESPACE, True)
+    with pytest.raises(RetireFailed) as raised:  # the runtime retries it with backoff
+        reconcile(op)
+    assert raised.value.result.outcome is RetireOutcome.REFUSED_BY_ADMISSION
+    assert op.world.retire_permission[NAMESPACE] is True, "the grant is there: not plan-only"
+    assert sample(op, "coroner_retire_abandoned_total", {"cause": "RetireRefusedByAdmission"}) == 1
+    assert sample(op, "coroner_retire_abandoned_total", {"cause": "RetirePermissionMissing"}) == 0
+    assert sample(op, "coroner_cas_conflicts_total") == 0, "a 422 refusal is not a conflict (re-read at once)"
+    retirable = _retirable(op.world.bodies[KEY])
+    assert (retirable["status"], retirable["reason"]) == ("False", "RetireRefusedByAdmission")
+    assert "ValidatingAdmissionPolicy deny-retirements (binding deny-retirements-binding)" in retirable["message"]
+    assert "not on this cluster" in retirable["message"]
+    assert op.controller.queue.pending == 0, "not enqueued again at once: the backoff brings it back"
+    # The backoff's retry: refused again, and the condition already says so (nothing else written).
+    written = len(kube.patches)
+    with pytest.raises(RetireFailed):
+        reconcile(op)
+    assert len(kube.patches) == written + 1 and any(_retires(op) for op in kube.patches[-1])
+    assert sample(op, "coroner_retire_abandoned_total", {"cause": "RetireRefusedByAdmission"}) == 2
+
+
+def test_a_refusal_by_the_verbs_own_policy_is_a_missing_permission() -> None:
+    kube = RefusingKube(status=403)
+    kube.refusal = ApiError(
+        403,
+        "Forbidden",
+        json.dumps(
+            {
+                "message": 'workerregistrations.coroner.dev "w" is forbidden: ValidatingAdmissionPolicy '
+                "'coroner-retire-requires-capability' with binding 'coroner-retire-requires-capability' denied "
+                "request: retiring WorkerRegistration t/w requires the retire verb"
+            }
+        ),
+    )
+    op = operator(kube)
+    op.world.set_retire_permission(NAMESPACE, True)
+    reconcile(op)
+    assert op.world.retire_permission[NAMESPACE] is False
+    assert sample(op, "coroner_retire_abandoned_total", {"cause": "RetirePermissionMissing"}) == 1

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from coroner.core import wire
 from coroner.core.decision import Facts, Policy, decide
 from coroner.core.model import format_time, parse_registration
+from coroner.core.reasons import Reason
 from coroner.core.wire import Writer
 from coroner.retire import PortError, RetireIntent, RetireOutcome, Retirer, RetireResult, outcome_of_write, retire
 from unit.builders import NAME, NAMESPACE, NOW, make_facts, make_lease, make_registration
@@ -171,25 +172,101 @@ def test_a_renewal_by_the_same_holder_is_not_a_fence_move_but_is_decided_again()
     assert "decided again right before the write: ProtectedLeaseHolder" in result.detail
 
 
+#: The API server's words (kube-apiserver 1.37, tests/integration/test_admission_refusal.py sees them):
+#: a ValidatingAdmissionPolicy's denial is 403 with `reason: Forbidden` in the validation, else 422.
+SUBJECT = 'workerregistrations.coroner.dev "w" is forbidden: '
+DENIED_BY = SUBJECT + "ValidatingAdmissionPolicy 'deny-all' with binding 'deny-all-binding' denied request: no"
+EVIDENCE_DENIAL = (
+    SUBJECT + "ValidatingAdmissionPolicy 'coroner-retire-requires-evidence' with binding "
+    "'coroner-retire-requires-evidence' denied request: retiring WorkerRegistration t/w with PidfdExited needs the "
+    'evidence: a Dead attestation, and the agent of node "node-a" attested Alive (PidfdPinned)'
+)
+CAPABILITY_DENIAL = (
+    SUBJECT + "ValidatingAdmissionPolicy 'coroner-retire-requires-capability' with binding "
+    "'coroner-retire-requires-capability' denied request: retiring WorkerRegistration t/w requires the retire verb"
+)
+RBAC_DENIAL = SUBJECT + 'User "alice" cannot patch resource "workerregistrations/status" in API group "coroner.dev"'
+WEBHOOK_DENIAL = 'admission webhook "deny.example.com" denied the request: not today'
+TEST_FAILED = "the server rejected our request due to an error in our request"
+
+
 @pytest.mark.parametrize(
-    ("status", "outcome"),
+    ("status", "message", "outcome"),
     [
-        (409, RetireOutcome.CONFLICT),
-        (422, RetireOutcome.CONFLICT),
-        (404, RetireOutcome.CONFLICT),
-        (403, RetireOutcome.PERMISSION_MISSING),
-        (None, RetireOutcome.UNREACHABLE),
-        (500, RetireOutcome.FAILED),
-        (400, RetireOutcome.FAILED),
+        pytest.param(409, "the object has been modified", RetireOutcome.CONFLICT, id="409"),
+        pytest.param(422, TEST_FAILED, RetireOutcome.CONFLICT, id="422-a-test-failed"),
+        pytest.param(404, "not found", RetireOutcome.CONFLICT, id="404"),
+        pytest.param(403, RBAC_DENIAL, RetireOutcome.PERMISSION_MISSING, id="403-rbac"),
+        pytest.param(403, CAPABILITY_DENIAL, RetireOutcome.PERMISSION_MISSING, id="403-the-retire-verb-policy"),
+        pytest.param(403, "said the server", RetireOutcome.PERMISSION_MISSING, id="403-unworded"),
+        pytest.param(403, DENIED_BY, RetireOutcome.REFUSED_BY_ADMISSION, id="403-another-policy"),
+        pytest.param(403, EVIDENCE_DENIAL, RetireOutcome.REFUSED_BY_ADMISSION, id="403-the-evidence-policy"),
+        pytest.param(422, DENIED_BY, RetireOutcome.REFUSED_BY_ADMISSION, id="422-a-policy-reason-invalid"),
+        pytest.param(403, WEBHOOK_DENIAL, RetireOutcome.REFUSED_BY_ADMISSION, id="403-a-webhook"),
+        pytest.param(400, WEBHOOK_DENIAL, RetireOutcome.REFUSED_BY_ADMISSION, id="400-a-webhook"),
+        pytest.param(None, "connection refused", RetireOutcome.UNREACHABLE, id="no-answer"),
+        pytest.param(None, DENIED_BY, RetireOutcome.UNREACHABLE, id="no-answer-whatever-it-says"),
+        pytest.param(500, "said the server", RetireOutcome.FAILED, id="500"),
+        pytest.param(500, DENIED_BY, RetireOutcome.FAILED, id="500-not-a-refusal"),
+        pytest.param(400, "said the server", RetireOutcome.FAILED, id="400"),
     ],
 )
-def test_the_one_error_mapping_of_the_write(status: int | None, outcome: RetireOutcome) -> None:
-    error = PortError(status, "said the server")
+def test_the_one_error_mapping_of_the_write(status: int | None, message: str, outcome: RetireOutcome) -> None:
+    error = PortError(status, message)
     assert outcome_of_write(error) is outcome
     port = FakePort(patch=error)
     result = run(port)
     assert result.outcome is outcome and result.error is error and port.events == []
     assert result.outcome.written is (None if status is None else False)
+    assert (result.refusal is not None) == (outcome is RetireOutcome.REFUSED_BY_ADMISSION)
+
+
+@pytest.mark.parametrize(
+    ("message", "kind", "name", "binding", "said"),
+    [
+        pytest.param(DENIED_BY, "ValidatingAdmissionPolicy", "deny-all", "deny-all-binding", "no", id="policy"),
+        pytest.param(
+            EVIDENCE_DENIAL,
+            "ValidatingAdmissionPolicy",
+            "coroner-retire-requires-evidence",
+            "coroner-retire-requires-evidence",
+            "retiring WorkerRegistration t/w with PidfdExited needs the evidence",
+            id="evidence",
+        ),
+        pytest.param(WEBHOOK_DENIAL, "admission webhook", "deny.example.com", None, "not today", id="webhook"),
+        pytest.param(
+            'admission webhook "w.example.com" denied the request without explanation',
+            "admission webhook",
+            "w.example.com",
+            None,
+            "",
+            id="webhook-without-a-message",
+        ),
+    ],
+)
+def test_an_admission_refusal_names_the_policy_and_what_it_said(
+    message: str, kind: str, name: str, binding: str | None, said: str
+) -> None:
+    result = run(FakePort(patch=PortError(403, message)))
+    refusal = result.refusal
+    assert refusal is not None
+    assert (refusal.kind, refusal.name, refusal.binding) == (kind, name, binding)
+    assert refusal.message.startswith(said)
+    assert result.outcome is RetireOutcome.REFUSED_BY_ADMISSION
+    assert result.outcome.value == Reason.RETIRE_REFUSED_BY_ADMISSION.value
+    assert f"{kind} {name}" in result.detail and said in result.detail
+    assert f"WorkerRegistration {NAMESPACE}/{NAME}" in result.detail and "nothing written" in result.detail
+
+
+@given(st.text(max_size=80), st.sampled_from([400, 401, 403, 404, 409, 413, 422, 429, 500, 503, None]))
+def test_a_refusal_is_read_only_from_what_the_server_said_and_never_unknown_as_refused(
+    text: str, status: int | None
+) -> None:
+    outcome = outcome_of_write(PortError(status, text))
+    if status is None:
+        assert outcome is RetireOutcome.UNREACHABLE
+    elif outcome is RetireOutcome.REFUSED_BY_ADMISSION:
+        assert 400 <= status < 500 and "denied" in text
 
 
 def test_the_retirement_stands_when_its_event_fails() -> None:
@@ -214,7 +291,14 @@ def test_the_review_and_the_fence_are_both_read_before_the_write() -> None:
 ANSWERS_GRANTED = st.sampled_from([True, False, None, PortError(500, "x"), PortError(None, "x")])
 ANSWERS_LEASES = st.sampled_from(["same", "moved", "renewed", PortError(403, "x"), PortError(None, "x")])
 ANSWERS_PATCH = st.sampled_from(
-    [None, PortError(409, "x"), PortError(422, "x"), PortError(403, "x"), PortError(None, "x")]
+    [
+        None,
+        PortError(409, "x"),
+        PortError(422, "x"),
+        PortError(403, "x"),
+        PortError(403, DENIED_BY),
+        PortError(None, "x"),
+    ]
 )
 ANSWERS_EVENT = st.sampled_from([None, PortError(500, "x")])
 

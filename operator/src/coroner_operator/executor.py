@@ -8,8 +8,11 @@ terminal registration. Outcomes, one mapping each:
   (gone, or moved since it was read) → read it again: gone is forgotten, moved is reconciled again;
   anything else raises (the runtime's backoff retries).
 * retirement: `RetireOutcome` → RETIRED is counted, logged and cached; PERMISSION_MISSING records
-  the namespace as not granted and reconciles again; LEASE_FENCE_MOVED and ABANDONED take the live
-  Leases into the cache and reconcile again; CONFLICT reads it again; UNREACHABLE and FAILED raise
+  the namespace as not granted and reconciles again; REFUSED_BY_ADMISSION (a policy other than the
+  verb's refused the write: the grant stands) is counted and logged under its reason, written into
+  Retirable (level-based: once per wording), and raises (`RetireFailed`, retried with backoff: the
+  same write would be refused again now); LEASE_FENCE_MOVED and ABANDONED take the live Leases into
+  the cache and reconcile again; CONFLICT reads it again; UNREACHABLE and FAILED raise
   (`RetireFailed`, retried with backoff).
 * delete: 200 counted; 404 (already gone: its watch event forgets it) and 409 (changed since the
   read: left alone, its own watch event brings it back) are not errors; anything else raises.
@@ -17,6 +20,7 @@ terminal registration. Outcomes, one mapping each:
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -26,8 +30,10 @@ import urllib3
 
 from coroner.client.rest import ApiError
 from coroner.core import model
+from coroner.core.reasons import Reason
 from coroner.core.world import World
-from coroner.retire import PortError, RetireOutcome, RetirePort, Retirer, RetireResult, retire
+from coroner.retire import PortError, RetireIntent, RetireOutcome, RetirePort, Retirer, RetireResult, retire
+from coroner_operator import step
 from coroner_operator.effects import Delete, Effects, Key, WriteConditions
 from coroner_operator.events import EventPoster
 from coroner_operator.freshread import FreshRead
@@ -147,7 +153,7 @@ class Executor:
                 decided_at=decided_at,
             )
             result = await retire(port, effects.retire, retirer=self.retirer, clock=self.clock)
-            await self._retired(key, effects.retire.registration, result)
+            await self._retired(key, effects.retire, result)
 
     # --- conditions ----------------------------------------------------------------------------
 
@@ -174,8 +180,9 @@ class Executor:
 
     # --- the retirement ------------------------------------------------------------------------
 
-    async def _retired(self, key: Key, registration: model.Registration, result: RetireResult) -> None:
+    async def _retired(self, key: Key, intent: RetireIntent, result: RetireResult) -> None:
         namespace, name = key
+        registration = intent.registration
         outcome = result.outcome
         if outcome is RetireOutcome.RETIRED:
             assert result.patched is not None
@@ -189,6 +196,8 @@ class Executor:
                 "retire abandoned workerregistration=%s/%s cause=%s: %s", namespace, name, outcome.value, result.detail
             )
             self.enqueue(key)
+        elif outcome is RetireOutcome.REFUSED_BY_ADMISSION:
+            await self._refused_by_admission(key, intent, result)
         elif outcome in (RetireOutcome.LEASE_FENCE_MOVED, RetireOutcome.ABANDONED):
             assert result.leases is not None
             self.world.replace_leases(namespace, result.leases)
@@ -205,6 +214,22 @@ class Executor:
             await self.reread(key)
         else:  # UNREACHABLE, FAILED: retried with backoff
             raise RetireFailed(result)
+
+    async def _refused_by_admission(self, key: Key, intent: RetireIntent, result: RetireResult) -> None:
+        """Admission refused the write though the verb is held: the namespace's permission stays as
+        it is; Retirable says RetireRefusedByAdmission (the policy, what it said); retried with backoff."""
+        outcome, refusal = result.outcome, result.refusal
+        self.metrics.retire_abandoned.labels(outcome.value).inc()
+        logger.warning(
+            "retire refused workerregistration=%s/%s cause=%s policy=%s: %s",
+            key[0], key[1], outcome.value, refusal.name if refusal else None, result.detail,
+        )  # fmt: skip
+        decided = result.decision or intent.decision
+        refused = dataclasses.replace(decided, reason=Reason.RETIRE_REFUSED_BY_ADMISSION, detail=result.detail)
+        write = step.conditions_write(intent.body, intent.registration, refused, now=self.clock())
+        if write is not None:
+            await self._write_conditions(key, write)
+        raise RetireFailed(result)
 
     def _count_retirement(self, key: Key, registration: model.Registration, result: RetireResult) -> None:
         assert result.patched is not None

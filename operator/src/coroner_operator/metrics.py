@@ -42,7 +42,8 @@ class Metrics:
         )
         self.retire_abandoned = Counter(
             "coroner_retire_abandoned",
-            "Retirement attempts abandoned before the write (permission or Lease fence moved).",
+            "Retirement attempts abandoned, by cause: before the write (RetirePermissionMissing, LeaseFenceMoved), "
+            "or refused at the write by an admission policy other than the verb's (RetireRefusedByAdmission).",
             ["cause"],
             registry=self.registry,
         )

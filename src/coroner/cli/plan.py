@@ -264,7 +264,9 @@ class RowOutcome(enum.StrEnum):
     RETIRE_ABANDONED = "RetireAbandoned"
     """Decided again right before the write (live Leases) and no longer eligible; nothing written."""
     RETIRE_PERMISSION_MISSING = "RetirePermissionMissing"
-    """The caller lost ``retire`` (or admission refused the write); nothing written."""
+    """The caller lost ``retire`` (the review said no, or the verb's policy refused the write); nothing written."""
+    RETIRE_REFUSED_BY_ADMISSION = Reason.RETIRE_REFUSED_BY_ADMISSION.value
+    """An admission policy (or webhook) other than the verb's refused the write; nothing written."""
     RETIRE_FAILED = "RetireFailed"
     """The write failed for another reason; nothing is known to have changed."""
 

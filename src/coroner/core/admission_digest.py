@@ -150,6 +150,8 @@ NODE_LOSS_ALTERNATES: Final[Mapping[tuple[str, str], str]] = {
 #: The variables of the evidence policy that components/node-loss turns to "true".
 NODE_LOSS_VARIABLES: Final = ("operatorMayUseNodeDeleted", "operatorMayUseNodeOutOfService")
 EVIDENCE_POLICY: Final = ("ValidatingAdmissionPolicy", "coroner-retire-requires-evidence")
+#: The policy that checks the `retire` verb on a retirement write (its refusal: the verb is missing).
+CAPABILITY_POLICY: Final = ("ValidatingAdmissionPolicy", "coroner-retire-requires-capability")
 
 
 def _with_match_defaults(match: Any) -> Any:

@@ -36,11 +36,20 @@ class Reason(enum.StrEnum):
     #: differing, or unreadable): it retires nothing until they are (coroner.core.admission_digest).
     ADMISSION_POLICIES_UNVERIFIED = "AdmissionPoliciesUnverified"
     RETIRE_PERMISSION_MISSING = "RetirePermissionMissing"
+    #: Not a decision: the API server's admission (a policy other than the `retire` verb's) refused
+    #: the retirement write of a registration decided EligibleStaleOrphan. The operator records it in
+    #: Retirable (naming the policy and what it said) and retries with backoff; `apply` prints it.
+    RETIRE_REFUSED_BY_ADMISSION = "RetireRefusedByAdmission"
 
     @property
     def eligible(self) -> bool:
         """Only EligibleStaleOrphan authorizes a retirement."""
         return self is Reason.ELIGIBLE_STALE_ORPHAN
+
+    @property
+    def decided(self) -> bool:
+        """A reason `decide` returns (all but RetireRefusedByAdmission, which the write's answer gives)."""
+        return self is not Reason.RETIRE_REFUSED_BY_ADMISSION
 
 
 class Verdict(enum.StrEnum):

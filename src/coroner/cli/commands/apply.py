@@ -43,7 +43,16 @@ from coroner.core.fingerprint import PlanEntry
 from coroner.core.model import Key
 from coroner.core.wire import Writer
 from coroner.core.world import World
-from coroner.retire import PortError, RetireIntent, RetireOutcome, RetirePort, Retirer, RetireResult, retire
+from coroner.retire import (
+    AdmissionRefusal,
+    PortError,
+    RetireIntent,
+    RetireOutcome,
+    RetirePort,
+    Retirer,
+    RetireResult,
+    retire,
+)
 
 #: Rows retired at the same time by default, and at most (each is four requests in a row).
 DEFAULT_PARALLELISM: Final = 4
@@ -389,6 +398,7 @@ def _port_errors(session: Session) -> Iterator[None]:
 _ROWS: Final = {
     RetireOutcome.RETIRED: planning.RowOutcome.RETIRED,
     RetireOutcome.PERMISSION_MISSING: planning.RowOutcome.RETIRE_PERMISSION_MISSING,
+    RetireOutcome.REFUSED_BY_ADMISSION: planning.RowOutcome.RETIRE_REFUSED_BY_ADMISSION,
     RetireOutcome.LEASE_FENCE_MOVED: planning.RowOutcome.RETIRE_ABANDONED,
     RetireOutcome.ABANDONED: planning.RowOutcome.RETIRE_ABANDONED,
     RetireOutcome.CONFLICT: planning.RowOutcome.RETIRE_CONFLICT,
@@ -433,4 +443,21 @@ def _row_detail(result: RetireResult) -> str:
         return f"{error.message} Plan again to see whether it landed."
     if result.outcome is RetireOutcome.FAILED and error is not None and result.leases is None:
         return f"{error.message} Nothing written."  # a read before the write failed
+    if result.outcome is RetireOutcome.REFUSED_BY_ADMISSION and result.refusal is not None:
+        return f"{result.detail} {_refusal_fix(result.refusal)}"
     return result.detail
+
+
+def _refusal_fix(refusal: AdmissionRefusal) -> str:
+    """What to do about an admission refusal (the grant is there: the write is what was refused)."""
+    if refusal.kind != "ValidatingAdmissionPolicy":
+        return (
+            f"Your retire grant is not the problem: the {refusal.kind} {refusal.name} refuses it "
+            "(`kubectl get validatingwebhookconfigurations` names its owner)."
+        )
+    see = f"`kubectl get validatingadmissionpolicy {refusal.name} -o yaml` shows the rule"
+    if refusal.name.startswith("coroner-"):
+        return (
+            f"Your retire grant is not the problem: plan again (the evidence may have changed since the plan); {see}."
+        )
+    return f"Your retire grant is not the problem: a policy that is not Coroner's refuses it; {see} and its binding."
