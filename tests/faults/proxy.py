@@ -235,7 +235,7 @@ class ApiProxy:
         self._taps: list[Tap] = []
         self._rewrites: list[tuple[Callable[[Request], bool], Callable[[bytes], bytes]]] = []
         self._gates: list[EventGate] = []
-        self._answers: list[tuple[Callable[[Request], bool], int, int, list[int]]] = []
+        self._answers: list[tuple[Callable[[Request], bool], int, int, list[int], bytes | None]] = []
 
     # --- control (any thread) --------------------------------------------------------------------
 
@@ -279,15 +279,23 @@ class ApiProxy:
         with self._lock, contextlib.suppress(ValueError):
             self._rewrites.remove(entry)
 
-    def answer(self, match: Callable[[Request], bool], status: int, *, times: int = 1) -> list[int]:
+    def answer(
+        self, match: Callable[[Request], bool], status: int, *, times: int = 1, body: bytes | None = None
+    ) -> list[int]:
         """The next `times` requests `match` accepts are answered by the proxy itself with `status`
-        (a Status body), never forwarded: what a restarting API server answers for a moment (429
-        while its storage initializes, 403 before its authorizer has synced). Returns a one-item
-        list counting the answers given."""
+        (a Status body, or `body`), never forwarded: what a restarting API server answers for a
+        moment (429 while its storage initializes, 403 before its authorizer has synced), or a read
+        answered from an earlier copy. Returns a one-item list counting the answers given (the
+        handle for `unanswer`)."""
         given = [0]
         with self._lock:
-            self._answers.append((match, status, times, given))
+            self._answers.append((match, status, times, given, body))
         return given
+
+    def unanswer(self, given: list[int]) -> None:
+        """Stops the answers `answer` returned `given` for; those requests are forwarded again."""
+        with self._lock:
+            self._answers = [entry for entry in self._answers if entry[3] is not given]
 
     def hold_events(self, match: Callable[[dict[str, Any]], bool], *, mode: str = "hold") -> EventGate:
         """From now on, watch events `match` accepts are held (or, mode ``drop``, discarded)."""
@@ -484,6 +492,13 @@ class ApiProxy:
                 elif method == "GET" and "/workerregistrations" in target:
                     self._count("registration_lists")
                 length = headers.get("content-length")
+                bodiless = length is None and "transfer-encoding" not in headers
+                if not watch and bodiless:
+                    canned = self._canned(_Request(method=method, path=target, watch=False, resumes=False))
+                    if canned is not None:  # a read answered here
+                        conn.client_writer.write(canned)
+                        await conn.client_writer.drain()
+                        continue
                 if watch or length is None or not length.isdigit() or int(length) > _BODY_LIMIT:
                     await conn.pending.put(_Request(method=method, path=target, watch=watch, resumes=resumes))
                     await self._wait_flowing()
@@ -511,19 +526,20 @@ class ApiProxy:
                 await writer.drain()
 
     def _canned(self, request: Request) -> bytes | None:
-        status = 0
+        status, body = 0, None
         with self._lock:
-            for match, code, times, given in self._answers:
+            for match, code, times, given, canned in self._answers:
                 if given[0] < times and match(request):
                     given[0] += 1
-                    status = code
+                    status, body = code, canned
                     break
         if not status:
             return None
         self._count(f"answered_{status}")
-        body = json.dumps(
-            {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": status, "message": "fault proxy"}
-        ).encode()
+        if body is None:
+            body = json.dumps(
+                {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": status, "message": "fault proxy"}
+            ).encode()
         return (
             b"HTTP/1.1 %d Fault\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (status, len(body))
             + body

@@ -35,13 +35,18 @@ import contextlib
 import json
 import os
 import signal
+import sys
 import threading
 import time
+import urllib.parse
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 from kubernetes import client as k8s
 
+from coroner.client.rest import Rest
+from coroner_operator.kubeapi import ADMISSION_RESOURCES
 from faults.catalogue.base import AGENT_DOWN, Fault, fault
 from faults.proxy import ApiProxy, EventGate, Request, Tap, event_of
 from faults.workers import Worker
@@ -62,6 +67,35 @@ def strip_tests(body: bytes) -> bytes:
     if not isinstance(ops, list):
         return body
     return json.dumps([op for op in ops if not (isinstance(op, dict) and op.get("op") == "test")]).encode()
+
+
+@contextlib.contextmanager
+def _admission_lifted_unseen(plane: Any) -> Iterator[None]:
+    """The plane's admission lift, hidden from the operator: its reads of the admission policies
+    are answered with the copies from before the lift. The operator retires nothing while one is
+    missing (it fails closed: coroner_operator.permissions), which would keep the mutant's
+    retirement from ever reaching the oracle."""
+    proxy = plane.operator_proxy
+    handles: list[list[int]] = []
+    rest = Rest.from_kubeconfig(plane.cluster.kubeconfig)
+    try:
+        for plural in ADMISSION_RESOURCES.values():
+            path = f"/apis/admissionregistration.k8s.io/v1/{plural}"
+            before = json.dumps(rest.request("GET", path)).encode()
+            handles.append(
+                proxy.answer(
+                    lambda r, p=path: r.method == "GET" and urllib.parse.urlsplit(r.path).path == p,
+                    200,
+                    times=sys.maxsize,
+                    body=before,
+                )
+            )
+        with plane.admission_lifted():
+            yield
+    finally:
+        for handle in handles:
+            proxy.unanswer(handle)
+        rest.close()
 
 
 def _wait(predicate: Any, timeout: float) -> bool:
@@ -221,7 +255,9 @@ class StaleViewOperator(_ViewFault):
                     return list(range(index + 1))
             return []
 
-        with self.trial.plane.admission_lifted() if self.variant == "mutant-no-cas" else contextlib.nullcontext():
+        with (
+            _admission_lifted_unseen(self.trial.plane) if self.variant == "mutant-no-cas" else contextlib.nullcontext()
+        ):
             # The mutant: the retirement's `test`s stripped, and admission (which asks for a Dead
             # attestation of exactly the incarnation retired) lifted: no guard left but the oracle.
             self._release(up_to_dead)
