@@ -1,8 +1,8 @@
 """Finding or building the packaging and monitoring tools the tests use: helm and promtool.
 
-Built from Go modules by the helper module `testenv/tools/` (a module of its own, so its pins never
-move the control plane's cache key in `binaries.py`), cached beside the control plane under
-`<cache>/tools/<versions>-<go.sum digest>/`: a pin that moves rebuilds, nothing else does.
+Built from Go modules by the helper module `testenv/tools/` (`gobuild`; a module of its own, so its
+pins never move the control plane's cache key in `binaries.py`), cached beside the control plane
+under `<cache>/tools/<versions>-<go.mod/go.sum digest>/`: a pin that moves rebuilds, nothing else does.
 `CORONER_TOOLS_DIR` pointing at a directory that already holds `helm` and `promtool` skips the
 build. The Prometheus Operator's CRDs (PodMonitor, PrometheusRule), which the monitoring component's
 objects are validated against, come from that project's Go module through the same module proxy.
@@ -11,18 +11,15 @@ objects are validated against, come from that project's Go module through the sa
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import pathlib
 import shutil
 import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Callable
 
-from coroner_dev.devcluster.binaries import _build_lock, _complete, cache_root, testenv_dir
+from coroner_dev.devcluster import gobuild
 from coroner_dev.devcluster.errors import DevClusterError
 
 HELM_VERSION = "v4.3.2"
@@ -40,51 +37,39 @@ PACKAGES: dict[str, str] = {
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class Tools:
-    """Absolute paths of the tools in use."""
-
-    directory: pathlib.Path
-    source: str
-    """`CORONER_TOOLS_DIR`, `cache` or `built`."""
-
-    def path(self, name: str) -> pathlib.Path:
-        return self.directory / name
+class Tools(gobuild.Built):
+    """Absolute paths of helm and promtool in use."""
 
 
 def module_dir() -> pathlib.Path:
     """The `testenv/tools` Go module."""
-    return testenv_dir() / "tools"
-
-
-def cache_key(module: pathlib.Path) -> str:
-    """Versions plus a digest of go.mod/go.sum: a moved pin is a new key, a rerun is not."""
-    digest = hashlib.sha256()
-    for name in ("go.mod", "go.sum"):
-        file = module / name
-        if file.exists():
-            digest.update(file.read_bytes())
-    return f"helm-{HELM_VERSION}-prometheus-{PROMETHEUS_VERSION}-{digest.hexdigest()[:12]}"
+    return gobuild.testenv_dir() / "tools"
 
 
 def ensure_tools(*, progress: Callable[[str], None] | None = None) -> Tools:
     """Returns usable helm and promtool, building them (once, under a lock) when none are cached."""
     say = progress or (lambda message: print(message, file=sys.stderr))
-    given = os.environ.get("CORONER_TOOLS_DIR")
-    if given:
-        directory = pathlib.Path(given)
-        if _complete(directory, tuple(PACKAGES)):
-            return Tools(directory=directory, source="CORONER_TOOLS_DIR")
-        say(f"CORONER_TOOLS_DIR={given} lacks one of {', '.join(PACKAGES)}; building instead")
-    module = module_dir()
-    target = cache_root() / "tools" / cache_key(module)
-    if _complete(target, tuple(PACKAGES)):
-        return Tools(directory=target, source="cache")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with _build_lock(target.parent / ".build.lock"):
-        if _complete(target, tuple(PACKAGES)):
-            return Tools(directory=target, source="cache")
-        _build(module=module, target=target, say=say)
-    return Tools(directory=target, source="built")
+    directory, source = gobuild.ensure(tools_build(), say=say)
+    return Tools(directory=directory, source=source)
+
+
+def tools_build() -> gobuild.GoBuild:
+    """helm and promtool, built by the `testenv/tools` module into `<cache>/tools/`."""
+    return gobuild.GoBuild(
+        title="helm and promtool",
+        module=module_dir(),
+        packages=PACKAGES,
+        cache_dir="tools",
+        versions=f"helm-{HELM_VERSION}-prometheus-{PROMETHEUS_VERSION}",
+        ldflags=ldflags(),
+        announce=f"building helm {HELM_VERSION} and promtool (Prometheus {PROMETHEUS_VERSION}) from Go modules; "
+        f"the first build takes 10-20 minutes on 2 cores",
+        go_missing_fix="install Go >= 1.26 and put it on PATH, or set CORONER_TOOLS_DIR to a directory holding both",
+        override="CORONER_TOOLS_DIR",
+        # remove_all_sd: promtool needs no cloud service discovery (only file, static and HTTP stay),
+        # which leaves out most of Prometheus' dependencies (the cloud SDKs) and most of the build.
+        tags=BUILD_TAGS,
+    )
 
 
 def ldflags() -> str:
@@ -96,53 +81,6 @@ def ldflags() -> str:
         f"-X github.com/prometheus/common/version.Version={PROMETHEUS_RELEASE}",
     ]
     return " ".join(["-s", "-w", *stamps])
-
-
-def _build(*, module: pathlib.Path, target: pathlib.Path, say: Callable[[str], None]) -> None:
-    go = shutil.which("go")
-    if go is None:
-        raise DevClusterError(
-            "the Go toolchain (`go`) is not on PATH; it is needed to build helm and promtool",
-            fix="install Go >= 1.26 and put it on PATH, or set CORONER_TOOLS_DIR to a directory holding both",
-        )
-    staging = pathlib.Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
-    log_path = target.parent / f"build-{target.name}.log"
-    say(
-        f"building helm {HELM_VERSION} and promtool (Prometheus {PROMETHEUS_VERSION}) from Go modules; "
-        f"the first build takes 10-20 minutes on 2 cores (log: {log_path})"
-    )
-    started = time.monotonic()
-    env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-mod=mod"}
-    # remove_all_sd: promtool needs no cloud service discovery (only file, static and HTTP stay),
-    # which leaves out most of Prometheus' dependencies (the cloud SDKs) and most of the build.
-    command = [
-        go,
-        "build",
-        "-trimpath",
-        "-tags",
-        BUILD_TAGS,
-        "-ldflags",
-        ldflags(),
-        "-o",
-        f"{staging}/",
-        *PACKAGES.values(),
-    ]
-    with open(log_path, "w") as log:
-        log.write(" ".join(command) + "\n")
-        log.flush()
-        result = subprocess.run(command, cwd=module, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
-    missing = [name for name in PACKAGES if not (staging / name).exists()]
-    if result.returncode != 0 or missing:
-        shutil.rmtree(staging, ignore_errors=True)
-        tail = "".join(log_path.read_text(errors="replace").splitlines(keepends=True)[-15:])
-        raise DevClusterError(
-            f"building helm and promtool failed (go build exit {result.returncode}); last lines:\n{tail}",
-            fix=f"read {log_path}; check that the Go module proxy is reachable (GOPROXY) and disk space is free",
-        )
-    if target.exists():
-        shutil.rmtree(target)
-    staging.rename(target)  # atomic: a half-built directory is never mistaken for a cache hit
-    say(f"built helm and promtool in {time.monotonic() - started:.0f} s into {target}")
 
 
 def prometheus_operator_crds() -> dict[str, pathlib.Path]:
