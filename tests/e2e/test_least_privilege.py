@@ -20,6 +20,7 @@ from coroner.client.kube import api_client
 from coroner.core import api
 from coroner_dev.devcluster.cluster import Cluster
 from coroner_dev.devcluster.identities import mint_token
+from coroner_operator.kubeapi import ADMISSION_RESOURCES
 from support import components, kube
 
 pytestmark = pytest.mark.e2e
@@ -60,6 +61,13 @@ def test_rbac_grants_only_what_the_code_uses(plan_only: Cluster) -> None:
     assert can_i(plan_only, "patch", "events", who=OPERATOR) == "no"
     assert can_i(plan_only, "create", "events.events.k8s.io", who=OPERATOR) == "no"
     assert can_i(plan_only, "create", "events", who=AGENT) == "no"
+    # Its admission policies and bindings, read (it fails closed on them), never written.
+    for resource in ADMISSION_RESOURCES.values():
+        kind = f"{resource}.admissionregistration.k8s.io"
+        assert can_i(plan_only, "list", kind, who=OPERATOR) == "yes", kind
+        for verb in ("create", "update", "patch", "delete"):
+            assert can_i(plan_only, verb, kind, who=OPERATOR) == "no", (verb, kind)
+        assert can_i(plan_only, "list", kind, who=AGENT) == "no", kind
 
 
 def test_the_operator_cannot_create_an_agents_lease(plan_only: Cluster, operator: k8s.ApiClient) -> None:
