@@ -22,6 +22,7 @@ from coroner.client.kube import api_client
 from coroner.core import api, wire
 from coroner_dev.devcluster.cluster import Cluster
 from coroner_dev.devcluster.identities import mint_token, user_kubeconfig
+from integration.test_kubectl_plugin import apply_args, as_json, coroner, reasons
 from support import components, kube, pods
 
 pytestmark = pytest.mark.integration
@@ -80,9 +81,10 @@ def attest(agent: k8s.ApiClient, namespace: str, name: str, **fields: Any) -> di
 
 
 def retirement_ops(
-    body: dict[str, Any], *, retired_by: str, reason: str, attestation: object = "copy"
+    body: dict[str, Any], *, retired_by: str, reason: str, attestation: object = "copy", statement: str | None = None
 ) -> list[dict[str, Any]]:
-    """The retirement as the operator and `apply` write it (coroner.core.wire), claiming `reason`."""
+    """The retirement as the operator and `apply` write it (coroner.core.wire), claiming `reason`
+    (and, as `apply` does for a person's node evidence, `statement`)."""
     status = body.get("status") or {}
     relied_on = status.get("attestation") if attestation == "copy" else attestation
     record = {
@@ -91,6 +93,7 @@ def retirement_ops(
         "reason": reason,
         "decision": "EligibleStaleOrphan",
         **({} if relied_on is None else {"attestation": relied_on}),
+        **({} if statement is None else {"statement": statement}),
     }
     retired = {
         "type": "Retired",
@@ -227,15 +230,17 @@ def test_node_evidence_from_a_person_is_recorded_as_theirs_and_no_other_identity
     register(admin, namespace, "by-worker")
     _, alice = retirers["human"]
     body = kube.get_registration(admin, namespace, "by-person")
-    kube.patch_status(alice, namespace, "by-person", retirement_ops(body, retired_by="alice", reason="NodeDeleted"))
-    assert kube.get_registration(admin, namespace, "by-person")["status"]["retirement"]["retiredBy"] == "alice"
+    ops = retirement_ops(body, retired_by="alice", reason="NodeDeleted", statement="Human")
+    kube.patch_status(alice, namespace, "by-person", ops)
+    retirement = kube.get_registration(admin, namespace, "by-person")["status"]["retirement"]
+    assert (retirement["retiredBy"], retirement["statement"]) == ("alice", "Human")
     # A workload identity that somehow holds retire is neither the operator nor a person.
     kube.kubectl(installed, "create", "rolebinding", "bot-retirer", "--clusterrole=coroner-retirer",
                  f"--serviceaccount={namespace}:bot", "-n", namespace)  # fmt: skip
     bot_name = f"system:serviceaccount:{namespace}:bot"
     with api_client(mint_token(installed, service_account=f"{namespace}/bot")) as bot:
         body = kube.get_registration(admin, namespace, "by-worker")
-        ops = retirement_ops(body, retired_by=bot_name, reason="NodeDeleted")
+        ops = retirement_ops(body, retired_by=bot_name, reason="NodeDeleted", statement="Human")
         message = kube.wait_for(lambda: _refused_for_identity(bot, namespace, ops), what="the bot's RBAC")
     assert f"needs a person holding the retire verb (kubectl coroner apply); {bot_name} is not one" in message
 
@@ -247,3 +252,91 @@ def _refused_for_identity(client: k8s.ApiClient, namespace: str, ops: list[dict[
         message = str(kube.api_error_body(exc).get("message"))
         return message if "node evidence" in message else None
     raise AssertionError("a ServiceAccount retired with node evidence")
+
+
+@pytest.mark.parametrize("evidence", ["NodeDeleted", "NodeOutOfService"])
+def test_a_persons_node_evidence_is_admitted_only_as_a_statement_recorded_as_human(
+    retirers: dict[str, tuple[str, k8s.ApiClient]], admin: k8s.ApiClient, namespace: str, evidence: str
+) -> None:
+    register(admin, namespace, "w")
+    _, alice = retirers["human"]
+    body = kube.get_registration(admin, namespace, "w")
+    unstated = refusal(alice, namespace, "w", retirement_ops(body, retired_by="alice", reason=evidence))
+    assert f'with node evidence {evidence} as alice needs status.retirement.statement "Human"' in unstated
+    other = refusal(alice, namespace, "w", retirement_ops(body, retired_by="alice", reason=evidence, statement="Mine"))
+    assert "statement" in other  # the CRD's enum, or the policy: only Human is a statement
+    kube.patch_status(
+        alice, namespace, "w", retirement_ops(body, retired_by="alice", reason=evidence, statement="Human")
+    )
+    retirement = kube.get_registration(admin, namespace, "w")["status"]["retirement"]
+    assert (retirement["reason"], retirement["statement"], retirement["retiredBy"]) == (evidence, "Human", "alice")
+
+
+@pytest.mark.parametrize("who", ["admin", "human", "operator"])
+def test_no_retirement_on_an_agents_evidence_claims_to_be_a_human_statement(
+    retirers: dict[str, tuple[str, k8s.ApiClient]],
+    agent: k8s.ApiClient,
+    admin: k8s.ApiClient,
+    namespace: str,
+    who: str,
+) -> None:
+    register(admin, namespace, "w")
+    attest(agent, namespace, "w", evidence="PidfdExited")
+    username, client = retirers[who]
+    body = kube.get_registration(admin, namespace, "w")
+    ops = retirement_ops(body, retired_by=username, reason="PidfdExited", statement="Human")
+    message = refusal(client, namespace, "w", ops)
+    expected = f'status.retirement.statement "Human" records a person stating node evidence; {username} retiring'
+    assert expected in message, message
+
+
+@pytest.mark.parametrize("evidence", ["NodeDeleted", "NodeOutOfService"])
+def test_the_operators_node_evidence_is_never_a_human_statement(
+    installed: Cluster,
+    retirers: dict[str, tuple[str, k8s.ApiClient]],
+    admin: k8s.ApiClient,
+    namespace: str,
+    evidence: str,
+) -> None:
+    """Even with components/node-loss, where the operator may retire on node evidence at all."""
+    register(admin, namespace, "w")
+    _, operator = retirers["operator"]
+    components.install(installed, grant=True, node_loss=True)
+    try:
+        kube.wait_for(lambda: _admits_node_evidence_from_the_operator(operator, admin, namespace, evidence),
+                      what="the node-loss opt-in in force")  # fmt: skip
+        body = kube.get_registration(admin, namespace, "w")
+        ops = retirement_ops(body, retired_by=OPERATOR, reason=evidence, statement="Human")
+        message = refusal(operator, namespace, "w", ops)
+    finally:
+        components.install(installed, grant=True)
+    assert f"records a person stating node evidence; {OPERATOR} retiring with {evidence} may not write it" in message
+
+
+def _admits_node_evidence_from_the_operator(
+    operator: k8s.ApiClient, admin: k8s.ApiClient, namespace: str, evidence: str
+) -> bool:
+    """A throwaway registration the operator retires on `evidence`: admitted once the opt-in is in force."""
+    name = f"probe-{uuid.uuid4().hex[:6]}"
+    register(admin, namespace, name)
+    return _admitted(operator, admin, namespace, name, evidence)
+
+
+def test_kubectl_coroner_apply_records_a_persons_node_evidence_as_a_human_statement(
+    installed: Cluster, admin: k8s.ApiClient, namespace: str
+) -> None:
+    """The real plugin, as the cluster admin (a person): a Node that is gone, stated so with
+    --node-quarantine-seconds=0, is retired on NodeDeleted with statement Human (admitted only so)."""
+    gone = f"gone-{uuid.uuid4().hex[:6]}"  # never registered as a Node: a live GET finds it NotFound
+    kube.create_registration(admin, namespace, kube.registration_body(name="w", node=gone, interval=None))
+    statement = ("--node-deletion-evidence", "--node-quarantine-seconds=0")
+    planned = coroner(installed, "plan", "-n", namespace, "-o", "json", *statement, kubeconfig=installed.kubeconfig)
+    assert planned.returncode == 0, planned.stderr
+    document = as_json(planned)
+    assert reasons(document) == {"w": "EligibleStaleOrphan"}
+    args = [*apply_args(document, namespace, "w"), "--yes", "-o", "json", *statement]
+    applied = coroner(installed, *args, kubeconfig=installed.kubeconfig)
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert [row["outcome"] for row in as_json(applied)["rows"]] == ["Retired"]
+    retirement = kube.get_registration(admin, namespace, "w")["status"]["retirement"]
+    assert (retirement["reason"], retirement["statement"], retirement["retiredBy"]) == ("NodeDeleted", "Human", "admin")

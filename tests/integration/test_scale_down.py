@@ -283,6 +283,8 @@ def test_abrupt_loss_without_the_component_is_preserved_and_reported_honestly(
     assert applied.returncode == 0, applied.stdout + applied.stderr
     for worker in workers:
         assert terminal(admin, namespace, worker.name) == "Retired (NodeDeleted)"
+        # Recorded as what it is: a person's statement (the API server admits it only so).
+        assert kube.get_registration(admin, namespace, worker.name)["status"]["retirement"]["statement"] == "Human"
         # ...and the operator makes the human's retirement read terminal everywhere (issue 13).
         kube.wait_for(
             lambda w=worker: retirable(admin, namespace, w.name).get("reason") == "AlreadyTerminal",

@@ -428,7 +428,7 @@ class Server:
 
     def _evidence(self, identity: str, new: dict[str, Any]) -> None:
         """Policy 6, coroner-retire-requires-evidence (process evidence; node evidence is not
-        modelled, so it is refused but to a person)."""
+        modelled, so it is refused but to a person, who states it: statement Human)."""
         status, spec = _status(new), new.get("spec") or {}
         record = status.get("retirement")
         if not isinstance(record, dict):
@@ -441,9 +441,15 @@ class Server:
         if any(c.get("type") == "Retired" and c.get("status") == "True" and c.get("reason") != claimed
                for c in _conditions(new)):  # fmt: skip
             self._refuse("evidence", "the Retired condition must name the evidence")
-        if claimed in ("NodeDeleted", "NodeOutOfService"):
-            if identity.startswith("operator") or identity.startswith("agent:"):
+        person = not (identity.startswith("operator") or identity.startswith("agent:"))
+        node_evidence = claimed in ("NodeDeleted", "NodeOutOfService")
+        if record.get("statement") is not None and not (node_evidence and person):
+            self._refuse("evidence", "status.retirement.statement records a person stating node evidence")
+        if node_evidence:
+            if not person:
                 self._refuse("evidence", "node evidence needs the node-loss component or a person")
+            if record.get("statement") != "Human":
+                self._refuse("evidence", 'a person\'s node evidence needs status.retirement.statement "Human"')
             return
         if claimed not in ("PidfdExited", "ProcAbsent", "BootBoundary"):
             self._refuse("evidence", f"{claimed!r} is not death evidence")

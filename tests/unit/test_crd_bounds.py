@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from coroner.core import api, model, wire
+from coroner.core.reasons import Statement
 
 pytestmark = pytest.mark.unit
 
@@ -46,6 +47,10 @@ def test_the_crd_bounds_are_the_parsers(path: str, minimum: int, maximum: int) -
 
 def test_what_the_agent_writes_fits_the_crd() -> None:
     assert field("status.attestation.detail")["maxLength"] >= wire.ATTESTATION_DETAIL_MAX
+
+
+def test_the_crds_statements_are_the_vocabularys() -> None:
+    assert field("status.retirement.statement")["enum"] == [statement.value for statement in Statement]
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ cache reads them): what one component writes, every other one reads back as mean
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime
 from typing import Any
 
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 
 from coroner.core import api, model, wire, world
 from coroner.core.decision import Policy, decide
-from coroner.core.reasons import ConditionType, Evidence, Reason, Verdict
+from coroner.core.reasons import ConditionType, Evidence, Reason, Statement, Verdict
 from unit.builders import NOW, make_facts, make_registration
 
 pytestmark = pytest.mark.unit
@@ -299,6 +300,40 @@ def test_one_retirement_patch_parses_back_as_retired(body: dict[str, Any], write
         assert others == [c for c in stored if c["type"] != "Retired"]
     else:  # the operator says AlreadyTerminal at once
         assert wire.reads_terminal(parsed)
+
+
+@pytest.mark.parametrize(
+    ("writer", "evidence", "statement"),
+    [
+        pytest.param(wire.Writer.PERSON, Evidence.NODE_DELETED, Statement.HUMAN, id="person-node-deleted"),
+        pytest.param(wire.Writer.PERSON, Evidence.NODE_OUT_OF_SERVICE, Statement.HUMAN, id="person-out-of-service"),
+        pytest.param(wire.Writer.PERSON, Evidence.PIDFD_EXITED, None, id="person-process-evidence"),
+        pytest.param(wire.Writer.OPERATOR, Evidence.NODE_DELETED, None, id="operator-node-deleted"),
+        pytest.param(wire.Writer.OPERATOR, Evidence.NODE_OUT_OF_SERVICE, None, id="operator-out-of-service"),
+        pytest.param(wire.Writer.OPERATOR, Evidence.PIDFD_EXITED, None, id="operator-process-evidence"),
+    ],
+)
+def test_a_person_stating_node_evidence_is_recorded_as_a_human_statement(
+    writer: wire.Writer, evidence: Evidence, statement: Statement | None
+) -> None:
+    """`statement: Human` exactly where a person retires on node-level evidence (the evidence policy
+    requires it there and refuses it anywhere else)."""
+    body = make_registration(attested=not evidence.node_level)
+    registration = model.parse_registration(body)
+    decided = decide(registration=registration, facts=make_facts(), policy=Policy(), now=NOW)
+    decision = dataclasses.replace(decided, reason=Reason.ELIGIBLE_STALE_ORPHAN, death_evidence=evidence)
+    ops = wire.retirement_ops(body, registration, decision, retired_by="alice", now=NOW, writer=writer)
+    record = applied(body, ops)["status"]["retirement"]
+    assert record.get("statement") == (None if statement is None else statement.value)
+    parsed = model.parse_registration(applied(body, ops))
+    assert parsed.retirement == model.Retirement(
+        retired_time=NOW,
+        retired_by="alice",
+        reason=evidence.value,
+        decision=Reason.ELIGIBLE_STALE_ORPHAN.value,
+        statement=None if statement is None else statement.value,
+    )
+    assert parsed.problems == ()
 
 
 def test_a_decision_that_is_not_retirable_has_no_retirement_patch() -> None:

@@ -92,7 +92,7 @@ EXPECTED: Final[Mapping[tuple[str, str], str]] = {
     (
         "ValidatingAdmissionPolicy",
         "coroner-retire-requires-evidence",
-    ): "0c00f2a7669027b2141b981fcb21d66867b99779936ab6eec6dcaebf9d9987f9",
+    ): "1ac13efbba55c2f9003aab83e64d14520cf7084cfd9912eab98fcf6d480a8dbe",
     (
         "ValidatingAdmissionPolicy",
         "coroner-status-fields-by-identity",
@@ -144,7 +144,7 @@ NODE_LOSS_ALTERNATES: Final[Mapping[tuple[str, str], str]] = {
     (
         "ValidatingAdmissionPolicy",
         "coroner-retire-requires-evidence",
-    ): "d30bf4eab98fb9f312e8322d302a86ba5d3f22a01231e4198ede90ee33647129",
+    ): "63c8178a5a9680bada96402092d4ec6c118dfe15486b71ce0066ee3fa27cfd16",
 }
 
 #: The variables of the evidence policy that components/node-loss turns to "true".

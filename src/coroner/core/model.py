@@ -131,6 +131,8 @@ class Retirement:
     retired_by: str | None = None
     reason: str | None = None
     decision: str | None = None
+    statement: str | None = None
+    """``Human``: a person stated the (node-level) evidence with ``kubectl coroner apply``; else None."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -589,6 +591,7 @@ def _retirement(reader: _Reader, status: Mapping[str, object] | None) -> Retirem
         retired_by=reader.string(value, "retiredBy", f"{path}.retiredBy"),
         reason=reader.string(value, "reason", f"{path}.reason"),
         decision=reader.string(value, "decision", f"{path}.decision"),
+        statement=reader.string(value, "statement", f"{path}.statement"),
     )
 
 

@@ -95,6 +95,11 @@ class Evidence(enum.StrEnum):
         """Evidence that can back a `Dead` verdict or a retirement."""
         return self in _DEATH_EVIDENCE
 
+    @property
+    def node_level(self) -> bool:
+        """Evidence about the node (NodeDeleted, NodeOutOfService), not from an agent's attestation."""
+        return self in (Evidence.NODE_DELETED, Evidence.NODE_OUT_OF_SERVICE)
+
 
 _DEATH_EVIDENCE = frozenset(
     {
@@ -105,6 +110,14 @@ _DEATH_EVIDENCE = frozenset(
         Evidence.NODE_OUT_OF_SERVICE,
     }
 )
+
+
+class Statement(enum.StrEnum):
+    """``status.retirement.statement``: a retirement whose evidence a person stated (no agent attested it)."""
+
+    #: A person (not the operator) retired on node-level evidence with ``kubectl coroner apply``; the
+    #: admission policy coroner-retire-requires-evidence requires it there and refuses it elsewhere.
+    HUMAN = "Human"
 
 
 class ConditionType(enum.StrEnum):

@@ -27,7 +27,7 @@ from typing import Any
 from coroner.core import api, model
 from coroner.core import conditions as cond
 from coroner.core.decision import Decision
-from coroner.core.reasons import ConditionType, Evidence, Reason, Verdict
+from coroner.core.reasons import ConditionType, Evidence, Reason, Statement, Verdict
 
 #: Content types of the requests: the one place they are spelled (clients import them).
 JSON = "application/json"
@@ -37,9 +37,15 @@ APPLY_PATCH = "application/apply-patch+yaml"
 
 
 def retirement_record(
-    *, decision: Decision, retired_by: str, now: datetime.datetime, attestation: object | None
+    *,
+    decision: Decision,
+    retired_by: str,
+    now: datetime.datetime,
+    attestation: object | None,
+    statement: Statement | None = None,
 ) -> dict[str, Any]:
-    """`status.retirement`: when, by whom, on which evidence path, and the attestation relied on."""
+    """`status.retirement`: when, by whom, on which evidence path, the attestation relied on, and
+    (`statement`) that a person stated the evidence."""
     record: dict[str, Any] = {
         "retiredTime": model.format_time(now, fraction=True),
         "retiredBy": retired_by,
@@ -48,6 +54,8 @@ def retirement_record(
     }
     if attestation is not None:
         record["attestation"] = attestation
+    if statement is not None:
+        record["statement"] = statement.value
     return record
 
 
@@ -206,7 +214,8 @@ class Writer(enum.Enum):
     OPERATOR = "operator"
     #: A person's ``kubectl coroner apply``: the admission policy coroner-status-fields-by-identity
     #: refuses anyone but the operator a change to Attested or Retirable, so those are written back
-    #: exactly as stored (re-rendering them could change them) and only Retired is set.
+    #: exactly as stored (re-rendering them could change them) and only Retired is set. On node-level
+    #: evidence the record says ``statement: Human`` (coroner-retire-requires-evidence requires it).
     PERSON = "person"
 
 
@@ -230,15 +239,17 @@ def retirement_ops(
     status = body.get("status")
     stored_status: Mapping[str, Any] | None = status if isinstance(status, Mapping) else None
     raw_attestation = None if stored_status is None else stored_status.get("attestation")
+    statement = None
     if writer is Writer.OPERATOR:
         written = cond.render_conditions(retired_conditions(registration, decision, now=now))
     else:
         written = _person_retired_conditions(stored_status, registration, decision, retired_by=retired_by, now=now)
+        statement = Statement.HUMAN if decision.death_evidence.node_level else None
+    record = retirement_record(
+        decision=decision, retired_by=retired_by, now=now, attestation=raw_attestation, statement=statement
+    )
     return status_ops(
-        body=body,
-        resource_version=str(registration.resource_version),
-        conditions=written,
-        retirement=retirement_record(decision=decision, retired_by=retired_by, now=now, attestation=raw_attestation),
+        body=body, resource_version=str(registration.resource_version), conditions=written, retirement=record
     )
 
 
