@@ -13,12 +13,14 @@ import json
 from typing import Any
 
 import pytest
+import yaml
 
 from coroner.cli import doctor, plan
 from coroner.core import api, fingerprint, policy_json
 from coroner.core.decision import Policy
 from coroner.core.policy_json import PolicyUnreadable
 from unit.builders import BOOT, NAMESPACE, NODE, NODE_UID, NOW, OTHER_BOOT
+from unit.test_admission_digest import SHIPPED
 from unit.test_plan import S, agent_lease, listing, node, worker
 
 pytestmark = pytest.mark.unit
@@ -577,3 +579,28 @@ class TestRetireGrantOfTheOperatorPointedAt:
         )
         assert check.status == doctor.CheckStatus.UNKNOWN
         assert "coroner-operator" in check.summary and "team-a-coroner-operator" in check.summary
+
+    def test_admission_content_compares_with_the_release_prefix(self) -> None:
+        """The chart's policies name `<prefix>coroner-operator` and `<prefix>coroner-agent`: doctor
+        compares them as the release's, with the prefix of the operator it is pointed at."""
+        text = yaml.safe_dump_all(SHIPPED).replace(
+            f"serviceaccount:{SYSTEM}:coroner-", f"serviceaccount:{SYSTEM}:team-a-coroner-"
+        )
+        released = [d for d in yaml.safe_load_all(text) if d]
+        policies = [d for d in released if d["kind"] == "ValidatingAdmissionPolicy"]
+        bindings = [d for d in released if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+        assert "team-a-coroner-operator" in text
+        check = doctor.check_admission_content(
+            policies=policies, bindings=bindings, system_namespace=SYSTEM, operator_deployments=[PREFIXED]
+        )
+        assert check.status == doctor.CheckStatus.PASS, check.summary
+        # Without the operator's Deployment the prefix is not known: the manifests' names are expected.
+        unprefixed = doctor.check_admission_content(policies=policies, bindings=bindings, system_namespace=SYSTEM)
+        assert unprefixed.status == doctor.CheckStatus.FAIL
+        shipped = doctor.check_admission_content(
+            policies=[d for d in SHIPPED if d["kind"] == "ValidatingAdmissionPolicy"],
+            bindings=[d for d in SHIPPED if d["kind"] == "ValidatingAdmissionPolicyBinding"],
+            system_namespace=SYSTEM,
+            operator_deployments=[operator_deployment()],
+        )
+        assert shipped.status == doctor.CheckStatus.PASS, shipped.summary

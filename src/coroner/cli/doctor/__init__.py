@@ -78,7 +78,8 @@ class Findings:
     plan: Plan | Unreadable
     """Every registration decided with the operator's policy and the operator's retire permission."""
     operator_deployments: Sequence[Mapping[str, Any]] | Unreadable
-    """The Deployments of the system namespace: the operator's ServiceAccount (`operator_identity`)."""
+    """The Deployments of the system namespace: the operator's ServiceAccount and so the release's
+    namePrefix (`operator_identity`)."""
     cluster_wide: bool | None
     """Whether the operator holds retire in every namespace; None: could not be reviewed."""
     per_namespace: Mapping[str, bool | None]
@@ -95,7 +96,12 @@ class Findings:
 CHECKS: Final[tuple[Callable[[Findings], Check], ...]] = (
     lambda f: check_crd(f.crd),
     lambda f: check_admission_policies(policies=f.policies, bindings=f.bindings),
-    lambda f: check_admission_content(policies=f.policies, bindings=f.bindings, system_namespace=f.system_namespace),
+    lambda f: check_admission_content(
+        policies=f.policies,
+        bindings=f.bindings,
+        system_namespace=f.system_namespace,
+        operator_deployments=f.operator_deployments,
+    ),
     lambda f: check_operator_alive(lease=f.operator_lease, system_namespace=f.system_namespace, now=f.now),
     lambda f: check_last_sweep(lease=f.operator_lease, system_namespace=f.system_namespace),
     lambda f: check_retire_grant(

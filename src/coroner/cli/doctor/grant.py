@@ -30,6 +30,13 @@ class OperatorIdentity:
     source: str
     """How it was learned, a phrase for the check's line."""
 
+    @property
+    def name_prefix(self) -> str:
+        """The Helm chart's namePrefix this operator was installed with ("" for the manifests' names, and
+        where the user is not known): the admission policies name its ServiceAccounts with it."""
+        account = (self.user or "").rsplit(":", 1)[-1]
+        return account.removesuffix(OPERATOR_SERVICE_ACCOUNT) if account.endswith(OPERATOR_SERVICE_ACCOUNT) else ""
+
 
 def operator_identity(
     deployments: Sequence[Mapping[str, Any]] | Unreadable, *, system_namespace: str

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from coroner.cli.doctor.grant import operator_identity
 from coroner.cli.doctor.outcome import Check, condition_status, failed, object_name, passed, unknown
 from coroner.cli.plan import Unreadable, names_text
 from coroner.core import admission_digest, api
@@ -100,10 +101,13 @@ def check_admission_content(
     policies: Sequence[Mapping[str, Any]] | Unreadable,
     bindings: Sequence[Mapping[str, Any]] | Unreadable,
     system_namespace: str = api.SYSTEM_NAMESPACE,
+    operator_deployments: Sequence[Mapping[str, Any]] | Unreadable = (),
 ) -> Check:
     """Each ValidatingAdmissionPolicy and binding has the content the manifests ship (a digest of
     expressions, failurePolicy, match rules, actions and binding scope; coroner.core.admission_digest):
-    a policy narrowed or a binding that only warns or misses namespaces is as good as missing."""
+    a policy narrowed or a binding that only warns or misses namespaces is as good as missing. The
+    identities in them are the release's: its namespace, and the namePrefix of its operator
+    (`operator_identity` of `operator_deployments`)."""
     name = "admission-content"
     for listed in (policies, bindings):
         if isinstance(listed, Unreadable):
@@ -113,9 +117,12 @@ def check_admission_content(
     expected = {k: v for k, v in admission_digest.EXPECTED.items() if k[0] in validating}
     documents = [{"kind": "ValidatingAdmissionPolicy", **p} for p in policies]
     documents += [{"kind": "ValidatingAdmissionPolicyBinding", **b} for b in bindings]
-    comparison = admission_digest.compare(documents, expected=expected, system_namespace=system_namespace)
+    prefix = operator_identity(operator_deployments, system_namespace=system_namespace).name_prefix
+    comparison = admission_digest.compare(
+        documents, expected=expected, system_namespace=system_namespace, name_prefix=prefix
+    )
     node_evidence = "admitted" if comparison.node_loss else "refused"
-    facts = {"compared": len(expected), "operatorNodeEvidence": node_evidence}
+    facts = {"compared": len(expected), "operatorNodeEvidence": node_evidence, "namePrefix": prefix}
     if not comparison.intact:
         shown = [f"{kind}/{policy}" for kind, policy in sorted((*comparison.missing, *comparison.differing))]
         return failed(
