@@ -145,6 +145,30 @@ def test_the_agent_api_lists_watches_and_attests_its_own_nodes_registrations(
     assert agent.get_registration(namespace, "absent") is None
 
 
+def test_a_stale_attestation_never_lands_on_a_registration_created_again_under_its_name(
+    coroner_api: Cluster, admin: k8s.ApiClient, namespace: str
+) -> None:
+    """The agent read `again` (heartbeat H) and decided Dead; meanwhile it was deleted and created
+    again for another incarnation whose heartbeat is also H. The write must be refused: the long
+    fault run saw one accepted (seed 2026, trial 557, stale_view_agent)."""
+    components.install(coroner_api, grant=False)
+    node = "rest-node"
+    agent = AgentApi(Rest.from_kubeconfig(components.agent_kubeconfig(coroner_api, node)), node_name=node)
+    beat = {"status": {"lastHeartbeatTime": components.now_text()}}
+    kube.create_registration(admin, namespace, kube.registration_body(name="again", node=node))
+    kube.patch_status(admin, namespace, "again", beat)
+    stale = agent.get_registration(namespace, "again")
+    assert stale is not None and stale["status"]["lastHeartbeatTime"] == beat["status"]["lastHeartbeatTime"]
+    kube.custom(admin).delete_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, "again")
+    kube.create_registration(admin, namespace, kube.registration_body(name="again", node=node, pid=4343))
+    kube.patch_status(admin, namespace, "again", beat)
+    with pytest.raises(ApiError) as refused:
+        agent.write_attestation(stale, components.attestation(stale, verdict="Dead", node=node))
+    assert refused.value.status == 422
+    now = agent.get_registration(namespace, "again")
+    assert now is not None and "attestation" not in now["status"]
+
+
 def test_a_watch_left_early_does_not_leave_its_open_stream_to_the_next_request(
     coroner_api: Cluster, admin: k8s.ApiClient, namespace: str
 ) -> None:

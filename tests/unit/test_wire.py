@@ -467,3 +467,19 @@ def test_the_one_rendering_of_an_attestation_parses_back_to_what_was_parsed(stor
     again = model.parse_registration(make_registration(paths={"status.attestation": rendered})).attestation
     assert again == first
     assert model.render_attestation(again) == rendered
+
+
+def test_an_attestation_never_lands_on_a_registration_created_again_under_its_name() -> None:
+    """Deleted and created again under the same name for another incarnation, the new object can
+    carry the very lastHeartbeatTime the probe saw on the old one (one tick stamping both): the
+    patch must still fail, since it pins the object it was decided on by uid. The long fault run
+    (seed 2026, trial 557: stale_view_agent) saw such a stale Dead attestation accepted."""
+    body = make_registration(attested=False)
+    attestation = {"verdict": "Dead", "heartbeatSeen": body["status"]["lastHeartbeatTime"]}
+    ops = wire.attestation_ops(body, attestation)
+    applied(body, ops)
+    again = copy.deepcopy(body)
+    again["metadata"] |= {"uid": "another-uid", "resourceVersion": "moved"}
+    again["spec"]["incarnation"]["pid"] += 1
+    with pytest.raises(jsonpatch.JsonPatchTestFailed):
+        jsonpatch.apply_patch(again, ops)

@@ -473,17 +473,23 @@ def attestation_ops(body: Mapping[str, Any], attestation: Mapping[str, Any]) -> 
 
     The agent relied on the heartbeat it read (recorded as heartbeatSeen): the patch `test`s that
     value, so a heartbeat that lands between the probe and the write turns the write into a 422
-    and a fresh probe, instead of an attestation that contradicts the newest heartbeat.
+    and a fresh probe, instead of an attestation that contradicts the newest heartbeat. It also
+    relied on the object itself: the patch `test`s its uid (spec is immutable, so the uid pins the
+    incarnation), or a registration deleted and created again under the same name whose heartbeat
+    happens to equal the one seen would take the old incarnation's attestation.
     """
     status = body.get("status")
     seen = attestation.get("heartbeatSeen")
     value = dict(attestation)
+    metadata = body.get("metadata") or {}
+    pinned = [{"op": "test", "path": "/metadata/uid", "value": metadata["uid"]}] if metadata.get("uid") else []
     if isinstance(status, dict) and isinstance(status.get("lastHeartbeatTime"), str):
         return [
             {"op": "test", "path": "/status/lastHeartbeatTime", "value": seen},
+            *pinned,
             {"op": "add", "path": "/status/attestation", "value": value},
         ]
-    resource_version = str((body.get("metadata") or {}).get("resourceVersion"))
+    resource_version = str(metadata.get("resourceVersion"))
     if isinstance(status, dict):
         return [
             {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version},
