@@ -336,3 +336,21 @@ def test_retirements_decided_together_share_one_read_right_before_them() -> None
 
     asyncio.run(scenario())
     assert kube.lists == 2, "the refresh, then one read for the five retirements decided before it"
+
+
+def test_the_gauge_says_whether_the_policies_are_verified_and_unknown_is_not() -> None:
+    kube = WritingKube(served(warn=BINDING))
+    op = operator(kube)
+
+    def gauge() -> float | None:
+        return op.metrics.registry.get_sample_value("coroner_admission_policies_verified")
+
+    assert gauge() == 0, "before the first read: unknown is never verified"
+    asyncio.run(op.permissions.refresh_admission())
+    assert gauge() == 0
+    kube.listed = served()
+    asyncio.run(op.permissions.refresh_admission())
+    assert gauge() == 1
+    kube.listed = ApiError(403, "Forbidden", "no list")
+    asyncio.run(op.permissions.refresh_admission())
+    assert gauge() == 0

@@ -95,6 +95,7 @@ class Operator:
             system_namespace=settings.system_namespace,
             node_evidence=policy.node_deletion_evidence or policy.node_out_of_service_evidence,
             identity=identity,
+            verified=lambda verified: metrics.admission_verified.set(1 if verified else 0),
         )
         self.executor = Executor(
             world=world,

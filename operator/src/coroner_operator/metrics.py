@@ -23,6 +23,13 @@ class Metrics:
             "(without --leader-elect the only replica always leads).",
             registry=self.registry,
         )
+        self.admission_verified = Gauge(
+            "coroner_admission_policies_verified",
+            "1 while every admission policy and binding Coroner ships is present with its content; 0 while one "
+            "is missing, differs or cannot be read, or before the first read: the operator retires nothing then "
+            "(AdmissionPoliciesUnverified). Every replica reads them.",
+            registry=self.registry,
+        )
         self.retirements = Counter(
             "coroner_retirements",
             "Registrations retired, by the evidence path that authorized the retirement.",

@@ -42,6 +42,7 @@ class PermissionRefresher:
         system_namespace: str = api.SYSTEM_NAMESPACE,
         node_evidence: bool = False,
         identity: str = "",
+        verified: Callable[[bool], None] = lambda _: None,
     ) -> None:
         self.kube = kube
         self.world = world
@@ -53,6 +54,8 @@ class PermissionRefresher:
         # flags); for one that does not, it is a rule weaker than it needs.
         self.alternates: Mapping[tuple[str, str], str] = admission_digest.NODE_LOSS_ALTERNATES if node_evidence else {}
         self.name_prefix = name_prefix_of(identity, system_namespace=system_namespace)
+        self.verified = verified
+        """Told after each read whether the policies are verified (the operator's gauge)."""
         self._admission_checked = False
         self._admission_lock = asyncio.Lock()
         self._admission_reads: FreshRead[str, tuple[str, ...]] = FreshRead(self._read_admission)
@@ -100,6 +103,7 @@ class PermissionRefresher:
 
     def _record(self, why: tuple[str, ...]) -> None:
         self._admission_checked = True
+        self.verified(not why)
         if not self.world.set_admission_unverified(why):
             return
         if why:
