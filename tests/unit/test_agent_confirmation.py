@@ -116,13 +116,25 @@ def test_a_reused_sighting_is_the_first_look_at_the_absence() -> None:
             settings=AgentSettings(node_name=NODE, absence_confirm_seconds=0.3),
             identity="agent",
         )
+
+        async def probed(count: int) -> None:  # no fixed sleeps: a loaded machine only waits longer
+            while prober.probes < count:
+                await asyncio.sleep(0.01)
+
         agent.on_relist([kube.bodies[KEY]])
         worker = asyncio.create_task(agent.run_worker())
-        await asyncio.sleep(0.35)
+        await probed(1)
+        await asyncio.sleep(0.35)  # the confirmation window (0.3 s) has passed since the first look
         agent.enqueue(KEY)  # the holder of the number exits (its pidfd event): still Reused here
-        await asyncio.sleep(0.05)
+        await probed(2)
         agent.enqueue(KEY)  # and now absent: written at once, the first look was the Reused one
-        await asyncio.sleep(0.05)
+        await probed(3)
+        for _ in range(500):  # the write follows the third probe (a bound, not a timing)
+            if len(kube.writes) >= 2:
+                break
+            await asyncio.sleep(0.01)
+        # At once: on the third look itself, not on a later one after a confirmation window.
+        assert prober.probes == 3
         worker.cancel()
         await asyncio.gather(worker, return_exceptions=True)
         return kube
