@@ -26,7 +26,7 @@ from coroner.core.reasons import Reason
 from coroner.core.world import World
 from coroner_operator.app import Operator
 from coroner_operator.metrics import Metrics
-from coroner_operator.permissions import PermissionRefresher, name_prefix_of
+from coroner_operator.permissions import PermissionRefresher
 from coroner_operator.settings import OperatorSettings
 from unit.builders import (
     NAME,
@@ -235,7 +235,7 @@ def test_a_helm_install_in_another_namespace_with_a_name_prefix_is_verified(iden
     ],
 )
 def test_the_name_prefix_is_read_off_the_operators_own_identity(identity: str, namespace: str, prefix: str) -> None:
-    assert name_prefix_of(identity, system_namespace=namespace) == prefix
+    assert api.name_prefix_of(identity, system_namespace=namespace) == prefix
 
 
 # --- through the operator: reconcile gathers, the step preserves ------------------------------------

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
-from typing import Final
 
 from coroner.core import admission_digest, api
 from coroner.core.model import Key
@@ -53,7 +52,7 @@ class PermissionRefresher:
         # operator: verified only where this operator uses node evidence (the component sets the
         # flags); for one that does not, it is a rule weaker than it needs.
         self.alternates: Mapping[tuple[str, str], str] = admission_digest.NODE_LOSS_ALTERNATES if node_evidence else {}
-        self.name_prefix = name_prefix_of(identity, system_namespace=system_namespace)
+        self.name_prefix = api.name_prefix_of(identity, system_namespace=system_namespace)
         self.verified = verified
         """Told after each read whether the policies are verified (the operator's gauge)."""
         self._admission_checked = False
@@ -118,17 +117,3 @@ class PermissionRefresher:
         while True:
             await asyncio.sleep(self.interval_seconds)
             await self.refresh()
-
-
-#: The operator's ServiceAccount as the manifests name it; the Helm chart may prefix it (namePrefix).
-OPERATOR_SERVICE_ACCOUNT: Final = "coroner-operator"
-
-
-def name_prefix_of(identity: str, *, system_namespace: str) -> str:
-    """The Helm chart's namePrefix, read off the operator's own identity
-    (``system:serviceaccount:<namespace>:<prefix>coroner-operator``): the policies name the
-    operator's and the agent's ServiceAccounts with it. "" for any other identity."""
-    head = f"system:serviceaccount:{system_namespace}:"
-    if identity.startswith(head) and identity.endswith(OPERATOR_SERVICE_ACCOUNT):
-        return identity[len(head) : -len(OPERATOR_SERVICE_ACCOUNT)]
-    return ""

@@ -38,9 +38,24 @@ ROOT_PID_NAMESPACE_INODE: Final = 4026531836
 PID_MAX_LIMIT: Final = 4194304
 #: The operator's own Lease in SYSTEM_NAMESPACE, renewed after every sweep; doctor reads it.
 OPERATOR_LEASE: Final = "coroner-operator"
+#: The ServiceAccount the manifests run the operator as; a Helm release prefixes it (namePrefix).
+OPERATOR_SERVICE_ACCOUNT: Final = "coroner-operator"
 #: Annotation on OPERATOR_LEASE holding the last sweep's outcome (JSON, per-namespace failures).
 LAST_SWEEP_ANNOTATION: Final = f"{GROUP}/last-sweep"
 #: Annotation on OPERATOR_LEASE holding the decision Policy the operator runs with (JSON, every
 #: field of coroner.core.decision.Policy under its camelCase name; see coroner.core.policy_json). Written at
 #: startup and with every sweep; `kubectl coroner plan|apply|doctor` decide with it.
 POLICY_ANNOTATION: Final = f"{GROUP}/policy"
+
+
+def name_prefix_of(user: str, *, system_namespace: str | None = None) -> str:
+    """The Helm chart's namePrefix read off the operator's user
+    (``system:serviceaccount:<namespace>:<prefix>coroner-operator``, its namespace `system_namespace`
+    when given): the admission policies name the operator's and the agent's ServiceAccounts with it.
+    "" for the manifests' name and for any other user."""
+    parts = user.split(":")
+    if len(parts) != 4 or parts[:2] != ["system", "serviceaccount"]:
+        return ""
+    if system_namespace is not None and parts[2] != system_namespace:
+        return ""
+    return parts[3].removesuffix(OPERATOR_SERVICE_ACCOUNT) if parts[3].endswith(OPERATOR_SERVICE_ACCOUNT) else ""

@@ -14,9 +14,8 @@ from typing import Any, Final
 
 from coroner.cli.doctor.outcome import Check, failed, object_name, passed, unknown
 from coroner.cli.plan import Unreadable, names_text
+from coroner.core import api
 
-#: The ServiceAccount the manifests run the operator as (the chart: with its namePrefix).
-OPERATOR_SERVICE_ACCOUNT: Final = "coroner-operator"
 #: The label of the operator's pods in the manifests and the chart (whatever the prefix).
 OPERATOR_APP_LABEL: Final = ("app.kubernetes.io/name", "coroner-operator")
 
@@ -34,8 +33,7 @@ class OperatorIdentity:
     def name_prefix(self) -> str:
         """The Helm chart's namePrefix this operator was installed with ("" for the manifests' names, and
         where the user is not known): the admission policies name its ServiceAccounts with it."""
-        account = (self.user or "").rsplit(":", 1)[-1]
-        return account.removesuffix(OPERATOR_SERVICE_ACCOUNT) if account.endswith(OPERATOR_SERVICE_ACCOUNT) else ""
+        return api.name_prefix_of(self.user or "")
 
 
 def operator_identity(
@@ -45,7 +43,7 @@ def operator_identity(
     carry `OPERATOR_APP_LABEL`; the manifests' name where there is none or they cannot be read."""
     if isinstance(deployments, Unreadable):
         return OperatorIdentity(
-            user=_user(system_namespace, OPERATOR_SERVICE_ACCOUNT),
+            user=_user(system_namespace, api.OPERATOR_SERVICE_ACCOUNT),
             source=f"is the manifests' name: the Deployments of {system_namespace} could not be read "
             f"({deployments.reason})",
         )
@@ -59,7 +57,7 @@ def operator_identity(
             accounts.setdefault(account, []).append(object_name(deployment))
     if not accounts:
         return OperatorIdentity(
-            user=_user(system_namespace, OPERATOR_SERVICE_ACCOUNT),
+            user=_user(system_namespace, api.OPERATOR_SERVICE_ACCOUNT),
             source=f"is the manifests' name: no operator Deployment in {system_namespace}",
         )
     if len(accounts) > 1:
