@@ -18,6 +18,7 @@ import pathlib
 import re
 import socket
 import urllib.request
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -25,6 +26,7 @@ from kubernetes import client as k8s
 
 from coroner.client.kube import api_client
 from coroner_dev.devcluster.cluster import Cluster
+from coroner_dev.devcluster.identities import ensure_node
 from integration.test_kubectl_plugin import apply_args, as_json, coroner, plan_json, reasons
 from support import components, kube
 
@@ -198,3 +200,36 @@ def test_apply_prints_a_refusal_by_admission_naming_the_object_and_the_fix(
         assert not components.retired(admin, namespace, "kept")
     finally:
         _remove_policy(granted)
+
+
+def test_node_evidence_the_evidence_policy_refuses_is_reported_as_its_refusal(
+    granted: Cluster, admin: k8s.ApiClient, namespace: str, tmp_path: pathlib.Path
+) -> None:
+    """Coroner's own policy: an operator started with --node-out-of-service-evidence where
+    components/node-loss is not installed decides NodeOutOfService for a tainted node's worker, and
+    coroner-retire-requires-evidence refuses the operator's node evidence. The registration says so,
+    naming the policy and the missing component — before, it said RetirePermissionMissing."""
+    node = f"oos-{uuid.uuid4().hex[:6]}"
+    ensure_node(granted, name=node, boot_id=BOOT)
+    log = tmp_path / "operator.log"
+    argv = components.operator_argv(components.operator_kubeconfig(granted), "--node-out-of-service-evidence")
+    try:
+        with components.process(argv, log=log):
+            kube.create_registration(admin, namespace, kube.registration_body(name="w", node=node, interval=None))
+            # No agent ever published a Lease for this node: nothing attested, and nothing can be.
+            kube.wait_for(lambda: components.reason(admin, namespace, "w") == "AgentUnavailable", what="unattested")
+            kube.kubectl(granted, "taint", "node", node, "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute")
+            refused = kube.wait_for(
+                lambda: (
+                    (found := _retirable(admin, namespace, "w")) is not None
+                    and found.get("reason") == "RetireRefusedByAdmission"
+                    and found
+                ),
+                what=f"the refusal recorded (see {log})",
+            )
+            message = str(refused["message"])
+            assert "ValidatingAdmissionPolicy coroner-retire-requires-evidence" in message, message
+            assert "with node evidence NodeOutOfService needs the node-loss component" in message, message
+            assert not components.retired(admin, namespace, "w")
+    finally:
+        k8s.CoreV1Api(admin).delete_node(node)
