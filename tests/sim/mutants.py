@@ -76,14 +76,14 @@ def skip_start_time_check() -> contextlib.AbstractContextManager[None]:
 
 def future_heartbeat_expiry() -> contextlib.AbstractContextManager[None]:
     """The decision reads a heartbeat from the future (negative silence) as expired."""
-    original = decision._silent
+    original = decision.conjunction._silent
 
     def mutant(trail: Any, *, known: Any, registration: Any, window: Any) -> Any:
         if known.last_heartbeat > trail.now:
             return None
         return original(trail, known=known, registration=registration, window=window)
 
-    return _patched(decision, "_silent", mutant)
+    return _patched(decision.conjunction, "_silent", mutant)
 
 
 def retire_on_stale_cached_view() -> contextlib.AbstractContextManager[None]:
