@@ -7,8 +7,9 @@ import datetime
 from coroner.cli.doctor.outcome import Check, failed, passed, unknown
 from coroner.cli.plan import Unreadable, display, names_text
 from coroner.core import model
+from coroner.core.conditions import find_condition
 from coroner.core.fingerprint import Plan, PlanEntry
-from coroner.core.reasons import Reason
+from coroner.core.reasons import ConditionType, Reason
 
 
 def blocked(entry: PlanEntry) -> bool:
@@ -24,6 +25,20 @@ def blocked(entry: PlanEntry) -> bool:
         and not decision.retirable
         and decision.reason not in (Reason.HEARTBEAT_NOT_EXPIRED, Reason.ALREADY_TERMINAL)
     )
+
+
+def refused_by_admission(entry: PlanEntry) -> bool:
+    """Retirable by the decision, but the operator's last retirement of it was refused by the API
+    server's admission (its stored Retirable condition says so): the decision cannot see that, and
+    it stays until someone changes the policy that refuses it."""
+    stored = find_condition(entry.registration.conditions, type=ConditionType.RETIRABLE)
+    return entry.decision.retirable and stored is not None and stored.reason == Reason.RETIRE_REFUSED_BY_ADMISSION.value
+
+
+def _blocking_reason(entry: PlanEntry) -> Reason | None:
+    if blocked(entry):
+        return entry.decision.reason
+    return Reason.RETIRE_REFUSED_BY_ADMISSION if refused_by_admission(entry) else None
 
 
 def check_unattested(*, plan: Plan | Unreadable, now: datetime.datetime, grace_seconds: float) -> Check:
@@ -55,7 +70,8 @@ def check_unattested(*, plan: Plan | Unreadable, now: datetime.datetime, grace_s
 
 
 def check_blocked(*, plan: Plan | Unreadable, expect_plan_only: bool, permission_known: bool = True) -> Check:
-    """Registrations the operator would retire but for something a person must fix.
+    """Registrations the operator would retire but for something a person must fix (including a
+    retirement the API server's admission refused, as the operator's stored condition says).
 
     `plan` must be decided with the operator's retire permission; where that permission could not
     be reviewed (`permission_known` False), RetirePermissionMissing rows are unknown, not blocked.
@@ -63,10 +79,11 @@ def check_blocked(*, plan: Plan | Unreadable, expect_plan_only: bool, permission
     name = "blocked"
     if isinstance(plan, Unreadable):
         return unknown(name, f"registrations could not be read: {plan.reason}")
-    found = [entry for entry in plan.entries if blocked(entry)]
     by_reason: dict[str, list[str]] = {}
-    for entry in found:
-        by_reason.setdefault(entry.decision.reason.value, []).append(display(model.key_of(entry.registration)))
+    for entry in plan.entries:
+        reason = _blocking_reason(entry)
+        if reason is not None:
+            by_reason.setdefault(reason.value, []).append(display(model.key_of(entry.registration)))
     waiting = (
         by_reason.pop(Reason.RETIRE_PERMISSION_MISSING.value, []) if expect_plan_only or not permission_known else []
     )
@@ -85,7 +102,13 @@ def check_blocked(*, plan: Plan | Unreadable, expect_plan_only: bool, permission
         return failed(
             name,
             f"{facts['count']} dead registration(s) preserved by a fixable cause: {described}. "
-            f"`kubectl coroner plan` explains each.",
+            f"`kubectl coroner plan` explains each"
+            + (
+                f"; for {Reason.RETIRE_REFUSED_BY_ADMISSION}, the registration's Retirable condition "
+                f"names the policy that refused the operator's retirement (`kubectl describe`)."
+                if Reason.RETIRE_REFUSED_BY_ADMISSION.value in by_reason
+                else "."
+            ),
             objects=tuple(f"workerregistration/{n}" for names in by_reason.values() for n in names),
             facts=facts,
         )
