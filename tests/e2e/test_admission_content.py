@@ -68,3 +68,35 @@ def test_what_the_server_serves_is_what_ships_and_a_warn_only_binding_is_not(clu
         assert comparison.intact and comparison.node_loss
     finally:
         components.install(cluster, grant=False)
+
+
+def test_a_deleted_or_changed_mutating_policy_fails_doctor_by_name(cluster: Cluster) -> None:
+    """The operator verifies the MutatingAdmissionPolicy and its binding too (it retires nothing
+    while one is missing or differs): doctor's admission checks name them, never PASS then."""
+    components.install(cluster, grant=False)
+    name = "coroner-record-registrant"
+    checks = doctor_checks(cluster)
+    assert checks["admission-policies"]["status"] == checks["admission-content"]["status"] == "PASS"
+    kube.kubectl(cluster, "delete", "mutatingadmissionpolicybinding", name)
+    try:
+        assert ad.compare(served(cluster)).missing == (("MutatingAdmissionPolicyBinding", name),)
+        checks = doctor_checks(cluster)
+        for check in ("admission-policies", "admission-content"):
+            assert checks[check]["status"] == "FAIL", checks[check]
+            assert checks[check]["objects"] == [f"MutatingAdmissionPolicyBinding/{name}"]
+            assert f"MutatingAdmissionPolicyBinding/{name}" in checks[check]["summary"]
+    finally:
+        components.install(cluster, grant=False)
+    assert doctor_checks(cluster)["admission-content"]["status"] == "PASS"
+    kube.kubectl(cluster, "patch", "mutatingadmissionpolicy", name, "--type=json", "-p",
+                 '[{"op":"replace","path":"/spec/mutations/0/applyConfiguration/expression","value":"Object{}"}]')  # fmt: skip
+    try:
+        assert ad.compare(served(cluster)).differing == (("MutatingAdmissionPolicy", name),)
+        checks = doctor_checks(cluster)
+        assert checks["admission-policies"]["status"] == "PASS"  # present and bound: the names check is fooled
+        assert checks["admission-content"]["status"] == "FAIL"
+        assert checks["admission-content"]["objects"] == [f"MutatingAdmissionPolicy/{name}"]
+    finally:
+        kube.kubectl(cluster, "delete", "mutatingadmissionpolicy", name)
+        components.install(cluster, grant=False)
+    assert ad.compare(served(cluster)).intact

@@ -17,8 +17,9 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coroner.cli import doctor
+from coroner.cli import doctor, plan
 from coroner.core import admission_digest as ad
+from coroner.core.decision import Policy
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SHIPPED = [d for d in yaml.safe_load_all((REPO / "manifests" / "base" / "admission-policies.yaml").read_text()) if d]
@@ -179,18 +180,41 @@ def test_any_other_expression_is_another_digest(text: str) -> None:
 
 
 def test_doctor_compares_content_and_names_what_differs() -> None:
-    policies = [d for d in shipped() if d["kind"] == VAP]
-    bindings = [d for d in shipped() if d["kind"] == VAPB]
-    assert doctor.check_admission_content(policies=policies, bindings=bindings).status == doctor.CheckStatus.PASS
+    documents = shipped()
+    admission = {kind: [d for d in documents if d["kind"] == kind] for kind in ad.KINDS}
+    choice = plan.choose_policy(published=Policy(), flags={}, system_namespace=ad.SHIPPED_NAMESPACE)
+    check = doctor.check_admission_content(admission=admission, policy=choice)
+    assert check.status == doctor.CheckStatus.PASS, check.summary
     # The names-only check passes a binding narrowed to one namespace; the content check does not.
-    find(bindings, VAPB, EVIDENCE)["spec"]["matchResources"] = {"namespaceSelector": {"matchLabels": {"a": "b"}}}
-    assert doctor.check_admission_policies(policies=policies, bindings=bindings).status == doctor.CheckStatus.PASS
-    check = doctor.check_admission_content(policies=policies, bindings=bindings)
+    find(documents, VAPB, EVIDENCE)["spec"]["matchResources"] = {"namespaceSelector": {"matchLabels": {"a": "b"}}}
+    assert doctor.check_admission_policies(admission=admission).status == doctor.CheckStatus.PASS
+    check = doctor.check_admission_content(admission=admission, policy=choice)
     assert check.status == doctor.CheckStatus.FAIL
     assert check.objects == (f"{VAPB}/{EVIDENCE}",)
     assert "differs" in check.summary
-    unreadable = doctor.check_admission_content(policies=doctor.Unreadable(reason="forbidden"), bindings=[])
+    unreadable = doctor.check_admission_content(
+        admission={**admission, VAP: doctor.Unreadable(reason="forbidden")}, policy=choice
+    )
     assert unreadable.status == doctor.CheckStatus.UNKNOWN
+    assert unreadable.summary == "ValidatingAdmissionPolicies could not be read: forbidden."
+
+
+@pytest.mark.parametrize(
+    ("policy", "node_evidence"),
+    [
+        pytest.param(Policy(), True, id="defaults-out-of-service-evidence"),
+        pytest.param(Policy(node_out_of_service_evidence=False), False, id="none"),
+        pytest.param(Policy(node_deletion_evidence=True, node_out_of_service_evidence=False), True, id="deletion"),
+    ],
+)
+def test_the_node_loss_variant_is_accepted_only_for_an_operator_using_node_evidence(
+    policy: Policy, node_evidence: bool
+) -> None:
+    assert ad.uses_node_evidence(policy) is node_evidence
+    alternates = ad.accepted_alternates(node_evidence=node_evidence)
+    variant = [ad.with_node_loss(d) if ad.key(d) == ad.EVIDENCE_POLICY else d for d in shipped()]
+    assert ad.compare(variant, alternates=alternates).intact is node_evidence
+    assert ad.compare(shipped(), alternates=alternates).intact
 
 
 @pytest.mark.parametrize(

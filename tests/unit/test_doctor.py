@@ -9,13 +9,17 @@ the defaults with a warning.
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from coroner.cli import doctor, plan
+from coroner.core import admission_digest as ad
 from coroner.core import api, fingerprint, policy_json
 from coroner.core.decision import Policy
 from coroner.core.policy_json import PolicyUnreadable
@@ -587,20 +591,213 @@ class TestRetireGrantOfTheOperatorPointedAt:
             f"serviceaccount:{SYSTEM}:coroner-", f"serviceaccount:{SYSTEM}:team-a-coroner-"
         )
         released = [d for d in yaml.safe_load_all(text) if d]
-        policies = [d for d in released if d["kind"] == "ValidatingAdmissionPolicy"]
-        bindings = [d for d in released if d["kind"] == "ValidatingAdmissionPolicyBinding"]
         assert "team-a-coroner-operator" in text
         check = doctor.check_admission_content(
-            policies=policies, bindings=bindings, system_namespace=SYSTEM, operator_deployments=[PREFIXED]
+            admission=listed(released), policy=choice(), system_namespace=SYSTEM, operator_deployments=[PREFIXED]
         )
         assert check.status == doctor.CheckStatus.PASS, check.summary
         # Without the operator's Deployment the prefix is not known: the manifests' names are expected.
-        unprefixed = doctor.check_admission_content(policies=policies, bindings=bindings, system_namespace=SYSTEM)
+        unprefixed = doctor.check_admission_content(
+            admission=listed(released), policy=choice(), system_namespace=SYSTEM
+        )
         assert unprefixed.status == doctor.CheckStatus.FAIL
         shipped = doctor.check_admission_content(
-            policies=[d for d in SHIPPED if d["kind"] == "ValidatingAdmissionPolicy"],
-            bindings=[d for d in SHIPPED if d["kind"] == "ValidatingAdmissionPolicyBinding"],
+            admission=listed(SHIPPED),
+            policy=choice(),
             system_namespace=SYSTEM,
             operator_deployments=[operator_deployment()],
         )
         assert shipped.status == doctor.CheckStatus.PASS, shipped.summary
+
+    def test_operator_alive_names_the_release_deployment(self) -> None:
+        """A Helm release with namePrefix runs the operator as Deployment `<prefix>coroner-operator`:
+        the fix doctor prints names that one."""
+        for deployments, shown in (
+            ([PREFIXED], "get deploy team-a-coroner-operator"),
+            ([operator_deployment()], "get deploy coroner-operator"),
+            ([], "get deploy coroner-operator"),
+        ):
+            check = doctor.check_operator_alive(
+                lease=None, system_namespace=SYSTEM, now=NOW, operator_deployments=deployments
+            )
+            assert check.status == doctor.CheckStatus.FAIL and shown in check.summary, check.summary
+
+
+# --- admission: all four kinds the operator compares ---------------------------------------------
+
+MUTATING = "coroner-record-registrant"
+
+
+def listed(documents: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]] | plan.Unreadable]:
+    """The four lists doctor reads, by kind, as the API returns them (items without `kind`)."""
+    by_kind: dict[str, list[dict[str, Any]] | plan.Unreadable] = {kind: [] for kind in ad.KINDS}
+    for document in documents:
+        items = by_kind[document["kind"]]
+        assert not isinstance(items, plan.Unreadable)
+        items.append({k: v for k, v in copy.deepcopy(document).items() if k != "kind"})
+    return by_kind
+
+
+def without(kind: str, name: str) -> list[dict[str, Any]]:
+    return [d for d in SHIPPED if ad.key(d) != (kind, name)]
+
+
+def mutation_changed() -> list[dict[str, Any]]:
+    documents = copy.deepcopy(SHIPPED)
+    (policy,) = [d for d in documents if ad.key(d) == ("MutatingAdmissionPolicy", MUTATING)]
+    policy["spec"]["mutations"][0]["applyConfiguration"]["expression"] = "Object{}"
+    return documents
+
+
+PLURALS = {
+    "MutatingAdmissionPolicy": "MutatingAdmissionPolicies",
+    "MutatingAdmissionPolicyBinding": "MutatingAdmissionPolicyBindings",
+}
+
+
+def unreadable(kind: str) -> dict[str, list[dict[str, Any]] | plan.Unreadable]:
+    return {**listed(SHIPPED), kind: plan.Unreadable(reason=f"you may not list {PLURALS[kind]} (403 Forbidden)")}
+
+
+def node_loss_variant() -> list[dict[str, Any]]:
+    return [ad.with_node_loss(d) if ad.key(d) == ad.EVIDENCE_POLICY else d for d in SHIPPED]
+
+
+NO_NODE_EVIDENCE = Policy(node_deletion_evidence=False, node_out_of_service_evidence=False)
+
+
+class TestAdmissionAllFourKinds:
+    """The operator fails closed (AdmissionPoliciesUnverified) when any of the four kinds is missing
+    or differs: doctor's admission checks compare the same four, so they are never PASS then."""
+
+    @pytest.mark.parametrize(
+        ("admission", "status", "objects"),
+        [
+            pytest.param(listed(SHIPPED), "PASS", (), id="all-four-intact"),
+            pytest.param(
+                listed(without("MutatingAdmissionPolicyBinding", MUTATING)),
+                "FAIL",
+                (f"MutatingAdmissionPolicyBinding/{MUTATING}",),
+                id="mutating-binding-missing",
+            ),
+            pytest.param(
+                listed(without("MutatingAdmissionPolicy", MUTATING)),
+                "FAIL",
+                (f"MutatingAdmissionPolicy/{MUTATING}",),
+                id="mutating-policy-missing",
+            ),
+            pytest.param(
+                listed(mutation_changed()),
+                "FAIL",
+                (f"MutatingAdmissionPolicy/{MUTATING}",),
+                id="mutating-expression-changed",
+            ),
+            pytest.param(unreadable("MutatingAdmissionPolicy"), "UNKNOWN", (), id="mutating-policies-unreadable"),
+            pytest.param(
+                unreadable("MutatingAdmissionPolicyBinding"), "UNKNOWN", (), id="mutating-bindings-unreadable"
+            ),
+        ],
+    )
+    def test_admission_content(
+        self, admission: dict[str, list[dict[str, Any]] | plan.Unreadable], status: str, objects: tuple[str, ...]
+    ) -> None:
+        check = doctor.check_admission_content(admission=admission, policy=choice(), system_namespace=SYSTEM)
+        assert check.status == status, check.summary
+        assert check.objects == objects
+        for shown in objects:
+            assert shown in check.summary
+        for kind, items in admission.items():
+            if isinstance(items, plan.Unreadable):
+                assert f"{PLURALS[kind]} could not be read" in check.summary and "403 Forbidden" in check.summary
+        if status == "PASS":
+            assert check.facts["compared"] == len(ad.EXPECTED) == 20
+
+    @pytest.mark.parametrize(
+        ("admission", "status", "objects"),
+        [
+            pytest.param(listed(SHIPPED), "PASS", (), id="all-four-present"),
+            pytest.param(
+                listed(without("MutatingAdmissionPolicyBinding", MUTATING)),
+                "FAIL",
+                (f"MutatingAdmissionPolicyBinding/{MUTATING}",),
+                id="mutating-binding-missing",
+            ),
+            pytest.param(
+                listed(without("MutatingAdmissionPolicy", MUTATING)),
+                "FAIL",
+                (f"MutatingAdmissionPolicy/{MUTATING}",),
+                id="mutating-policy-missing",
+            ),
+            pytest.param(
+                unreadable("MutatingAdmissionPolicyBinding"), "UNKNOWN", (), id="mutating-bindings-unreadable"
+            ),
+        ],
+    )
+    def test_admission_policy_names(
+        self, admission: dict[str, list[dict[str, Any]] | plan.Unreadable], status: str, objects: tuple[str, ...]
+    ) -> None:
+        check = doctor.check_admission_policies(admission=admission)
+        assert check.status == status, check.summary
+        assert check.objects == objects
+        if status == "UNKNOWN":
+            assert "MutatingAdmissionPolicyBindings could not be read" in check.summary
+
+    @pytest.mark.parametrize(
+        ("published", "status"),
+        [
+            pytest.param(DEFAULTS, "PASS", id="out-of-service-evidence-on-by-default"),
+            pytest.param(NODE_LOSS, "PASS", id="node-deletion-evidence"),
+            pytest.param(NO_NODE_EVIDENCE, "FAIL", id="operator-without-node-evidence-refuses-the-variant"),
+            pytest.param(PolicyUnreadable(reason="Lease gone"), "UNKNOWN", id="operator-policy-unknown"),
+        ],
+    )
+    def test_the_node_loss_variant_is_judged_as_the_operator_judges_it(
+        self, published: Policy | PolicyUnreadable, status: str
+    ) -> None:
+        """The operator accepts components/node-loss's evidence policy only where it uses node
+        evidence (admission_digest.accepted_alternates); doctor asks the operator's published policy."""
+        check = doctor.check_admission_content(
+            admission=listed(node_loss_variant()), policy=choice(published), system_namespace=SYSTEM
+        )
+        assert check.status == status, check.summary
+        if status == "FAIL":
+            assert check.objects == ("ValidatingAdmissionPolicy/coroner-retire-requires-evidence",)
+        if status == "UNKNOWN":
+            assert "Lease gone" in check.summary
+        # The base evidence policy is accepted by every operator.
+        base = doctor.check_admission_content(
+            admission=listed(SHIPPED), policy=choice(published), system_namespace=SYSTEM
+        )
+        assert base.status == doctor.CheckStatus.PASS, base.summary
+
+    @settings(max_examples=60, deadline=None)
+    @given(
+        gone=st.sets(st.sampled_from(sorted(ad.EXPECTED))),
+        changed=st.sets(st.sampled_from(sorted(ad.EXPECTED))),
+        node_evidence=st.booleans(),
+        variant=st.booleans(),
+    )
+    def test_doctor_fails_exactly_where_the_operator_is_unverified(
+        self, gone: set[tuple[str, str]], changed: set[tuple[str, str]], node_evidence: bool, variant: bool
+    ) -> None:
+        """Any objects deleted or changed: doctor's admission-content names exactly what the
+        operator's comparison (permissions.py: compare with accepted_alternates) names."""
+        documents = copy.deepcopy(node_loss_variant() if variant else SHIPPED)
+        for document in documents:
+            if ad.key(document) in changed and document["kind"].endswith("Binding"):
+                document["spec"]["matchResources"] = {"namespaceSelector": {"matchLabels": {"only": "here"}}}
+            elif ad.key(document) in changed:
+                document["spec"]["failurePolicy"] = "Ignore"
+        documents = [d for d in documents if ad.key(d) not in gone]
+        operator = Policy(node_deletion_evidence=node_evidence, node_out_of_service_evidence=False)
+        theirs = ad.compare(documents, alternates=ad.accepted_alternates(node_evidence=ad.uses_node_evidence(operator)))
+        check = doctor.check_admission_content(
+            admission=listed(documents), policy=choice(operator), system_namespace=SYSTEM
+        )
+        names = [f"{kind}/{name}" for kind, name in sorted((*theirs.missing, *theirs.differing))]
+        assert check.status == ("PASS" if theirs.intact else "FAIL"), check.summary
+        assert list(check.objects) == names
+        if not theirs.intact:
+            names_check = doctor.check_admission_policies(admission=listed(documents))
+            if gone:
+                assert names_check.status == doctor.CheckStatus.FAIL

@@ -28,7 +28,7 @@ from rich.console import Console
 from coroner.cli import doctor, options, plan, render, session
 from coroner.cli.commands import completion
 from coroner.cli.kubectl import main
-from coroner.core import api, fingerprint, model, wire
+from coroner.core import admission_digest, api, fingerprint, model, wire
 from coroner.core.decision import Policy
 from coroner.core.model import format_time
 from coroner.core.reasons import ApplyAbort, Evidence, Reason
@@ -627,10 +627,9 @@ class TestDoctorChecks:
         bound = {d["spec"]["policyName"] for d in documents if d["kind"] == "ValidatingAdmissionPolicyBinding"}
         assert set(doctor.ADMISSION_POLICIES) == policies == bound
         check = doctor.check_admission_policies(
-            policies=[d for d in documents if d["kind"] == "ValidatingAdmissionPolicy"],
-            bindings=[d for d in documents if d["kind"] == "ValidatingAdmissionPolicyBinding"],
+            admission={kind: [d for d in documents if d["kind"] == kind] for kind in admission_digest.KINDS}
         )
-        assert check.status == doctor.CheckStatus.PASS
+        assert check.status == doctor.CheckStatus.PASS, check.summary
 
     def test_a_missing_or_warn_only_binding_fails_by_name(self) -> None:
         policies = [{"metadata": {"name": n}} for n in doctor.ADMISSION_POLICIES]
@@ -639,7 +638,15 @@ class TestDoctorChecks:
             for n in doctor.ADMISSION_POLICIES[1:]
         ]
         bindings[0]["spec"]["validationActions"] = ["Warn"]
-        check = doctor.check_admission_policies(policies=policies[1:], bindings=bindings)
+        mutating = [{"metadata": {"name": n}, "spec": {"policyName": n}} for n in doctor.MUTATING_ADMISSION_POLICIES]
+        check = doctor.check_admission_policies(
+            admission={
+                "ValidatingAdmissionPolicy": policies[1:],
+                "ValidatingAdmissionPolicyBinding": bindings,
+                "MutatingAdmissionPolicy": mutating,
+                "MutatingAdmissionPolicyBinding": mutating,
+            }
+        )
         assert check.status == doctor.CheckStatus.FAIL
         first, second = doctor.ADMISSION_POLICIES[0], doctor.ADMISSION_POLICIES[1]
         assert check.objects == (
@@ -648,7 +655,12 @@ class TestDoctorChecks:
             f"ValidatingAdmissionPolicyBinding/{second}",
         )
         assert (
-            doctor.check_admission_policies(policies=plan.Unreadable(reason="x"), bindings=[]).status
+            doctor.check_admission_policies(
+                admission={
+                    kind: plan.Unreadable(reason="x") if kind == "ValidatingAdmissionPolicy" else []
+                    for kind in admission_digest.KINDS
+                }
+            ).status
             == doctor.CheckStatus.UNKNOWN
         )
 

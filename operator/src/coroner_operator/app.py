@@ -21,7 +21,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from coroner.core import api
+from coroner.core import admission_digest, api
 from coroner.core.decision import Policy
 from coroner.core.model import Key
 from coroner.core.world import World
@@ -93,7 +93,7 @@ class Operator:
             enqueue=self.controller.enqueue,
             interval_seconds=settings.permission_refresh_seconds,
             system_namespace=settings.system_namespace,
-            node_evidence=policy.node_deletion_evidence or policy.node_out_of_service_evidence,
+            node_evidence=admission_digest.uses_node_evidence(policy),
             identity=identity,
             verified=lambda verified: metrics.admission_verified.set(1 if verified else 0),
         )

@@ -51,7 +51,9 @@ class PermissionRefresher:
         # The evidence policy as components/node-loss patches it admits node evidence from the
         # operator: verified only where this operator uses node evidence (the component sets the
         # flags); for one that does not, it is a rule weaker than it needs.
-        self.alternates: Mapping[tuple[str, str], str] = admission_digest.NODE_LOSS_ALTERNATES if node_evidence else {}
+        self.alternates: Mapping[tuple[str, str], str] = admission_digest.accepted_alternates(
+            node_evidence=node_evidence
+        )
         self.name_prefix = api.name_prefix_of(identity, system_namespace=system_namespace)
         self.verified = verified
         """Told after each read whether the policies are verified (the operator's gauge)."""

@@ -14,8 +14,9 @@ it with that content.
 recomputes them from the YAML, so they cannot drift). `NODE_LOSS_ALTERNATES` holds the one variant
 components/node-loss makes: the evidence policy with the operator's node-evidence opt-in on.
 
-Pure: no I/O. `kubectl coroner doctor` compares content with it; the operator should stay
-plan-only unless `compare(...).intact` (docs/security.md).
+Pure: no I/O. The operator retires nothing unless `compare(...).intact` with the alternates its
+policy accepts (`accepted_alternates`; AdmissionPoliciesUnverified), and `kubectl coroner doctor`
+compares the same four kinds the same way (docs/security.md).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
+
+from coroner.core.decision import Policy
 
 #: The kinds whose objects are admission rules, and which part of `spec` decides what is admitted.
 _ESSENTIAL_SPEC: Final[Mapping[str, tuple[str, ...]]] = {
@@ -152,6 +155,20 @@ NODE_LOSS_VARIABLES: Final = ("operatorMayUseNodeDeleted", "operatorMayUseNodeOu
 EVIDENCE_POLICY: Final = ("ValidatingAdmissionPolicy", "coroner-retire-requires-evidence")
 #: The policy that checks the `retire` verb on a retirement write (its refusal: the verb is missing).
 CAPABILITY_POLICY: Final = ("ValidatingAdmissionPolicy", "coroner-retire-requires-capability")
+
+
+def uses_node_evidence(policy: Policy) -> bool:
+    """Whether an operator running with `policy` retires on node evidence (a Node deleted, or the
+    out-of-service taint): then components/node-loss's evidence policy is the one it needs."""
+    return policy.node_deletion_evidence or policy.node_out_of_service_evidence
+
+
+def accepted_alternates(*, node_evidence: bool) -> Mapping[tuple[str, str], str]:
+    """The variants accepted in place of the base objects (`compare`'s `alternates`): the node-loss
+    evidence policy only for an operator that uses node evidence (`uses_node_evidence`); for one
+    that does not, it admits more than that operator needs, so it differs. The operator verifies
+    its policies with these, and ``kubectl coroner doctor`` with the operator's published policy."""
+    return NODE_LOSS_ALTERNATES if node_evidence else {}
 
 
 def _with_match_defaults(match: Any) -> Any:

@@ -12,7 +12,7 @@ from coroner.cli import doctor as diagnosis
 from coroner.cli import options, render
 from coroner.cli import plan as planning
 from coroner.cli.session import EXIT_OK, Connection, PluginError, Session, fail, lease_policy, utcnow
-from coroner.core import api, fingerprint
+from coroner.core import admission_digest, api, fingerprint
 from coroner.core.fingerprint import Plan
 from coroner.core.world import World
 
@@ -52,10 +52,17 @@ def doctor_command(
     crd = session.read(
         extensions.read_custom_resource_definition, api.CRD_NAME, what=f"get CustomResourceDefinition {api.CRD_NAME}"
     )
-    policies = session.read_list(admission.list_validating_admission_policy, what="list ValidatingAdmissionPolicies")
-    bindings = session.read_list(
-        admission.list_validating_admission_policy_binding, what="list ValidatingAdmissionPolicyBindings"
-    )
+    # The four kinds the operator verifies before it retires (coroner.core.admission_digest.KINDS).
+    listings = {
+        "ValidatingAdmissionPolicy": admission.list_validating_admission_policy,
+        "ValidatingAdmissionPolicyBinding": admission.list_validating_admission_policy_binding,
+        "MutatingAdmissionPolicy": admission.list_mutating_admission_policy,
+        "MutatingAdmissionPolicyBinding": admission.list_mutating_admission_policy_binding,
+    }
+    assert tuple(listings) == admission_digest.KINDS
+    admission_objects = {
+        kind: session.read_list(call, what=f"list {diagnosis.plural_of(kind)}") for kind, call in listings.items()
+    }
     operator_lease = session.read(
         coordination.read_namespaced_lease,
         planning.OPERATOR_LEASE,
@@ -121,8 +128,7 @@ def doctor_command(
     checks = diagnosis.run_checks(
         diagnosis.Findings(
             crd=crd,
-            policies=policies,
-            bindings=bindings,
+            admission=admission_objects,
             operator_lease=operator_lease,
             operator_deployments=deployments,
             nodes=nodes,

@@ -23,9 +23,12 @@ from coroner.cli.doctor.agents import check_agents
 from coroner.cli.doctor.grant import check_retire_grant, operator_identity
 from coroner.cli.doctor.install import (
     ADMISSION_POLICIES,
+    MUTATING_ADMISSION_POLICIES,
+    Admission,
     check_admission_content,
     check_admission_policies,
     check_crd,
+    plural_of,
 )
 from coroner.cli.doctor.node_loss import check_node_loss
 from coroner.cli.doctor.operator_lease import LAST_SWEEP_ANNOTATION, check_last_sweep, check_operator_alive
@@ -39,6 +42,8 @@ __all__ = [
     "ADMISSION_POLICIES",
     "CHECKS",
     "LAST_SWEEP_ANNOTATION",
+    "MUTATING_ADMISSION_POLICIES",
+    "Admission",
     "Check",
     "CheckStatus",
     "Findings",
@@ -57,6 +62,7 @@ __all__ = [
     "failed",
     "operator_identity",
     "passed",
+    "plural_of",
     "run_checks",
 ]
 
@@ -66,10 +72,9 @@ class Findings:
     """Everything one doctor run read (or could not: `Unreadable`) and was asked: every check's input."""
 
     crd: Mapping[str, Any] | Unreadable | None
-    policies: Sequence[Mapping[str, Any]] | Unreadable
-    """ValidatingAdmissionPolicies."""
-    bindings: Sequence[Mapping[str, Any]] | Unreadable
-    """ValidatingAdmissionPolicyBindings."""
+    admission: Admission
+    """The admission policies and bindings of the four kinds the operator verifies
+    (`coroner.core.admission_digest.KINDS`), by kind."""
     operator_lease: Mapping[str, Any] | Unreadable | None
     nodes: Sequence[Mapping[str, Any]] | Unreadable
     leases: Sequence[Mapping[str, Any]] | Unreadable
@@ -95,14 +100,19 @@ class Findings:
 #: returning a `Check` (built with `passed`, `failed` or `unknown`) and one entry here.
 CHECKS: Final[tuple[Callable[[Findings], Check], ...]] = (
     lambda f: check_crd(f.crd),
-    lambda f: check_admission_policies(policies=f.policies, bindings=f.bindings),
+    lambda f: check_admission_policies(admission=f.admission),
     lambda f: check_admission_content(
-        policies=f.policies,
-        bindings=f.bindings,
+        admission=f.admission,
+        policy=f.policy,
         system_namespace=f.system_namespace,
         operator_deployments=f.operator_deployments,
     ),
-    lambda f: check_operator_alive(lease=f.operator_lease, system_namespace=f.system_namespace, now=f.now),
+    lambda f: check_operator_alive(
+        lease=f.operator_lease,
+        system_namespace=f.system_namespace,
+        now=f.now,
+        operator_deployments=f.operator_deployments,
+    ),
     lambda f: check_last_sweep(lease=f.operator_lease, system_namespace=f.system_namespace),
     lambda f: check_retire_grant(
         cluster_wide=f.cluster_wide,

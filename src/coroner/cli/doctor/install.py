@@ -1,4 +1,5 @@
-"""Doctor's install checks: the CRD, and the admission policies present, bound and as shipped."""
+"""Doctor's install checks: the CRD, and the admission policies (all four kinds the operator verifies)
+present, bound and as shipped."""
 
 from __future__ import annotations
 
@@ -7,22 +8,44 @@ from typing import Any, Final
 
 from coroner.cli.doctor.grant import operator_identity
 from coroner.cli.doctor.outcome import Check, condition_status, failed, object_name, passed, unknown
-from coroner.cli.plan import Unreadable, names_text
+from coroner.cli.plan import PolicyChoice, Unreadable, names_text
 from coroner.core import admission_digest, api
+
+#: The four lists doctor reads, by kind (`coroner.core.admission_digest.KINDS`): the items of each
+#: LIST as the API returns them, or `Unreadable` where that LIST failed.
+Admission = Mapping[str, Sequence[Mapping[str, Any]] | Unreadable]
 
 #: The ValidatingAdmissionPolicies of manifests/base/admission-policies.yaml, each bound by a
 #: binding of the same name; doctor names the missing ones.
-ADMISSION_POLICIES: Final = (
-    "coroner-node-label-matches-spec",
-    "coroner-retire-requires-capability",
-    "coroner-agent-attests-own-node-only",
-    "coroner-status-fields-by-identity",
-    "coroner-agent-renews-own-lease-only",
-    "coroner-retire-requires-evidence",
-    "coroner-registrant-recorded",
-    "coroner-delete-only-terminal",
-    "coroner-system-leases-by-owner",
+ADMISSION_POLICIES: Final = tuple(
+    name for kind, name in admission_digest.EXPECTED if kind == "ValidatingAdmissionPolicy"
 )
+#: Its MutatingAdmissionPolicies, likewise each bound.
+MUTATING_ADMISSION_POLICIES: Final = tuple(
+    name for kind, name in admission_digest.EXPECTED if kind == "MutatingAdmissionPolicy"
+)
+
+
+def plural_of(kind: str) -> str:
+    """``ValidatingAdmissionPolicy`` → ``ValidatingAdmissionPolicies``, for doctor's lines."""
+    return f"{kind}s" if not kind.endswith("y") else f"{kind[:-1]}ies"
+
+
+def _unread(admission: Admission) -> str | None:
+    """Which of the four lists could not be read, and why (None: all were)."""
+    reasons = [
+        f"{plural_of(kind)} could not be read: {listed.reason}" if isinstance(listed, Unreadable)
+        else f"{plural_of(kind)} were not read"
+        for kind in admission_digest.KINDS
+        if isinstance(listed := admission.get(kind), Unreadable) or listed is None
+    ]  # fmt: skip
+    return "; ".join(reasons) or None
+
+
+def _items(admission: Admission, kind: str) -> Sequence[Mapping[str, Any]]:
+    listed = admission.get(kind)
+    assert listed is not None and not isinstance(listed, Unreadable)
+    return listed
 
 
 def check_crd(crd: Mapping[str, Any] | Unreadable | None) -> Check:
@@ -64,27 +87,39 @@ def check_crd(crd: Mapping[str, Any] | Unreadable | None) -> Check:
     )
 
 
-def check_admission_policies(
-    *,
-    policies: Sequence[Mapping[str, Any]] | Unreadable,
-    bindings: Sequence[Mapping[str, Any]] | Unreadable,
-) -> Check:
-    """The ValidatingAdmissionPolicies exist, each bound with validationActions Deny."""
+def check_admission_policies(*, admission: Admission) -> Check:
+    """The admission policies exist, each bound: the ValidatingAdmissionPolicies with
+    validationActions Deny, the MutatingAdmissionPolicies by a binding naming them."""
     name = "admission-policies"
-    for listed in (policies, bindings):
-        if isinstance(listed, Unreadable):
-            return unknown(name, f"admission policies could not be read: {listed.reason}")
-    assert not isinstance(policies, Unreadable) and not isinstance(bindings, Unreadable)
-    present = {object_name(policy) for policy in policies}
+    unread = _unread(admission)
+    if unread is not None:
+        return unknown(name, f"{unread}.")
+    present = {object_name(policy) for policy in _items(admission, "ValidatingAdmissionPolicy")}
     bound: dict[str, list[str]] = {}
-    for binding in bindings:
+    for binding in _items(admission, "ValidatingAdmissionPolicyBinding"):
         spec = binding.get("spec") or {}
         actions = spec.get("validationActions") or []
         if "Deny" in actions:
             bound.setdefault(str(spec.get("policyName") or ""), []).append(object_name(binding))
+    mutating = {object_name(policy) for policy in _items(admission, "MutatingAdmissionPolicy")}
+    mutating_bound = {
+        str((binding.get("spec") or {}).get("policyName") or "")
+        for binding in _items(admission, "MutatingAdmissionPolicyBinding")
+    }
     missing = [f"ValidatingAdmissionPolicy/{policy}" for policy in ADMISSION_POLICIES if policy not in present]
     missing += [f"ValidatingAdmissionPolicyBinding/{policy}" for policy in ADMISSION_POLICIES if policy not in bound]
-    facts = {"policies": sorted(p for p in present if p in ADMISSION_POLICIES), "boundPolicies": sorted(bound)}
+    missing += [f"MutatingAdmissionPolicy/{policy}" for policy in MUTATING_ADMISSION_POLICIES if policy not in mutating]
+    missing += [
+        f"MutatingAdmissionPolicyBinding/{policy}"
+        for policy in MUTATING_ADMISSION_POLICIES
+        if policy not in mutating_bound
+    ]
+    facts = {
+        "policies": sorted(p for p in present if p in ADMISSION_POLICIES),
+        "boundPolicies": sorted(bound),
+        "mutatingPolicies": sorted(p for p in mutating if p in MUTATING_ADMISSION_POLICIES),
+        "boundMutatingPolicies": sorted(mutating_bound),
+    }
     if missing:
         return failed(
             name,
@@ -93,48 +128,83 @@ def check_admission_policies(
             objects=tuple(missing),
             facts=facts,
         )
-    return passed(name, f"all {len(ADMISSION_POLICIES)} policies present and bound with Deny.", facts=facts)
+    return passed(
+        name,
+        f"all {len(ADMISSION_POLICIES)} validating policies present and bound with Deny, and the "
+        f"{len(MUTATING_ADMISSION_POLICIES)} mutating one(s) present and bound.",
+        facts=facts,
+    )
 
 
 def check_admission_content(
     *,
-    policies: Sequence[Mapping[str, Any]] | Unreadable,
-    bindings: Sequence[Mapping[str, Any]] | Unreadable,
+    admission: Admission,
+    policy: PolicyChoice,
     system_namespace: str = api.SYSTEM_NAMESPACE,
     operator_deployments: Sequence[Mapping[str, Any]] | Unreadable = (),
 ) -> Check:
-    """Each ValidatingAdmissionPolicy and binding has the content the manifests ship (a digest of
-    expressions, failurePolicy, match rules, actions and binding scope; coroner.core.admission_digest):
-    a policy narrowed or a binding that only warns or misses namespaces is as good as missing. The
+    """Each admission policy and binding of the four kinds has the content the manifests ship (a
+    digest of expressions, mutations, failurePolicy, match rules, actions and binding scope;
+    coroner.core.admission_digest): a policy narrowed or a binding that only warns or misses
+    namespaces is as good as missing. Compared as the operator compares them (it retires nothing
+    otherwise: AdmissionPoliciesUnverified): components/node-loss's evidence policy is accepted
+    only where the operator's published `policy` uses node evidence (`accepted_alternates`). The
     identities in them are the release's: its namespace, and the namePrefix of its operator
     (`operator_identity` of `operator_deployments`)."""
     name = "admission-content"
-    for listed in (policies, bindings):
-        if isinstance(listed, Unreadable):
-            return unknown(name, f"admission policies could not be read: {listed.reason}")
-    assert not isinstance(policies, Unreadable) and not isinstance(bindings, Unreadable)
-    validating = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
-    expected = {k: v for k, v in admission_digest.EXPECTED.items() if k[0] in validating}
-    documents = [{"kind": "ValidatingAdmissionPolicy", **p} for p in policies]
-    documents += [{"kind": "ValidatingAdmissionPolicyBinding", **b} for b in bindings]
+    unread = _unread(admission)
+    if unread is not None:
+        return unknown(name, f"{unread}.")
+    documents = [{"kind": kind, **item} for kind in admission_digest.KINDS for item in _items(admission, kind)]
     prefix = operator_identity(operator_deployments, system_namespace=system_namespace).name_prefix
+    operator = policy.published
+    # Where the operator's policy is not known, the variant is accepted here and said below.
+    node_evidence = operator is None or admission_digest.uses_node_evidence(operator)
+    expected = admission_digest.EXPECTED
     comparison = admission_digest.compare(
-        documents, expected=expected, system_namespace=system_namespace, name_prefix=prefix
+        documents,
+        expected=expected,
+        alternates=admission_digest.accepted_alternates(node_evidence=node_evidence),
+        system_namespace=system_namespace,
+        name_prefix=prefix,
     )
-    node_evidence = "admitted" if comparison.node_loss else "refused"
-    facts = {"compared": len(expected), "operatorNodeEvidence": node_evidence, "namePrefix": prefix}
+    variant = admission_digest.compare(
+        documents, expected=expected, system_namespace=system_namespace, name_prefix=prefix
+    ).node_loss
+    admitted = "admitted" if variant else "refused"
+    facts = {
+        "compared": len(expected),
+        "operatorNodeEvidence": admitted,
+        "operatorUsesNodeEvidence": None if operator is None else node_evidence,
+        "namePrefix": prefix,
+    }
     if not comparison.intact:
         shown = [f"{kind}/{policy}" for kind, policy in sorted((*comparison.missing, *comparison.differing))]
+        why = (
+            f" ({admission_digest.EVIDENCE_POLICY[1]} is components/node-loss's, which admits node evidence "
+            f"this operator does not use: nodeDeletionEvidence and nodeOutOfServiceEvidence are false)"
+            if variant and not node_evidence
+            else ""
+        )
         return failed(
             name,
-            f"not as the manifests ship them: {names_text(comparison.names())}; re-apply the manifests "
-            f"(`kubectl apply -k` your overlay) and find out who changed them.",
+            f"not as the manifests ship them: {names_text(comparison.names())}{why}; the operator retires "
+            f"nothing until they are (AdmissionPoliciesUnverified): re-apply the manifests (`kubectl apply -k` "
+            f"your overlay) and find out who changed them.",
             objects=tuple(shown),
+            facts=facts,
+        )
+    if operator is None and variant:
+        return unknown(
+            name,
+            f"the {len(expected)} policies and bindings are as shipped, but the evidence policy is "
+            f"components/node-loss's, which the operator accepts only if it uses node evidence, and its "
+            f"policy could not be read ({policy.unreadable}).",
             facts=facts,
         )
     return passed(
         name,
         f"all {len(expected)} policies and bindings have the manifests' content (the operator's node "
-        f"evidence is {node_evidence}).",
+        f"evidence is {admitted}).",
         facts=facts,
     )

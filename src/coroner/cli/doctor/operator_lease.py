@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from coroner.cli.doctor.grant import operator_identity
 from coroner.cli.doctor.outcome import Check, failed, passed, stamp, unknown
 from coroner.cli.plan import OPERATOR_LEASE, Unreadable
 from coroner.core import api, model
@@ -18,18 +19,24 @@ LAST_SWEEP_ANNOTATION: Final = api.LAST_SWEEP_ANNOTATION
 
 
 def check_operator_alive(
-    *, lease: Mapping[str, Any] | Unreadable | None, system_namespace: str, now: datetime.datetime
+    *,
+    lease: Mapping[str, Any] | Unreadable | None,
+    system_namespace: str,
+    now: datetime.datetime,
+    operator_deployments: Sequence[Mapping[str, Any]] | Unreadable = (),
 ) -> Check:
-    """The operator's Lease was renewed within its own duration."""
+    """The operator's Lease was renewed within its own duration. The Deployment the fix names is the
+    release's, `<namePrefix>coroner-operator` (`operator_identity` of `operator_deployments`)."""
     name = "operator-alive"
     subject = f"Lease {system_namespace}/{OPERATOR_LEASE}"
     if isinstance(lease, Unreadable):
         return unknown(name, f"{subject} could not be read: {lease.reason}")
     if lease is None:
+        prefix = operator_identity(operator_deployments, system_namespace=system_namespace).name_prefix
         return failed(
             name,
             f"{subject} does not exist: the operator has never completed a sweep here; check "
-            f"`kubectl -n {system_namespace} get deploy coroner-operator` and its logs.",
+            f"`kubectl -n {system_namespace} get deploy {prefix}coroner-operator` and its logs.",
             objects=(subject,),
         )
     facts = lease_facts(lease)
