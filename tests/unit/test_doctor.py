@@ -23,8 +23,9 @@ from coroner.core import admission_digest as ad
 from coroner.core import api, fingerprint, policy_json
 from coroner.core.decision import Policy
 from coroner.core.policy_json import PolicyUnreadable
+from coroner_operator.kubeapi import ADMISSION_RESOURCES
 from unit.builders import BOOT, NAMESPACE, NODE, NODE_UID, NOW, OTHER_BOOT
-from unit.test_admission_digest import SHIPPED
+from unit.test_admission_digest import REPO, SHIPPED
 from unit.test_plan import S, agent_lease, listing, node, worker
 
 pytestmark = pytest.mark.unit
@@ -801,3 +802,17 @@ class TestAdmissionAllFourKinds:
             names_check = doctor.check_admission_policies(admission=listed(documents))
             if gone:
                 assert names_check.status == doctor.CheckStatus.FAIL
+
+
+def test_the_planner_role_may_list_every_kind_doctor_compares() -> None:
+    """docs/cli.md: coroner-planner is what a person binds to run doctor; it lists the four kinds."""
+    roles = [d for d in yaml.safe_load_all((REPO / "manifests" / "base" / "roles.yaml").read_text()) if d]
+    (planner,) = [d for d in roles if d["metadata"]["name"] == "coroner-planner"]
+    listable = {
+        resource
+        for rule in planner["rules"]
+        if "admissionregistration.k8s.io" in rule["apiGroups"] and "list" in rule["verbs"]
+        for resource in rule["resources"]
+    }
+    assert set(ADMISSION_RESOURCES.values()) <= listable
+    assert tuple(ADMISSION_RESOURCES) == ad.KINDS
