@@ -39,9 +39,14 @@ AGENT_FLAGS = ("--lease-duration-seconds=4", "--renew-seconds=1")
 QUARANTINE = 3
 
 
+#: Whether components/node-loss is installed now (the module's tests share one install).
+_NODE_LOSS = {"installed": False}
+
+
 @pytest.fixture(scope="module")
 def installed(cluster: Cluster) -> Cluster:
     components.install(cluster, grant=True)
+    _NODE_LOSS["installed"] = False
     return cluster
 
 
@@ -52,9 +57,13 @@ def operator(installed: Cluster, tmp_path: pathlib.Path) -> Iterator[Callable[..
 
     def start(*extra: str) -> None:
         # The operator's opt-in into node evidence is the node-loss component, whose admission half
-        # lets its retirements on node evidence through (issue 17).
-        if "--node-deletion-evidence" in extra:
-            components.install(installed, grant=True, node_loss=True)
+        # lets its retirements on node evidence through (issue 17); an operator without it finds
+        # that half a weaker evidence policy than it needs and retires nothing (fails closed), so a
+        # test after one with node evidence gets the base install back.
+        node_loss = "--node-deletion-evidence" in extra
+        if node_loss != _NODE_LOSS["installed"]:
+            components.install(installed, grant=True, node_loss=node_loss)
+            _NODE_LOSS["installed"] = node_loss
         argv = components.operator_argv(components.operator_kubeconfig(installed), *extra)
         with open(tmp_path / "operator.log", "ab") as out:
             started.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT))
