@@ -19,12 +19,10 @@ import re
 import socket
 import urllib.request
 import uuid
-from collections.abc import Iterator
 
 import pytest
 from kubernetes import client as k8s
 
-from coroner.client.kube import api_client
 from coroner_dev.devcluster.cluster import Cluster
 from coroner_dev.devcluster.identities import ensure_node
 from integration.test_kubectl_plugin import apply_args, as_json, coroner, plan_json, reasons
@@ -32,23 +30,10 @@ from support import components, kube
 
 pytestmark = pytest.mark.integration
 
-BOOT = "8d0a4c6e-3b1f-4c1e-9a56-0d6f0c1b2a3e"
-HOST = "0f2e7a1c9d8b4e6f8a7b6c5d4e3f2a1b"
+BOOT = kube.BOOT_ID
+HOST = kube.HOST_ID
 POLICY = "test-refuses-one-retirement"
 SAID = "this registration is kept for an audit"
-
-
-@pytest.fixture(scope="module")
-def granted(cluster: Cluster) -> Cluster:
-    components.install(cluster, grant=True)
-    return cluster
-
-
-@pytest.fixture
-def agent_a(granted: Cluster, admin: k8s.ApiClient) -> Iterator[k8s.ApiClient]:
-    components.put_agent_lease(admin, node="node-a", boot_id=BOOT, host_id=HOST)
-    with api_client(components.agent_kubeconfig(granted, "node-a")) as client:
-        yield client
 
 
 def _free_port() -> int:

@@ -26,12 +26,6 @@ HOST = "0f2e7a1c9d8b4e6f8a7b6c5d4e3f2a1b"
 NAMES = ("workerregistrations", "workerregistration", "wreg", "registration", "registrations")
 
 
-@pytest.fixture(scope="module")
-def granted(cluster: Cluster) -> Cluster:
-    components.install(cluster, grant=True)
-    return cluster
-
-
 def _columns(cluster: Cluster, *args: str) -> list[dict[str, str]]:
     """`kubectl get` output as rows keyed by header (every column here is one word wide)."""
     lines = kube.kubectl(cluster, "get", *args).stdout.splitlines()

@@ -23,21 +23,8 @@ from support import components, kube
 
 pytestmark = pytest.mark.integration
 
-BOOT = "8d0a4c6e-3b1f-4c1e-9a56-0d6f0c1b2a3e"
-HOST = "0f2e7a1c9d8b4e6f8a7b6c5d4e3f2a1b"
-
-
-@pytest.fixture(scope="module")
-def granted(cluster: Cluster) -> Cluster:
-    components.install(cluster, grant=True)
-    return cluster
-
-
-@pytest.fixture
-def agent_a(granted: Cluster, admin: k8s.ApiClient) -> Iterator[k8s.ApiClient]:
-    components.put_agent_lease(admin, node="node-a", boot_id=BOOT, host_id=HOST)
-    with api_client(components.agent_kubeconfig(granted, "node-a")) as client:
-        yield client
+BOOT = kube.BOOT_ID
+HOST = kube.HOST_ID
 
 
 @pytest.fixture

@@ -10,13 +10,11 @@ retires again without a restart.
 from __future__ import annotations
 
 import pathlib
-from collections.abc import Iterator
 
 import pytest
 import yaml
 from kubernetes import client as k8s
 
-from coroner.client.kube import api_client
 from coroner.core import admission_digest as ad
 from coroner.core.reasons import Reason
 from coroner.core.world import World
@@ -26,22 +24,9 @@ from support import components, helm, kube
 
 pytestmark = pytest.mark.integration
 
-BOOT = "8d0a4c6e-3b1f-4c1e-9a56-0d6f0c1b2a3e"
-HOST = "0f2e7a1c9d8b4e6f8a7b6c5d4e3f2a1b"
+BOOT = kube.BOOT_ID
+HOST = kube.HOST_ID
 BINDING = "coroner-retire-requires-evidence"
-
-
-@pytest.fixture(scope="module")
-def granted(cluster: Cluster) -> Cluster:
-    components.install(cluster, grant=True)
-    return cluster
-
-
-@pytest.fixture
-def agent_a(granted: Cluster, admin: k8s.ApiClient) -> Iterator[k8s.ApiClient]:
-    components.put_agent_lease(admin, node="node-a", boot_id=BOOT, host_id=HOST)
-    with api_client(components.agent_kubeconfig(granted, "node-a")) as client:
-        yield client
 
 
 def _dead(admin: k8s.ApiClient, agent: k8s.ApiClient, namespace: str, name: str) -> None:

@@ -67,15 +67,20 @@ def wait_for_crd(cluster: Cluster) -> None:
     kubectl(cluster, "wait", "--for=condition=Established", f"crd/{api.CRD_NAME}", "--timeout=60s")
 
 
+#: The boot and host of registration_body's incarnations (an agent Lease with them is their agent's).
+BOOT_ID = "8d0a4c6e-3b1f-4c1e-9a56-0d6f0c1b2a3e"
+HOST_ID = "0f2e7a1c9d8b4e6f8a7b6c5d4e3f2a1b"
+
+
 def registration_body(
     *,
     name: str,
     node: str = "node-a",
     pid: int = 4242,
     start_time: str = "123456789",
-    boot_id: str = "8d0a4c6e-3b1f-4c1e-9a56-0d6f0c1b2a3e",
+    boot_id: str = BOOT_ID,
     pid_namespace: str = str(api.ROOT_PID_NAMESPACE_INODE),
-    host_id: str = "0f2e7a1c9d8b4e6f8a7b6c5d4e3f2a1b",
+    host_id: str = HOST_ID,
     client_instance_id: str | None = None,
     interval: int | None = 10,
     ttl: int | None = 30,
