@@ -602,6 +602,16 @@ class TestRetireGrantOfTheOperatorPointedAt:
             admission=listed(released), policy=choice(), system_namespace=SYSTEM
         )
         assert unprefixed.status == doctor.CheckStatus.FAIL
+        assert "namePrefix is not known" not in unprefixed.summary
+        # Deployments that may not be listed: the FAIL says the prefix was not learned, and why.
+        forbidden = doctor.check_admission_content(
+            admission=listed(released),
+            policy=choice(),
+            system_namespace=SYSTEM,
+            operator_deployments=plan.Unreadable(reason="deployments.apps is forbidden"),
+        )
+        assert forbidden.status == doctor.CheckStatus.FAIL
+        assert "namePrefix is not known: deployments.apps is forbidden" in forbidden.summary
         shipped = doctor.check_admission_content(
             admission=listed(SHIPPED),
             policy=choice(),

@@ -186,6 +186,11 @@ def check_admission_content(
             if variant and not node_evidence
             else ""
         )
+        if isinstance(operator_deployments, Unreadable):
+            why += (
+                f" (compared with the manifests' ServiceAccount names: the Deployments of {system_namespace} could "
+                f"not be read, so a Helm release's namePrefix is not known: {operator_deployments.reason})"
+            )
         return failed(
             name,
             f"not as the manifests ship them: {names_text(comparison.names())}{why}; the operator retires "
