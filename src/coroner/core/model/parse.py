@@ -1,322 +1,30 @@
-"""Typed, immutable records of a `WorkerRegistration`, parsed from what the API server returns.
-
-The decision must be able to read any object the API server can hold — including ones a buggy
-launcher, a hostile worker or a hand edit produced — without ever raising: an exception in the
-reconcile loop is a hot loop, not a decision. So parsing here is total: a missing or invalid field
-becomes ``None`` and is listed in ``Registration.problems`` as ``(field_path, message)``, and the
-decision turns those into preserve reasons (unknown is never dead).
-
-Sub-records whose absence is not itself a fact (the incarnation, the heartbeat settings) are always
-present, with ``None`` fields when absent; records whose absence *is* a fact (the attestation, the
-retirement) are ``None`` when absent.
-"""
+"""`parse_registration`: any object the API server can hold, read totally into a `Registration`."""
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
-import math
 import re
 import types
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, TypeAlias, TypeVar
+from typing import Final, TypeVar
 
-from coroner.core import api
+from coroner.core.model.records import (
+    HEARTBEAT_INTERVAL_MAX,
+    HEARTBEAT_TTL_MAX,
+    Attestation,
+    Condition,
+    Heartbeat,
+    Incarnation,
+    Problem,
+    Registration,
+    Retirement,
+)
+from coroner.core.model.scalars import DIGITS, integer, parse_pid, parse_time
 from coroner.core.reasons import ConditionType, Evidence, Verdict
-
-#: One parse problem: the field path (dotted, as in docs/api.md) and what is wrong with it.
-Problem: TypeAlias = tuple[str, str]
-#: An object's (namespace, name): how every cache and queue names a registration.
-Key: TypeAlias = tuple[str, str]
-
-UTC: Final = datetime.UTC
-
-#: The CRD's bounds (manifests/base/crd.yaml), in their one Python place (the parser, `coroner run`
-#: and tests/unit/test_crd_bounds.py, which checks the CRD agrees); values outside them are invalid,
-#: not clamped.
-HEARTBEAT_INTERVAL_MAX: Final = 86400
-HEARTBEAT_TTL_MAX: Final = 604800
 
 # Deeper than any object the API server accepts; beyond it a copy is cut off instead of recursing
 # until Python's stack gives out (parse_registration must never raise).
 _MAX_COPY_DEPTH: Final = 64
-
-# RFC 3339 (section 5.6): full-date "T" full-time, fraction optional, "Z" or a numeric offset.
-# re.ASCII so that \d never accepts non-ASCII digits such as "٣".
-_RFC3339: Final = re.compile(
-    r"(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,32}))?(?:([Zz])|([+-])(\d{2}):(\d{2}))",
-    re.ASCII,
-)
-# Bounded so that int() never meets a string long enough to raise (Python limits int digits).
-_DIGITS: Final = re.compile(r"[0-9]{1,20}", re.ASCII)
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class Incarnation:
-    """One run of one process on one node; a pid number is reused, an incarnation never is."""
-
-    boot_id: str | None = None
-    pid_namespace: str | None = None
-    pid: int | None = None
-    start_time: str | None = None
-    host_id: str | None = None
-
-    @property
-    def key(self) -> tuple[str | None, str | None, int | None, str | None]:
-        """What names the process: (bootId, pidNamespace, pid, startTime); hostId binds it to a host."""
-        return (self.boot_id, self.pid_namespace, self.pid, self.start_time)
-
-    @property
-    def complete(self) -> bool:
-        """Every field present (and therefore valid: invalid fields are parsed as None)."""
-        return None not in (*self.key, self.host_id)
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class Heartbeat:
-    """The worker's opt-in promise: a heartbeat every `interval_seconds`, silence past `ttl_seconds`
-    is expiry. Without ``spec.heartbeat`` (the default) the agent's pidfd and Lease are liveness."""
-
-    declared: bool = False
-    """``spec.heartbeat`` is present (its fields are then required)."""
-    interval_seconds: int | None = None
-    ttl_seconds: int | None = None
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class Attestation:
-    """The same-node agent's statement about one incarnation (``status.attestation``).
-
-    Unknown verdict or evidence strings are kept as the raw ``str`` (and reported as problems) so
-    that the decision can name exactly what it refused to trust.
-    """
-
-    verdict: Verdict | str | None = None
-    evidence: Evidence | str | None = None
-    detail: str | None = None
-    incarnation: Incarnation = dataclasses.field(default_factory=Incarnation)
-    boot_id: str | None = None
-    host_id: str | None = None
-    observed_time: datetime.datetime | None = None
-    #: When the agent first saw the evidence it cites; ``observed_time`` is its last look. A
-    #: ProcAbsent or BootBoundary is corroborated by the span between them (the agent's own
-    #: repeated observations). None when absent or unparsable.
-    first_observed_time: datetime.datetime | None = None
-    #: ``status.lastHeartbeatTime`` exactly as the agent read it when probing ("" if there was none).
-    heartbeat_seen: str | None = None
-    agent_node: str | None = None
-    agent_pod: str | None = None
-    agent_identity: str | None = None
-    #: A copy of the attestation exactly as stored, so a compare-and-swap write can ``test`` it verbatim.
-    raw: Mapping[str, object] = dataclasses.field(default_factory=dict, compare=False, repr=False)
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class Condition:
-    """A ``metav1.Condition``; fields that were missing or invalid in the stored object are None."""
-
-    type: str
-    status: str | None = None
-    reason: str | None = None
-    message: str | None = None
-    last_transition_time: datetime.datetime | None = None
-    observed_generation: int | None = None
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class Retirement:
-    """``status.retirement``: terminal history, written once under compare-and-swap."""
-
-    retired_time: datetime.datetime | None = None
-    retired_by: str | None = None
-    reason: str | None = None
-    decision: str | None = None
-    statement: str | None = None
-    """``Human``: a person stated the (node-level) evidence with ``kubectl coroner apply``; else None."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class Registration:
-    """A ``WorkerRegistration`` as the decision reads it. Built by `parse_registration` only."""
-
-    namespace: str | None
-    name: str | None
-    uid: str | None
-    resource_version: str | None
-    generation: int | None
-    creation_time: datetime.datetime | None
-    labels: Mapping[str, str]
-    node_name: str | None
-    node_uid: str | None
-    incarnation: Incarnation
-    client_instance_id: str | None
-    session_id: str | None
-    generation_id: str | None
-    role: str | None
-    heartbeat: Heartbeat
-    #: The last sign of life: ``status.lastHeartbeatTime``, or ``metadata.creationTimestamp`` when
-    #: the worker has not heartbeaten yet (birth is the first sign of life). None if neither parses.
-    last_heartbeat_time: datetime.datetime | None
-    #: ``status.lastHeartbeatTime`` exactly as stored (None when absent or not a string); compared
-    #: verbatim with ``attestation.heartbeatSeen``, never through clocks.
-    last_heartbeat_raw: str | None
-    #: A heartbeat time was recorded (or, in its absence, the creation time) but does not parse.
-    heartbeat_unparsable: bool
-    attestation: Attestation | None
-    conditions: tuple[Condition, ...]
-    retirement: Retirement | None
-    #: ``Released=True``: the worker said goodbye.
-    released: bool
-    #: ``Retired=True`` or a ``status.retirement`` of any shape: someone already retired it.
-    retired: bool
-    problems: tuple[Problem, ...]
-
-    @property
-    def display_name(self) -> str:
-        """``namespace/name`` for humans, with ``?`` for what is unknown."""
-        return f"{self.namespace or '?'}/{self.name or '?'}"
-
-    @property
-    def terminal(self) -> bool:
-        """Retired or released: history, never decided again."""
-        return self.retired or self.released
-
-
-def render_incarnation(incarnation: Incarnation) -> dict[str, Any]:
-    """An incarnation as the API stores it (``spec.incarnation``, ``status.attestation.incarnation``);
-    absent and invalid fields are left out. The inverse of the parser's incarnation."""
-    fields = (
-        ("bootId", incarnation.boot_id),
-        ("pidNamespace", incarnation.pid_namespace),
-        ("pid", incarnation.pid),
-        ("startTime", incarnation.start_time),
-        ("hostId", incarnation.host_id),
-    )
-    return {field: value for field, value in fields if value is not None}
-
-
-def render_attestation(attestation: Attestation) -> dict[str, Any]:
-    """``status.attestation`` as the API stores it: the one rendering of the shape `_attestation`
-    parses, used by the agent that writes it (`coroner.core.wire.attestation_body`) and by the
-    decision's evidence. Absent and invalid fields are left out (parse(render(a)) == a for every
-    attestation the parser can return, `raw` aside)."""
-    rendered: dict[str, Any] = {}
-    for field, value in (
-        ("verdict", None if attestation.verdict is None else str(attestation.verdict)),
-        ("evidence", None if attestation.evidence is None else str(attestation.evidence)),
-        ("detail", attestation.detail),
-    ):
-        if value is not None:
-            rendered[field] = value
-    rendered["incarnation"] = render_incarnation(attestation.incarnation)
-    for field, value in (
-        ("bootId", attestation.boot_id),
-        ("hostId", attestation.host_id),
-        (
-            "observedTime",
-            None if attestation.observed_time is None else format_time(attestation.observed_time, fraction=True),
-        ),
-        (
-            "firstObservedTime",
-            None
-            if attestation.first_observed_time is None
-            else format_time(attestation.first_observed_time, fraction=True),
-        ),
-        ("heartbeatSeen", attestation.heartbeat_seen),
-    ):
-        if value is not None:
-            rendered[field] = value
-    agent = {
-        field: value
-        for field, value in (
-            ("nodeName", attestation.agent_node),
-            ("podName", attestation.agent_pod),
-            ("identity", attestation.agent_identity),
-        )
-        if value is not None
-    }
-    if agent:
-        rendered["agent"] = agent
-    return rendered
-
-
-def key_of(obj: Registration | Mapping[str, object]) -> Key:
-    """(namespace, name) of a parsed registration or of a raw object ("" for what is missing)."""
-    if isinstance(obj, Registration):
-        return (obj.namespace or "", obj.name or "")
-    meta = obj.get("metadata")
-    if not isinstance(meta, Mapping):
-        return ("", "")
-    return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
-
-
-def parse_time(value: object) -> datetime.datetime | None:
-    """An RFC 3339 timestamp (``Z`` or a numeric offset, optional fraction) as an aware UTC datetime.
-
-    Fractions beyond microseconds are truncated. Anything else — including leap seconds, which
-    `datetime` cannot represent, and instants that leave its range once moved to UTC — is None.
-    """
-    if not isinstance(value, str):
-        return None
-    match = _RFC3339.fullmatch(value)
-    if match is None:
-        return None
-    year, month, day, hour, minute, second, fraction, zulu, sign, off_h, off_m = match.groups()
-    try:
-        if zulu:
-            tz: datetime.tzinfo = UTC
-        else:
-            if int(off_h) > 23 or int(off_m) > 59:
-                return None
-            offset = datetime.timedelta(hours=int(off_h), minutes=int(off_m))
-            tz = datetime.timezone(-offset if sign == "-" else offset)
-        micros = int((fraction or "0")[:6].ljust(6, "0"))
-        parsed = datetime.datetime(
-            int(year), int(month), int(day), int(hour), int(minute), int(second), micros, tzinfo=tz
-        )
-        return parsed.astimezone(UTC)
-    except (ValueError, OverflowError):
-        return None
-
-
-def format_time(value: datetime.datetime, *, fraction: bool = False) -> str:
-    """RFC 3339 in UTC ending in ``Z``; seconds precision unless `fraction` (then microseconds).
-
-    A naive datetime is taken to be UTC already.
-    """
-    moment = value.astimezone(UTC) if value.tzinfo is not None else value
-    text = (
-        f"{moment.year:04d}-{moment.month:02d}-{moment.day:02d}"
-        f"T{moment.hour:02d}:{moment.minute:02d}:{moment.second:02d}"
-    )
-    if fraction:
-        text += f".{moment.microsecond:06d}"
-    return text + "Z"
-
-
-def parse_pid(value: object) -> int | None:
-    """A pid as the API may carry it: an int, an integral float (``900.0``) or digits (``"900"``).
-
-    Booleans, fractions, signs, whitespace and values outside 1..PID_MAX_LIMIT are None: a pid the
-    kernel could not have issued names no process.
-    """
-    number = _integer(value)
-    if number is None or not 1 <= number <= api.PID_MAX_LIMIT:
-        return None
-    return number
-
-
-def _integer(value: object) -> int | None:
-    # bool is an int subclass; True is not the pid 1.
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float):
-        return int(value) if math.isfinite(value) and value.is_integer() else None
-    if isinstance(value, str) and _DIGITS.fullmatch(value):
-        return int(value)
-    return None
 
 
 class _Reader:
@@ -378,7 +86,7 @@ class _Reader:
             if required:
                 self.flag(path, "missing")
             return None
-        number = _integer(value)
+        number = integer(value)
         if number is None:
             self.flag(path, f"expected an integer, got {_kind(value)}")
             return None
@@ -410,10 +118,10 @@ class _Reader:
         return Incarnation(
             boot_id=self.string(parent, "bootId", f"{path}.bootId", required=required, empty_ok=False),
             pid_namespace=self.string(
-                parent, "pidNamespace", f"{path}.pidNamespace", required=required, pattern=_DIGITS
+                parent, "pidNamespace", f"{path}.pidNamespace", required=required, pattern=DIGITS
             ),
             pid=pid,
-            start_time=self.string(parent, "startTime", f"{path}.startTime", required=required, pattern=_DIGITS),
+            start_time=self.string(parent, "startTime", f"{path}.startTime", required=required, pattern=DIGITS),
             host_id=self.string(parent, "hostId", f"{path}.hostId", required=required, empty_ok=False),
         )
 
