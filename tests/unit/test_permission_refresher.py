@@ -354,3 +354,51 @@ def test_the_gauge_says_whether_the_policies_are_verified_and_unknown_is_not() -
     kube.listed = ApiError(403, "Forbidden", "no list")
     asyncio.run(op.permissions.refresh_admission())
     assert gauge() == 0
+
+
+class FakeElector:
+    """A leader election whose outcome the test sets."""
+
+    def __init__(self) -> None:
+        self.leading = asyncio.Event()
+
+    @property
+    def is_leader(self) -> bool:
+        return self.leading.is_set()
+
+    async def wait_leader(self) -> None:
+        await self.leading.wait()
+
+
+def test_a_standby_asks_nothing_and_a_new_leader_asks_at_once() -> None:
+    """Cost per replica: a standby's reviews and admission lists would double the API load for
+    facts nobody decides with (its reconciles are gated); the leader it becomes asks at once."""
+
+    async def scenario() -> tuple[int, int, int]:
+        kube = FakeKube(served())
+        elector = FakeElector()
+        refresh = refresher(kube, world_with(*KEYS), [])
+        refresh.interval_seconds = 0.01
+        task = asyncio.create_task(refresh.run(elector=elector))  # type: ignore[arg-type]
+        for _ in range(20):  # many intervals as a standby
+            await asyncio.sleep(0.01)
+        standby = kube.lists
+        elector.leading.set()
+        for _ in range(200):
+            if kube.lists:
+                break
+            await asyncio.sleep(0.001)
+        leading = kube.lists
+        elector.leading.clear()
+        for _ in range(20):
+            await asyncio.sleep(0.01)
+        after = kube.lists
+        for _ in range(20):
+            await asyncio.sleep(0.01)
+        task.cancel()
+        return standby, leading, kube.lists - after
+
+    standby, leading, after_losing = asyncio.run(scenario())
+    assert standby == 0
+    assert leading >= 1
+    assert after_losing == 0

@@ -164,7 +164,7 @@ class Operator:
         """Every loop the operator runs (each forever; one ending is a bug)."""
         loops = [
             self.controller.run_timers(),
-            self.permissions.run(),
+            self.permissions.run(elector=self.elector),
             self.sweeper.run(),
             self.events.run_aggregation(),
         ]

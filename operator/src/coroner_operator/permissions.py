@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from coroner.core import admission_digest, api
 from coroner.core.model import Key
 from coroner.core.world import World
+from coroner.runtime.leader import LeaderElector
 from coroner_operator.freshread import FreshRead
 from coroner_operator.kubeapi import KubeApi, describe
 
@@ -115,7 +116,15 @@ class PermissionRefresher:
             for key in self.world.keys_in_namespace(namespace):
                 self.enqueue(key)
 
-    async def run(self) -> None:
+    async def run(self, *, elector: LeaderElector | None = None) -> None:
+        """Refreshes every `interval_seconds`. Under leader election a standby asks nothing (its
+        reconciles are gated, so nobody would decide with the answers: they would only double the
+        API load), and a replica that comes to lead asks at once."""
         while True:
-            await asyncio.sleep(self.interval_seconds)
+            if elector is not None and not elector.is_leader:
+                await elector.wait_leader()
+            else:
+                await asyncio.sleep(self.interval_seconds)
+                if elector is not None and not elector.is_leader:
+                    continue
             await self.refresh()
