@@ -1,5 +1,7 @@
 """The operator publishes the policy it decides with on its own Lease: before the first sweep, and
-with every sweep, next to the sweep record, in the one shape `coroner.core.policy_json` reads back."""
+with every sweep, next to the sweep record, in the one shape `coroner.core.policy_json` reads back;
+and with it its own user (`api.OPERATOR_USER_ANNOTATION`), whoever writes the Lease (the sweeper, or
+the leader elector under leader election), so `kubectl coroner doctor` knows whose grant to review."""
 
 from __future__ import annotations
 
@@ -12,11 +14,14 @@ import pytest
 from coroner.core import api, policy_json
 from coroner.core.decision import Policy
 from coroner.core.world import World
+from coroner.runtime.leader import ElectionConfig
 from coroner_operator.app import Operator
 from coroner_operator.metrics import Metrics
 from coroner_operator.settings import OperatorSettings
 
 pytestmark = pytest.mark.unit
+
+USER = "system:serviceaccount:coroner-system:team-a-coroner-operator"
 
 
 class RecordingKube:
@@ -41,7 +46,7 @@ async def sweeps_until(kube: RecordingKube, policy: Policy, *, writes: int) -> N
         policy=policy,
         metrics=Metrics(),
         settings=OperatorSettings(resync_seconds=0.01),
-        identity="system:serviceaccount:coroner-system:coroner-operator",
+        identity=USER,
     )
     task = asyncio.create_task(operator.sweeper.run())
     try:
@@ -67,12 +72,17 @@ def test_the_policy_is_published_before_the_first_sweep_and_with_every_sweep(pol
     asyncio.run(sweeps_until(kube, policy, writes=3))
     first, *sweeps = kube.writes
     assert first["namespace"] == api.SYSTEM_NAMESPACE and first["name"] == api.OPERATOR_LEASE
-    # At startup: the policy only (upsert_lease merges annotations, so a recorded sweep is kept).
-    assert set(first["annotations"]) == {api.POLICY_ANNOTATION}
+    # At startup: the policy and the user (upsert_lease merges annotations, so a recorded sweep is kept).
+    assert set(first["annotations"]) == {api.POLICY_ANNOTATION, api.OPERATOR_USER_ANNOTATION}
     for write in kube.writes:
         assert policy_json.parse_policy(write["annotations"][api.POLICY_ANNOTATION]) == policy
     for write in sweeps:
-        assert set(write["annotations"]) == {api.POLICY_ANNOTATION, api.LAST_SWEEP_ANNOTATION}
+        assert set(write["annotations"]) == {
+            api.POLICY_ANNOTATION,
+            api.OPERATOR_USER_ANNOTATION,
+            api.LAST_SWEEP_ANNOTATION,
+        }
+        assert write["annotations"][api.OPERATOR_USER_ANNOTATION] == USER
         assert json.loads(write["annotations"][api.LAST_SWEEP_ANNOTATION])["failures"] == {}
 
 
@@ -80,3 +90,62 @@ def test_a_lease_write_that_fails_does_not_stop_the_sweeps() -> None:
     kube = RecordingKube(fail=True)
     asyncio.run(sweeps_until(kube, Policy(), writes=3))
     assert len(kube.writes) >= 3
+
+
+class ElectionStore:
+    """An in-memory LeaseStore: the one Lease, as the leader elector creates and replaces it."""
+
+    def __init__(self) -> None:
+        self.lease: dict[str, Any] | None = None
+        self.written = asyncio.Event()
+
+    async def get_lease(self, *, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.lease
+
+    async def create_lease(self, *, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.lease = {**body, "metadata": {**body["metadata"], "resourceVersion": "1"}}
+        self.written.set()
+        return self.lease
+
+    async def replace_lease(self, *, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.lease = body
+        self.written.set()
+        return body
+
+
+def test_under_leader_election_the_leader_lease_carries_the_operators_user() -> None:
+    """The elector's holderIdentity is the pod's name; the operator's user rides on its Lease as an
+    annotation, published by the sweeper before the first sweep (the pod name says no ServiceAccount)."""
+    store = ElectionStore()
+
+    async def scenario() -> dict[str, Any]:
+        operator = Operator(
+            world=World(system_namespace=api.SYSTEM_NAMESPACE),
+            kube=store,  # type: ignore[arg-type]
+            policy=Policy(),
+            metrics=Metrics(),
+            settings=OperatorSettings(
+                resync_seconds=0.01, leader_election=ElectionConfig(), leader_identity="coroner-operator-7d9f-abcde"
+            ),
+            identity=USER,
+        )
+        assert operator.elector is not None
+        sweeper = asyncio.create_task(operator.sweeper.run())
+        elector = asyncio.create_task(operator.elector.run())
+        try:
+            while store.lease is None or api.LAST_SWEEP_ANNOTATION not in store.lease["metadata"]["annotations"]:
+                store.written.clear()
+                await asyncio.wait_for(store.written.wait(), timeout=5)
+        finally:
+            for task in (sweeper, elector):
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+        assert store.lease is not None
+        return store.lease
+
+    lease = asyncio.run(scenario())
+    assert lease["spec"]["holderIdentity"] == "coroner-operator-7d9f-abcde"
+    annotations = lease["metadata"]["annotations"]
+    assert annotations[api.OPERATOR_USER_ANNOTATION] == USER
+    assert api.POLICY_ANNOTATION in annotations

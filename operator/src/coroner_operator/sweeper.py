@@ -4,9 +4,11 @@ A safety net (no API reads: the cache is what is decided from) and the clock of 
 terminal registration is deleted at the first reconcile after its retention ends, and the sweep
 reconciles every one). Each sweep is recorded on the operator's Lease (`api.LAST_SWEEP_ANNOTATION`:
 how many, how many failed and why, by reason, the retire capability per namespace), next to the
-decision policy this operator runs with (`api.POLICY_ANNOTATION`), published once before the first
-sweep and with every sweep, so `kubectl coroner plan|apply|doctor` decide as the operator does and
-`doctor` and /healthz can tell that the operator is alive. Under leader election only the leader
+decision policy this operator runs with (`api.POLICY_ANNOTATION`) and its own user
+(`api.OPERATOR_USER_ANNOTATION`, its SelfSubjectReview at startup), published once before the first
+sweep and with every sweep, so `kubectl coroner plan|apply|doctor` decide as the operator does,
+`doctor` reviews this operator's grant and admission policies (a Helm namePrefix is in its user)
+without listing Deployments, and `doctor` and /healthz can tell that the operator is alive. Under leader election only the leader
 sweeps, and the Lease is the leader Lease (`coroner.runtime.leader`): the sweep's annotations ride
 on its next renewal.
 """
@@ -102,9 +104,14 @@ class Sweeper:
             await asyncio.sleep(self.resync_seconds)
 
     async def write_lease(self, annotations: dict[str, str]) -> None:
-        """Renews the operator's Lease with `annotations` and the policy (other annotations are kept).
-        Under leader election the elector owns the Lease: they go on its next write (now, if leading)."""
-        annotations = {**annotations, api.POLICY_ANNOTATION: policy_json.dump_policy(self.policy)}
+        """Renews the operator's Lease with `annotations`, the policy and the operator's user (other
+        annotations are kept). Under leader election the elector owns the Lease: they go on its next
+        write (now, if leading)."""
+        annotations = {
+            **annotations,
+            api.POLICY_ANNOTATION: policy_json.dump_policy(self.policy),
+            api.OPERATOR_USER_ANNOTATION: self.identity,
+        }
         if self.elector is not None:
             self.elector.publish(annotations)
             return

@@ -46,6 +46,12 @@ LAST_SWEEP_ANNOTATION: Final = f"{GROUP}/last-sweep"
 #: field of coroner.core.decision.Policy under its camelCase name; see coroner.core.policy_json). Written at
 #: startup and with every sweep; `kubectl coroner plan|apply|doctor` decide with it.
 POLICY_ANNOTATION: Final = f"{GROUP}/policy"
+#: Annotation on OPERATOR_LEASE holding the operator's own user name, as its SelfSubjectReview at
+#: startup answered it (``system:serviceaccount:<namespace>:<namePrefix>coroner-operator`` in a
+#: cluster). Written with the policy; `kubectl coroner doctor` reads the operator's user (and so a Helm
+#: release's namePrefix, `name_prefix_of`) from it first. Only the operator may write that Lease
+#: (admission policy coroner-system-leases-by-owner), and doctor only reports with it.
+OPERATOR_USER_ANNOTATION: Final = f"{GROUP}/operator-user"
 
 
 def name_prefix_of(user: str, *, system_namespace: str | None = None) -> str:
