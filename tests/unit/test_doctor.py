@@ -514,6 +514,14 @@ def operator_deployment(
 
 SHIPPED_USER = f"system:serviceaccount:{SYSTEM}:coroner-operator"
 PREFIXED = operator_deployment(name="team-a-coroner-operator", service_account="team-a-coroner-operator")
+PREFIXED_USER = f"system:serviceaccount:{SYSTEM}:team-a-coroner-operator"
+
+
+def operator_lease(user: str | None) -> dict[str, Any]:
+    """The operator's Lease as `get` returns it, stating `user` (`api.OPERATOR_USER_ANNOTATION`; None: no
+    such annotation, as an operator older than it writes)."""
+    annotations = {} if user is None else {api.OPERATOR_USER_ANNOTATION: user}
+    return {"metadata": {"name": "coroner-operator", "namespace": SYSTEM, "annotations": annotations}}
 
 
 class TestRetireGrantOfTheOperatorPointedAt:
@@ -584,6 +592,108 @@ class TestRetireGrantOfTheOperatorPointedAt:
         )
         assert check.status == doctor.CheckStatus.UNKNOWN
         assert "coroner-operator" in check.summary and "team-a-coroner-operator" in check.summary
+
+    @pytest.mark.parametrize(
+        ("lease", "deployments", "user", "learned"),
+        [
+            pytest.param(
+                operator_lease(PREFIXED_USER),
+                plan.Unreadable(reason="deployments.apps is forbidden"),
+                PREFIXED_USER,
+                f"Lease {SYSTEM}/coroner-operator",
+                id="planner-only-helm-prefix-from-the-lease",
+            ),
+            pytest.param(
+                operator_lease(PREFIXED_USER),
+                [operator_deployment()],
+                PREFIXED_USER,
+                f"Lease {SYSTEM}/coroner-operator",
+                id="the-lease-before-the-deployments",
+            ),
+            pytest.param(
+                operator_lease(PREFIXED_USER), [], PREFIXED_USER, "operator-user", id="annotation-named-in-the-line"
+            ),
+            pytest.param(
+                operator_lease(None), [PREFIXED], PREFIXED_USER, "Deployment", id="no-annotation-then-the-deployments"
+            ),
+            pytest.param(
+                operator_lease(""), [PREFIXED], PREFIXED_USER, "Deployment", id="empty-annotation-then-the-deployments"
+            ),
+            pytest.param(None, [PREFIXED], PREFIXED_USER, "Deployment", id="no-lease-then-the-deployments"),
+            pytest.param(
+                plan.Unreadable(reason="leases is forbidden"),
+                [PREFIXED],
+                PREFIXED_USER,
+                "Deployment",
+                id="unreadable-lease-then-the-deployments",
+            ),
+            pytest.param(
+                operator_lease(None),
+                plan.Unreadable(reason="deployments.apps is forbidden"),
+                SHIPPED_USER,
+                "deployments.apps is forbidden",
+                id="neither-then-the-manifests-name-said-so",
+            ),
+            pytest.param(operator_lease(None), [], SHIPPED_USER, "no operator Deployment", id="neither-manifests-name"),
+            pytest.param(
+                operator_lease(PREFIXED_USER),
+                [operator_deployment(), PREFIXED],
+                PREFIXED_USER,
+                f"Lease {SYSTEM}/coroner-operator",
+                id="the-lease-settles-two-deployments",
+            ),
+        ],
+    )
+    def test_the_operators_user_from_its_lease_then_deployments_then_manifests(
+        self,
+        lease: dict[str, Any] | plan.Unreadable | None,
+        deployments: list[dict[str, Any]] | plan.Unreadable,
+        user: str,
+        learned: str,
+    ) -> None:
+        """The operator states its own user on its Lease (`api.OPERATOR_USER_ANNOTATION`), which
+        `coroner-planner` may read: doctor takes it from there first, then from the Deployments, then
+        the manifests' name, and says in the check's line which."""
+        identity = doctor.operator_identity(deployments, system_namespace=SYSTEM, lease=lease)
+        assert identity.user == user and learned in identity.source, identity.source
+        check = doctor.check_retire_grant(
+            cluster_wide=False,
+            per_namespace={},
+            expect_plan_only=False,
+            system_namespace=SYSTEM,
+            operator_deployments=deployments,
+            operator_lease=lease,
+        )
+        assert check.objects == (user,) and check.facts["user"] == user
+        assert learned in check.facts["userFrom"] and learned in check.summary
+
+    def test_planner_only_on_a_prefixed_release_passes_admission_content(self) -> None:
+        """The false FAIL of a planner-only user (Deployments may not be listed) on a Helm release
+        with namePrefix: the prefix comes from the operator's Lease, and the policies compare intact."""
+        text = yaml.safe_dump_all(SHIPPED).replace(
+            f"serviceaccount:{SYSTEM}:coroner-", f"serviceaccount:{SYSTEM}:team-a-coroner-"
+        )
+        released = [d for d in yaml.safe_load_all(text) if d]
+        forbidden = plan.Unreadable(reason="deployments.apps is forbidden")
+        check = doctor.check_admission_content(
+            admission=listed(released),
+            policy=choice(),
+            system_namespace=SYSTEM,
+            operator_deployments=forbidden,
+            operator_lease=operator_lease(PREFIXED_USER),
+        )
+        assert check.status == doctor.CheckStatus.PASS, check.summary
+        assert check.facts["namePrefix"] == "team-a-"
+        # Where the Lease says nothing (an operator older than the annotation), the FAIL says why.
+        unsaid = doctor.check_admission_content(
+            admission=listed(released),
+            policy=choice(),
+            system_namespace=SYSTEM,
+            operator_deployments=forbidden,
+            operator_lease=operator_lease(None),
+        )
+        assert unsaid.status == doctor.CheckStatus.FAIL
+        assert "namePrefix is not known" in unsaid.summary and "deployments.apps is forbidden" in unsaid.summary
 
     def test_admission_content_compares_with_the_release_prefix(self) -> None:
         """The chart's policies name `<prefix>coroner-operator` and `<prefix>coroner-agent`: doctor

@@ -83,8 +83,11 @@ def doctor_command(
         system_namespace,
         what=f"list deployments in namespace {system_namespace}",
     )
-    # The reviews are of the operator's own ServiceAccount (a Helm namePrefix renames it).
-    operator_user = diagnosis.operator_identity(deployments, system_namespace=system_namespace).user
+    # The reviews are of the operator's own user: as its Lease states it, else its Deployment's
+    # ServiceAccount (a Helm namePrefix renames it).
+    operator_user = diagnosis.operator_identity(
+        deployments, system_namespace=system_namespace, lease=operator_lease
+    ).user
     cluster_wide = (
         None
         if operator_user is None

@@ -76,6 +76,8 @@ class Findings:
     """The admission policies and bindings of the four kinds the operator verifies
     (`coroner.core.admission_digest.KINDS`), by kind."""
     operator_lease: Mapping[str, Any] | Unreadable | None
+    """The operator's Lease: alive, its last sweep, its policy, and its user as it states it
+    (`api.OPERATOR_USER_ANNOTATION`; `operator_identity`)."""
     nodes: Sequence[Mapping[str, Any]] | Unreadable
     leases: Sequence[Mapping[str, Any]] | Unreadable
     """Every Lease of the cluster."""
@@ -84,7 +86,7 @@ class Findings:
     """Every registration decided with the operator's policy and the operator's retire permission."""
     operator_deployments: Sequence[Mapping[str, Any]] | Unreadable
     """The Deployments of the system namespace: the operator's ServiceAccount and so the release's
-    namePrefix (`operator_identity`)."""
+    namePrefix where its Lease does not state its user (`operator_identity`)."""
     cluster_wide: bool | None
     """Whether the operator holds retire in every namespace; None: could not be reviewed."""
     per_namespace: Mapping[str, bool | None]
@@ -106,6 +108,7 @@ CHECKS: Final[tuple[Callable[[Findings], Check], ...]] = (
         policy=f.policy,
         system_namespace=f.system_namespace,
         operator_deployments=f.operator_deployments,
+        operator_lease=f.operator_lease,
     ),
     lambda f: check_operator_alive(
         lease=f.operator_lease,
@@ -120,6 +123,7 @@ CHECKS: Final[tuple[Callable[[Findings], Check], ...]] = (
         expect_plan_only=f.expect_plan_only,
         system_namespace=f.system_namespace,
         operator_deployments=f.operator_deployments,
+        operator_lease=f.operator_lease,
     ),
     lambda f: check_agents(nodes=f.nodes, leases=f.leases, system_namespace=f.system_namespace, now=f.now, plan=f.plan),
     lambda f: check_node_loss(

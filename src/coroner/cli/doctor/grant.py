@@ -1,6 +1,7 @@
 """Doctor's RBAC check: does the operator hold the ``retire`` verb, as the cluster is meant to be.
 
-The operator is the one in the system namespace doctor is pointed at, and its user is the
+The operator is the one in the system namespace doctor is pointed at, and its user is the one it
+states on its own Lease (`api.OPERATOR_USER_ANNOTATION`, which `coroner-planner` may read), else the
 ServiceAccount its Deployment runs as: a Helm release with ``namePrefix`` runs it as
 ``<prefix>coroner-operator`` and binds ``<prefix>coroner-operator-retire`` to that, so the manifests'
 name would review someone else's grant.
@@ -13,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from coroner.cli.doctor.outcome import Check, failed, object_name, passed, unknown
-from coroner.cli.plan import Unreadable, names_text
+from coroner.cli.plan import OPERATOR_LEASE, Unreadable, names_text
 from coroner.core import api
 
 #: The label of the operator's pods in the manifests and the chart (whatever the prefix).
@@ -28,6 +29,8 @@ class OperatorIdentity:
     """``system:serviceaccount:NS:NAME``; None: the Deployments disagree, so it is not known."""
     source: str
     """How it was learned, a phrase for the check's line."""
+    stated: bool = False
+    """Learned from the operator's own Lease (the operator said who it is)."""
 
     @property
     def name_prefix(self) -> str:
@@ -37,10 +40,24 @@ class OperatorIdentity:
 
 
 def operator_identity(
-    deployments: Sequence[Mapping[str, Any]] | Unreadable, *, system_namespace: str
+    deployments: Sequence[Mapping[str, Any]] | Unreadable,
+    *,
+    system_namespace: str,
+    lease: Mapping[str, Any] | Unreadable | None = None,
 ) -> OperatorIdentity:
-    """The operator's user: the ServiceAccount of the Deployment(s) in `system_namespace` whose pods
-    carry `OPERATOR_APP_LABEL`; the manifests' name where there is none or they cannot be read."""
+    """The operator's user, in this order: as it states it on its own `lease` (`api.OPERATOR_USER_ANNOTATION`,
+    written at startup from its SelfSubjectReview; only the operator may write that Lease: admission
+    policy coroner-system-leases-by-owner); else the ServiceAccount of the Deployment(s) in
+    `system_namespace` whose pods carry `OPERATOR_APP_LABEL`; else the manifests' name, where there
+    is none or they cannot be read. `source` says which."""
+    stated = _stated_user(lease)
+    if stated is not None:
+        return OperatorIdentity(
+            user=stated,
+            source=f"as the operator states it on Lease {system_namespace}/{OPERATOR_LEASE} "
+            f"({api.OPERATOR_USER_ANNOTATION})",
+            stated=True,
+        )
     if isinstance(deployments, Unreadable):
         return OperatorIdentity(
             user=_user(system_namespace, api.OPERATOR_SERVICE_ACCOUNT),
@@ -73,6 +90,16 @@ def operator_identity(
     )
 
 
+def _stated_user(lease: Mapping[str, Any] | Unreadable | None) -> str | None:
+    """The user the operator wrote on its Lease; None where the Lease or the annotation is missing
+    (an operator older than it), empty, or the Lease could not be read."""
+    if lease is None or isinstance(lease, Unreadable):
+        return None
+    annotations = (lease.get("metadata") or {}).get("annotations") or {}
+    user = annotations.get(api.OPERATOR_USER_ANNOTATION)
+    return user.strip() if isinstance(user, str) and user.strip() else None
+
+
 def _user(system_namespace: str, service_account: str) -> str:
     """A ServiceAccount's user name as the API server authenticates it."""
     return f"system:serviceaccount:{system_namespace}:{service_account}"
@@ -85,16 +112,17 @@ def check_retire_grant(
     expect_plan_only: bool,
     system_namespace: str,
     operator_deployments: Sequence[Mapping[str, Any]] | Unreadable = (),
+    operator_lease: Mapping[str, Any] | Unreadable | None = None,
     unknown_reason: str = "",
 ) -> Check:
     """Whether the operator holds ``retire`` (SubjectAccessReview), against what was expected.
 
     `cluster_wide` answers for every namespace; `per_namespace` for those holding registrations
     (a grant may be a RoleBinding). None means the review could not be made. The reviews are of
-    `operator_identity(operator_deployments)`, the user this check names.
+    `operator_identity(operator_deployments, lease=operator_lease)`, the user this check names.
     """
     name = "retire-grant"
-    identity = operator_identity(operator_deployments, system_namespace=system_namespace)
+    identity = operator_identity(operator_deployments, system_namespace=system_namespace, lease=operator_lease)
     if identity.user is None:
         return unknown(
             name, f"cannot tell whose retire grant to review: the operator's ServiceAccount {identity.source}."

@@ -142,6 +142,7 @@ def check_admission_content(
     policy: PolicyChoice,
     system_namespace: str = api.SYSTEM_NAMESPACE,
     operator_deployments: Sequence[Mapping[str, Any]] | Unreadable = (),
+    operator_lease: Mapping[str, Any] | Unreadable | None = None,
 ) -> Check:
     """Each admission policy and binding of the four kinds has the content the manifests ship (a
     digest of expressions, mutations, failurePolicy, match rules, actions and binding scope;
@@ -150,13 +151,14 @@ def check_admission_content(
     otherwise: AdmissionPoliciesUnverified): components/node-loss's evidence policy is accepted
     only where the operator's published `policy` uses node evidence (`accepted_alternates`). The
     identities in them are the release's: its namespace, and the namePrefix of its operator
-    (`operator_identity` of `operator_deployments`)."""
+    (`operator_identity`: as it states it on `operator_lease`, else from `operator_deployments`)."""
     name = "admission-content"
     unread = _unread(admission)
     if unread is not None:
         return unknown(name, f"{unread}.")
     documents = [{"kind": kind, **item} for kind in admission_digest.KINDS for item in _items(admission, kind)]
-    prefix = operator_identity(operator_deployments, system_namespace=system_namespace).name_prefix
+    identity = operator_identity(operator_deployments, system_namespace=system_namespace, lease=operator_lease)
+    prefix = identity.name_prefix
     operator = policy.published
     # Where the operator's policy is not known, the variant is accepted here and said below.
     node_evidence = operator is None or admission_digest.uses_node_evidence(operator)
@@ -177,7 +179,10 @@ def check_admission_content(
         "operatorNodeEvidence": admitted,
         "operatorUsesNodeEvidence": None if operator is None else node_evidence,
         "namePrefix": prefix,
+        "namePrefixFrom": f"the operator's user {identity.user or '(not known)'} {identity.source}",
     }
+    # How the release's names were learned, in the line (the manifests' names go without saying).
+    learned = f" (namePrefix {prefix}: the operator's user {identity.user} {identity.source})" if prefix else ""
     if not comparison.intact:
         shown = [f"{kind}/{policy}" for kind, policy in sorted((*comparison.missing, *comparison.differing))]
         why = (
@@ -186,14 +191,15 @@ def check_admission_content(
             if variant and not node_evidence
             else ""
         )
-        if isinstance(operator_deployments, Unreadable):
+        if isinstance(operator_deployments, Unreadable) and not identity.stated:
             why += (
-                f" (compared with the manifests' ServiceAccount names: the Deployments of {system_namespace} could "
-                f"not be read, so a Helm release's namePrefix is not known: {operator_deployments.reason})"
+                f" (compared with the manifests' ServiceAccount names: the operator's Lease does not state its "
+                f"{api.OPERATOR_USER_ANNOTATION} and the Deployments of {system_namespace} could not be read, so a "
+                f"Helm release's namePrefix is not known: {operator_deployments.reason})"
             )
         return failed(
             name,
-            f"not as the manifests ship them: {names_text(comparison.names())}{why}; the operator retires "
+            f"not as the manifests ship them: {names_text(comparison.names())}{why}{learned}; the operator retires "
             f"nothing until they are (AdmissionPoliciesUnverified): re-apply the manifests (`kubectl apply -k` "
             f"your overlay) and find out who changed them.",
             objects=tuple(shown),
@@ -210,6 +216,6 @@ def check_admission_content(
     return passed(
         name,
         f"all {len(expected)} policies and bindings have the manifests' content (the operator's node "
-        f"evidence is {admitted}).",
+        f"evidence is {admitted}){learned}.",
         facts=facts,
     )

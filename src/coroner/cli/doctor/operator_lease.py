@@ -26,7 +26,8 @@ def check_operator_alive(
     operator_deployments: Sequence[Mapping[str, Any]] | Unreadable = (),
 ) -> Check:
     """The operator's Lease was renewed within its own duration. The Deployment the fix names is the
-    release's, `<namePrefix>coroner-operator` (`operator_identity` of `operator_deployments`)."""
+    release's, `<namePrefix>coroner-operator` (`operator_identity` of `operator_deployments`: with no
+    Lease, no user stated on it)."""
     name = "operator-alive"
     subject = f"Lease {system_namespace}/{OPERATOR_LEASE}"
     if isinstance(lease, Unreadable):
