@@ -7,9 +7,13 @@ test_end_to_end.py.
 
 from __future__ import annotations
 
+import json
+import os
 import pathlib
 import re
+import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -511,3 +515,86 @@ def test_the_lease_field_selector_leaves_out_kube_node_lease_on_the_real_server(
     assert (namespace, "worker-held") in names
     assert not any(ns == "kube-node-lease" for ns, _ in names)
     coordination.delete_namespaced_lease("node-ha-test", "kube-node-lease")
+
+
+def test_the_operator_states_its_user_on_its_lease_only_it_may_and_doctor_reads_it_as_a_planner(
+    operator: None, granted: Cluster, admin: k8s.ApiClient
+) -> None:
+    """The operator writes its own user (its SelfSubjectReview) on its Lease at startup; someone else
+    whom RBAC lets update Leases in the system namespace is refused by admission policy 9
+    (coroner-system-leases-by-owner) when they rewrite it; and `kubectl coroner doctor` run with
+    only `coroner-planner` (which may not list Deployments) learns the operator's user from there."""
+    user = f"system:serviceaccount:{api.SYSTEM_NAMESPACE}:{api.OPERATOR_SERVICE_ACCOUNT}"
+
+    def stated() -> str | None:
+        lease = _operator_lease(admin)
+        annotations = (lease.metadata.annotations or {}) if lease is not None else {}
+        return annotations.get(api.OPERATOR_USER_ANNOTATION)
+
+    assert kube.wait_for(stated, what="the operator's user on its Lease") == user
+
+    suffix = uuid.uuid4().hex[:6]
+    mallory, planner = f"mallory-{suffix}", f"planner-{suffix}"
+    rbac = k8s.RbacAuthorizationV1Api(admin)
+    rbac.create_namespaced_role(
+        api.SYSTEM_NAMESPACE,
+        {
+            "metadata": {"name": mallory},
+            "rules": [
+                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "update", "patch"]}
+            ],
+        },
+    )
+    rbac.create_namespaced_role_binding(
+        api.SYSTEM_NAMESPACE,
+        {
+            "metadata": {"name": mallory},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": mallory},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": mallory}],
+        },
+    )
+    rbac.create_cluster_role_binding(
+        {
+            "metadata": {"name": planner},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "coroner-planner"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": planner}],
+        }
+    )
+    try:
+        forged = f"{api.OPERATOR_USER_ANNOTATION}=system:serviceaccount:{api.SYSTEM_NAMESPACE}:forged"
+        lease = f"lease/{api.OPERATOR_LEASE}"
+        allowed = kube.kubectl(
+            granted, "auth", "can-i", "patch", lease, "-n", api.SYSTEM_NAMESPACE, f"--as={mallory}", check=False
+        )
+        assert allowed.stdout.strip() == "yes", "RBAC lets mallory write the Lease: admission must refuse"
+        refused = kube.kubectl(
+            granted,
+            "annotate",
+            "--overwrite",
+            "-n",
+            api.SYSTEM_NAMESPACE,
+            lease,
+            forged,
+            f"--as={mallory}",
+            check=False,
+        )
+        assert refused.returncode != 0
+        assert f"{mallory} may not write Lease {api.SYSTEM_NAMESPACE}/{api.OPERATOR_LEASE}" in refused.stderr
+        assert stated() == user
+
+        env = {key: value for key, value in os.environ.items() if key != "KUBECONFIG"}
+        env["PATH"] = f"{components.BIN}{os.pathsep}{env.get('PATH', '')}"
+        ran = subprocess.run(
+            [str(granted.binary("kubectl")), "coroner", "doctor", "-o", "json", "--as", planner,
+             f"--kubeconfig={granted.kubeconfig}"],
+            capture_output=True, text=True, env=env, timeout=120, check=False,
+        )  # fmt: skip
+        checks = {check["name"]: check for check in json.loads(ran.stdout)["checks"]}
+        grant = checks["retire-grant"]
+        assert grant["facts"]["user"] == user, grant["summary"]
+        assert f"Lease {api.SYSTEM_NAMESPACE}/{api.OPERATOR_LEASE}" in grant["facts"]["userFrom"], grant["summary"]
+        assert checks["admission-content"]["status"] == "PASS", checks["admission-content"]["summary"]
+    finally:
+        rbac.delete_cluster_role_binding(planner)
+        rbac.delete_namespaced_role_binding(mallory, api.SYSTEM_NAMESPACE)
+        rbac.delete_namespaced_role(mallory, api.SYSTEM_NAMESPACE)
