@@ -5,6 +5,8 @@ revoked through values; and `helm uninstall` keeping the CRD and every registrat
 
 from __future__ import annotations
 
+import json
+import os
 import pathlib
 import subprocess
 from collections.abc import Iterator
@@ -76,6 +78,49 @@ def _agent_lease(registration: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _doctor_as_a_planner_knows_the_prefix(cluster: Cluster, admin: k8s.ApiClient) -> None:
+    """`kubectl coroner doctor` as someone with only the release's coroner-planner, which may not
+    list Deployments: the operator states its user on its Lease, so doctor reviews the release's
+    operator and compares the admission policies with the release's names (no false FAIL)."""
+
+    def stated() -> str | None:
+        lease = k8s.CoordinationV1Api(admin).read_namespaced_lease(api.OPERATOR_LEASE, NAMESPACE)
+        return (lease.metadata.annotations or {}).get(api.OPERATOR_USER_ANNOTATION)
+
+    assert kube.wait_for(stated, what="the operator's user on its Lease") == OPERATOR
+    planner = f"{PREFIX}planner-user"
+    rbac = k8s.RbacAuthorizationV1Api(admin)
+    rbac.create_cluster_role_binding(
+        {
+            "metadata": {"name": planner},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": f"{PREFIX}coroner-planner",
+            },
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": planner}],
+        }
+    )
+    try:
+        assert kube.kubectl(cluster, "auth", "can-i", "list", "deployments", "-n", NAMESPACE, f"--as={planner}",
+                            check=False).stdout.strip() == "no"  # fmt: skip
+        env = {key: value for key, value in os.environ.items() if key != "KUBECONFIG"}
+        env["PATH"] = f"{components.BIN}{os.pathsep}{env.get('PATH', '')}"
+        ran = subprocess.run(
+            [str(cluster.binary("kubectl")), "coroner", "doctor", "-o", "json", f"--system-namespace={NAMESPACE}",
+             "--as", planner, f"--kubeconfig={cluster.kubeconfig}"],
+            capture_output=True, text=True, env=env, timeout=120, check=False,
+        )  # fmt: skip
+        checks = {check["name"]: check for check in json.loads(ran.stdout)["checks"]}
+        grant = checks["retire-grant"]
+        assert grant["facts"]["user"] == OPERATOR and grant["status"] == "PASS", grant["summary"]
+        assert f"Lease {NAMESPACE}/{api.OPERATOR_LEASE}" in grant["facts"]["userFrom"], grant["summary"]
+        content = checks["admission-content"]
+        assert content["status"] == "PASS" and content["facts"]["namePrefix"] == PREFIX, content["summary"]
+    finally:
+        rbac.delete_cluster_role_binding(planner)
+
+
 def test_helm_install_upgrade_and_uninstall_keeping_the_crd(
     clean_slate: Cluster, admin: k8s.ApiClient, tmp_path: pathlib.Path
 ) -> None:
@@ -127,6 +172,7 @@ def test_helm_install_upgrade_and_uninstall_keeping_the_crd(
         argv = components.operator_argv(operator_config, f"--system-namespace={NAMESPACE}", f"--namespace={ns}")
         with components.process(argv, log=tmp_path / "operator.log"):
             kube.wait_for(lambda: components.retired(admin, ns, "on-a"), timeout=120, what="on-a retired")
+            _doctor_as_a_planner_knows_the_prefix(cluster, admin)
         assert kube.get_registration(admin, ns, "on-a")["status"]["retirement"]["retiredBy"] == OPERATOR
         assert kube.get_registration(admin, ns, "on-a")["status"]["state"] == "Retired"
 
