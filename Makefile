@@ -37,13 +37,14 @@ test: lint
 unit: $(BIN)/.installed
 	$(BIN)/pytest -m unit
 
-# The deterministic simulation (docs/simulation.md): the CI batch of 5,000 seeded trials and the
-# mutants (part of `make test` too); sim-bench runs 1,000,000 and writes bench/results/sim.json.
+# The deterministic simulation (docs/simulation.md): the CI batch of 50,000 seeded trials over every
+# CPU and the mutants (part of `make test` too); sim-bench runs 1,000,000 into bench/results/sim.json,
+# resumably: stop it at any time (^C) and run it again to continue where it stopped.
 sim: $(BIN)/.installed
 	$(BIN)/pytest -q tests/sim
 
 sim-bench: $(BIN)/.installed
-	$(BIN)/python bench/sim.py
+	$(BIN)/python bench/sim.py --resume
 
 # The images' hashed locks (images/<name>.lock): one per deployable, from pyproject's extras.
 locks: $(BIN)/.installed

@@ -116,17 +116,29 @@ def _conditions(body: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
     return [c for c in conds if isinstance(c, dict)] if isinstance(conds, list) else []
 
 
+_RETIRED = ConditionType.RETIRED.value
+_RELEASED = ConditionType.RELEASED.value
+
+
+def _true_in(status: Mapping[str, Any], kind: str) -> bool:
+    conds = status.get("conditions")
+    if not isinstance(conds, list):
+        return False
+    return any(isinstance(c, dict) and c.get("type") == kind and c.get("status") == "True" for c in conds)
+
+
 def _true(body: Mapping[str, Any] | None, kind: str) -> bool:
-    return any(c.get("type") == kind and c.get("status") == "True" for c in _conditions(body))
+    status = body.get("status") if body else None
+    return isinstance(status, dict) and _true_in(status, kind)
 
 
 def retired(body: Mapping[str, Any] | None) -> bool:
-    status = (body or {}).get("status")
-    return (isinstance(status, dict) and "retirement" in status) or _true(body, ConditionType.RETIRED.value)
+    status = body.get("status") if body else None
+    return isinstance(status, dict) and ("retirement" in status or _true_in(status, _RETIRED))
 
 
 def released(body: Mapping[str, Any] | None) -> bool:
-    return _true(body, ConditionType.RELEASED.value)
+    return _true(body, _RELEASED)
 
 
 def _status(body: Mapping[str, Any] | None) -> Mapping[str, Any]:

@@ -22,7 +22,6 @@ bumps it, and every callback scheduled by an older epoch is a no-op).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import datetime
 import os
@@ -32,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from sim import kernel
 from sim.apiserver import SimApiError, Watcher
-from sim.clock import CURRENT, dt
+from sim.clock import CURRENT, dt, run_now
 from sim.prod import (
     Policy,
     World,
@@ -94,8 +93,11 @@ class _Window:
     def __init__(self, trial: Trial, window: tuple[float, float], rng: Any) -> None:
         self.trial, self.window, self.rng = trial, window, rng
 
+    def active(self) -> bool:
+        return self.window[0] <= self.trial.now < self.window[1]
+
     def random(self) -> float:
-        return self.rng.random() if self.window[0] <= self.trial.now < self.window[1] else 1.0
+        return self.rng.random() if self.active() else 1.0
 
     def choice(self, options: Any) -> Any:
         return self.rng.choice(options)
@@ -116,8 +118,9 @@ class SimProber:
     def _read_node(self) -> agent_probe.LocalNode:
         node = self.agent.node
         view = self.reader.view_ns
-        if self.reader.flaky is not None:
-            return self._read_node_files(node, view)  # its reads may fail: never cached
+        flaky = self.reader.flaky
+        if flaky is not None and flaky.active():
+            return self._read_node_files(node, view)  # its reads may fail (and draw from the seed): not cached
         key = (node.name, node.boot_id, node.host_id, view)
         facts = _NODE_FACTS.get(key)
         if facts is None:
@@ -577,7 +580,7 @@ class SimOperator:
     def _run_retire(self, key: tuple[str, str], intent: Any) -> None:
         port = _RetirePort(self.trial, self.identity, view_rv=int(intent.resource_version or 0))
         retirer = retire_protocol.Retirer(name=self.identity)
-        result = _run(retire_protocol.retire(port, intent, retirer=retirer, clock=self.clock))
+        result = run_now(retire_protocol.retire(port, intent, retirer=retirer, clock=self.clock))
         outcome = result.outcome
         self.trial.stats[f"retire:{outcome.value}"] += 1
         if outcome is retire_protocol.RetireOutcome.RETIRED:
@@ -635,18 +638,6 @@ class _RetirePort:
 
     async def post_event(self, *, involved: Any, reason: str, evidence: str, message: str) -> None:
         self.trial.stats["events"] += 1
-
-
-def _run(coroutine: Any) -> Any:
-    """Run a coroutine of the retire protocol to its end: the port never waits on anything."""
-    loop = _LOOP[0] if _LOOP else None
-    if loop is None or loop.is_closed():
-        loop = asyncio.new_event_loop()
-        _LOOP[:] = [loop]
-    return loop.run_until_complete(coroutine)
-
-
-_LOOP: list[asyncio.AbstractEventLoop] = []
 
 
 def _rv(body: dict[str, Any]) -> int:
@@ -773,5 +764,5 @@ class Human:
             )
             retirer = retire_protocol.Retirer(name="human", writer=wire.Writer.PERSON, via="kubectl coroner apply")
             port = _RetirePort(self.trial, "human", view_rv=int(registration.resource_version or 0))
-            result = _run(retire_protocol.retire(port, intent, retirer=retirer, clock=lambda: dt(self.trial.now)))
+            result = run_now(retire_protocol.retire(port, intent, retirer=retirer, clock=lambda: dt(self.trial.now)))
             self.trial.stats[f"human:{result.outcome.value}"] += 1

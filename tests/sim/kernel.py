@@ -182,7 +182,7 @@ class SimProcReader:
         self.view_ns = view_ns
         self._fds: dict[int, SimProcess] = {}
         self._next_fd = 3
-        self.flaky: random.Random | None = None
+        self.flaky: Any = None  # sim.components._Window: the trial's random source inside a window of time
         """While set: each read fails with probability `flake` (EACCES, EIO, or ESRCH as if the
         task were released between the path lookup and the read)."""
         self.flake = 0.0

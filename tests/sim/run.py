@@ -10,15 +10,18 @@ command that replays it.
 from __future__ import annotations
 
 import contextlib
+import gc
 import multiprocessing
 import os
+import signal
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from sim.clock import installed
+from sim import memo
+from sim.clock import PARSED, installed
 from sim.mutants import ACTIVE, MUTANTS
 from sim.trial import COUNTERS, FAULTS, Trial
 
@@ -29,11 +32,16 @@ def replay_command(seed: int, mutant: str | None = None) -> str:
     return REPLAY.format(seed=seed, mutant=f" --mutant {mutant}" if mutant else "")
 
 
+#: A summary keeps the failures of the lowest seeds, this many (the counters count them all).
+MAX_FAILURES = 50
+
+
 def empty() -> dict[str, Any]:
     return {
         "trials": 0,
         "steps": 0,
         "seconds": 0.0,
+        "cpu_seconds": 0.0,
         "violations": dict.fromkeys(COUNTERS, 0),
         "faults": dict.fromkeys(FAULTS, 0),
         "stats": {},
@@ -42,15 +50,25 @@ def empty() -> dict[str, Any]:
 
 
 def merge(into: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """Add `other`'s counts to `into`. Order-free: merging chunks in any order (from any number of
+    processes) gives the same totals, and the same failures (those of the lowest seeds)."""
     into["trials"] += other["trials"]
     into["steps"] += other["steps"]
     into["seconds"] = max(into["seconds"], other["seconds"])
+    into["cpu_seconds"] = into.get("cpu_seconds", 0.0) + other.get("cpu_seconds", 0.0)
     for name in ("violations", "faults", "stats"):
         counter = Counter(into[name])
         counter.update(other[name])
         into[name] = dict(counter)
-    into["failures"] = (into["failures"] + other["failures"])[:50]
+    failures = into["failures"] + other["failures"]
+    failures.sort(key=lambda f: (f["seed"], f["counter"]))
+    into["failures"] = failures[:MAX_FAILURES]
     return into
+
+
+def totals(summary: dict[str, Any]) -> dict[str, Any]:
+    """What must not depend on how a run was split or spread: everything but the timings."""
+    return {k: v for k, v in summary.items() if k not in ("seconds", "cpu_seconds")}
 
 
 @contextlib.contextmanager
@@ -70,13 +88,49 @@ def one(seed: int, *, mutant: str | None = None, trace: bool = False, faults: tu
     return trial
 
 
-def batch(seeds: Iterable[int], *, mutant: str | None = None, stop_at_first: bool = False) -> dict[str, Any]:
+@contextlib.contextmanager
+def collecting_between_trials() -> Any:
+    """The cyclic garbage collector runs between trials, not during them.
+
+    A trial is a web of reference cycles (components, closures and the trial point at each other)
+    that only the cyclic collector frees; left to its thresholds it also walks the whole heap
+    (pytest's included) again and again. Here what exists before the batch is frozen out of its
+    sight, automatic collection is off, and `between()` lets go of the finished trial (the
+    mutants' handle on it, the memos) and collects its garbage — a walk over that trial's objects
+    only. Restored on exit."""
+
+    finished = [0]
+
+    def between() -> None:
+        ACTIVE.clear()
+        PARSED.clear()
+        memo.clear()
+        finished[0] += 1
+        if finished[0] % 8 == 0:  # a collection has a fixed cost too: one per 8 trials' garbage
+            gc.collect()
+
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        yield between
+    finally:
+        gc.unfreeze()
+        if enabled:
+            gc.enable()
+
+
+def batch(
+    seeds: Iterable[int], *, mutant: str | None = None, stop_at_first: bool = False, memos: bool = True
+) -> dict[str, Any]:
     summary = empty()
     started = time.perf_counter()
-    with installed(), _mutant(mutant):
+    cpu_started = time.process_time()
+    with installed(memos=memos), _mutant(mutant), collecting_between_trials() as between:
         for seed in seeds:
-            trial = one(seed, mutant=mutant)
-            result = trial.result  # type: ignore[attr-defined]
+            result = one(seed, mutant=mutant).result  # type: ignore[attr-defined]
+            between()
             summary["trials"] += 1
             summary["steps"] += result.steps
             stats = summary["stats"]
@@ -102,12 +156,25 @@ def batch(seeds: Iterable[int], *, mutant: str | None = None, stop_at_first: boo
                 if stop_at_first:
                     break
     summary["seconds"] = time.perf_counter() - started
+    summary["cpu_seconds"] = time.process_time() - cpu_started
     return summary
 
 
-def _chunk(args: tuple[int, int, str | None]) -> dict[str, Any]:
+def chunks(start: int, count: int, size: int) -> list[tuple[int, int]]:
+    """The seed range start..start+count cut into ranges of `size` (the last one shorter): the unit
+    of work handed to a process, and of a long run's record (what is done is a set of these)."""
+    return [(s, min(s + size, start + count)) for s in range(start, start + count, size)]
+
+
+def _chunk(args: tuple[int, int, str | None]) -> tuple[tuple[int, int], dict[str, Any]]:
     start, stop, mutant = args
-    return batch(range(start, stop), mutant=mutant)
+    return (start, stop), batch(range(start, stop), mutant=mutant)
+
+
+def _worker_init() -> None:
+    # ^C and SIGTERM are the parent's to handle: it keeps what finished and ends the workers.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def parallel(
@@ -118,31 +185,49 @@ def parallel(
     chunk: int = 2000,
     mutant: str | None = None,
     minutes: float | None = None,
+    skip: Iterable[tuple[int, int]] = (),
+    max_chunks: int | None = None,
+    on_chunk: Callable[[tuple[int, int], dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """`count` trials from seed `start`, over `jobs` processes (default: every CPU).
+    """`count` trials from seed `start`, in chunks of `chunk` seeds over `jobs` processes (default:
+    every CPU). The totals do not depend on `jobs` or on the order chunks finish in.
 
-    With `minutes`, chunks finished by then are kept and the rest abandoned (the summary says how
-    many trials ran: seeds start..start+count, minus the unfinished chunks)."""
+    A chunk in `skip` is not run (a resumed run's finished chunks). `on_chunk(range, summary)` is
+    called as each chunk finishes. The run stops early — keeping every chunk finished by then and
+    abandoning the rest — after `minutes`, after `max_chunks` chunks, or on ^C (KeyboardInterrupt);
+    the summary's `trials` says how many ran."""
     jobs = jobs or os.cpu_count() or 1
-    tasks = [(s, min(s + chunk, start + count), mutant) for s in range(start, start + count, chunk)]
+    done = set(skip)
+    tasks = [(a, b, mutant) for a, b in chunks(start, count, chunk) if (a, b) not in done]
+    if max_chunks is not None:
+        tasks = tasks[:max_chunks]
     summary = empty()
     started = time.perf_counter()
     deadline = None if minutes is None else started + minutes * 60
-    if jobs == 1:
-        for task in tasks:
-            merge(summary, _chunk(task))
-            if deadline is not None and time.perf_counter() > deadline:
-                break
-    else:
-        context = multiprocessing.get_context("fork")
-        with context.Pool(jobs) as pool:
-            for part in pool.imap_unordered(_chunk, tasks):
-                merge(summary, part)
-                if deadline is not None and time.perf_counter() > deadline:
-                    pool.terminate()
+
+    def finished(rng: tuple[int, int], part: dict[str, Any]) -> bool:
+        merge(summary, part)
+        if on_chunk is not None:
+            on_chunk(rng, part)
+        return deadline is not None and time.perf_counter() > deadline
+
+    try:
+        if jobs == 1:
+            for task in tasks:
+                if finished(*_chunk(task)):
                     break
+        else:
+            context = multiprocessing.get_context("fork")
+            with context.Pool(min(jobs, max(1, len(tasks))), initializer=_worker_init) as pool:
+                try:
+                    for rng, part in pool.imap_unordered(_chunk, tasks):
+                        if finished(rng, part):
+                            break
+                finally:
+                    pool.terminate()
+    except KeyboardInterrupt:
+        pass
     summary["seconds"] = time.perf_counter() - started
-    summary["failures"].sort(key=lambda f: f["seed"])
     return summary
 
 

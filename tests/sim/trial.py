@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import json
 import random
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from sim import kernel
+from sim import kernel, memo
 from sim.apiserver import Key, Server, released, retired
 from sim.clock import PARSED, dt
 from sim.components import LEASE_SECONDS, Human, SimAgent, SimOperator, Worker
@@ -101,7 +102,8 @@ class Trial:
         self.lag_until = 0.0
         self.partitions: dict[str, tuple[float, float]] = {}
         self.rel_skew_exempt: set[str] = set()
-        self.attested_by: dict[tuple[Key, str], str] = {}
+        self.attested_by: dict[Key, list[tuple[Any, str]]] = {}
+        """Per registration, every attestation written into it and by whom, in order."""
         self.labels: dict[int, str] = {}
         self.retired_seen: dict[Key, Any] = {}
         self.travel: tuple[SimOperator | SimAgent, str, float] | None = None
@@ -430,7 +432,12 @@ class Trial:
         if worker is None or worker.proc is None:
             return
         alive = worker.proc.alive and worker.node.boot_id == worker.boot_id
-        self.stats["verdict:" + result.verdict.value + "/" + result.evidence.value] += 1
+        label = _VERDICT_LABELS.get((result.verdict, result.evidence))
+        if label is None:
+            label = _VERDICT_LABELS[(result.verdict, result.evidence)] = (
+                "verdict:" + result.verdict.value + "/" + result.evidence.value
+            )
+        self.stats[label] += 1
         if result.verdict == Verdict.DEAD and alive:
             self.violation(
                 "live_attested_dead", f"{worker.name} probed Dead ({result.evidence}) while alive: {result.detail}"
@@ -474,7 +481,7 @@ class Trial:
         if new is not None and (new.get("status") or {}).get("attestation") != ((old or {}).get("status") or {}).get(
             "attestation"
         ):
-            self.attested_by[(key, _canon(new["status"]["attestation"]))] = identity
+            self.attested_by.setdefault(key, []).append((new["status"]["attestation"], identity))
         if old is not None and retired(old):
             if new is None:
                 return  # deletion of a terminal registration (retention)
@@ -519,7 +526,7 @@ class Trial:
         if not isinstance(attestation, dict):
             self.violation("bad_provenance", f"{name}: retirement carries no attestation")
             return
-        by = self.attested_by.get((key, _canon(attestation)))
+        by = self._writer_of(key, attestation)
         problems = []
         if attestation != stored:
             problems.append("the attestation copied is not the one stored when retired")
@@ -534,6 +541,16 @@ class Trial:
         if problems:
             self.violation("bad_provenance", f"{name}: " + "; ".join(problems))
         self._check_reasons(name, new, attestation, record)
+
+    def _writer_of(self, key: Key, attestation: dict[str, Any]) -> str | None:
+        """Who last wrote exactly this attestation (the same JSON) into the registration."""
+        canon = None
+        for written, identity in reversed(self.attested_by.get(key, ())):
+            if written == attestation:
+                canon = canon or _canon(attestation)
+                if _canon(written) == canon:
+                    return identity
+        return None
 
     def _check_reasons(
         self, name: str, new: dict[str, Any], attestation: dict[str, Any], record: dict[str, Any]
@@ -628,6 +645,7 @@ class Trial:
 
     def execute(self) -> TrialResult:
         PARSED.clear()
+        memo.clear()
         self.setup()
         self.run(FAULT_END)
         # Heal: withheld events are delivered, partitions end, capped watches catch up, components up.
@@ -664,10 +682,12 @@ class Trial:
         )
 
 
-def _canon(value: Any) -> str:
-    import json
+_VERDICT_LABELS: dict[tuple[Any, Any], str] = {}
+_CANON = json.JSONEncoder(sort_keys=True)
 
-    return json.dumps(value, sort_keys=True)
+
+def _canon(value: Any) -> str:
+    return _CANON.encode(value)
 
 
 def _conditions_text(body: dict[str, Any]) -> str:

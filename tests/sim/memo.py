@@ -1,0 +1,143 @@
+"""Memos of pure production functions, by the value of their arguments, for the length of one trial.
+
+A trial asks the same pure questions again and again — the same `/proc` texts parsed on every
+probe, the same transition times rendered on every reconcile, the same timestamps parsed in every
+registration — and most of a trial's CPU time is production code. Each function below is pure (its
+answer depends on its arguments only, it has no side effect) and returns an immutable value (a
+string, a datetime, None, or a frozen dataclass), so answering a repeated question from a memo is
+invisible to everything downstream: the production function still answers every distinct question
+of every trial. `tests/sim/test_sim.py` checks that a batch with the memos and one without give the
+same summary, step for step.
+
+The memos are emptied at the start of each trial (`clear`), so a trial never sees an answer computed
+under another trial, or under another mutant. Only arguments of exactly the hashable types the
+function is called with are memoized (`True == 1` must not answer for `1`); anything else, and any
+call that raises, goes straight to the function.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from sim.prod import model, procfs
+
+_MISS = object()
+_CACHES: list[dict[Any, Any]] = []
+
+
+def clear() -> None:
+    for cache in _CACHES:
+        cache.clear()
+
+
+def _text_arg(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """One positional argument, memoized when it is a `str` (parse_stat, parse_status, parse_time)."""
+    cache: dict[str, Any] = {}
+    _CACHES.append(cache)
+
+    def memo(raw: Any) -> Any:
+        if type(raw) is not str:
+            return fn(raw)
+        hit = cache.get(raw, _MISS)
+        if hit is _MISS:
+            hit = cache[raw] = fn(raw)
+        return hit
+
+    return memo
+
+
+def _format_time(fn: Callable[..., str]) -> Callable[..., str]:
+    cache: dict[tuple[datetime.datetime, bool], str] = {}
+    _CACHES.append(cache)
+
+    def memo(value: Any, *, fraction: Any = False) -> str:
+        if type(value) is not datetime.datetime or type(fraction) is not bool:
+            return fn(value, fraction=fraction)
+        key = (value, fraction)
+        hit = cache.get(key)
+        if hit is None:
+            hit = cache[key] = fn(value, fraction=fraction)
+        return hit
+
+    return memo
+
+
+def _typed(value: object) -> tuple[type, object]:
+    return (type(value), value)
+
+
+def _recorded_incarnation(fn: Callable[..., Any]) -> Callable[..., Any]:
+    cache: dict[tuple[object, ...], Any] = {}
+    _CACHES.append(cache)
+
+    def memo(*, boot_id: Any, pid_namespace: Any, pid: Any, start_time: Any) -> Any:
+        try:
+            key = (_typed(boot_id), _typed(pid_namespace), _typed(pid), _typed(start_time))
+            hit = cache.get(key, _MISS)
+        except TypeError:  # unhashable: not a question the memo answers
+            return fn(boot_id=boot_id, pid_namespace=pid_namespace, pid=pid, start_time=start_time)
+        if hit is _MISS:
+            hit = cache[key] = fn(boot_id=boot_id, pid_namespace=pid_namespace, pid=pid, start_time=start_time)
+        return hit
+
+    return memo
+
+
+def _process_view(fn: Callable[..., Any]) -> Callable[..., Any]:
+    cache: dict[tuple[object, ...], Any] = {}
+    _CACHES.append(cache)
+
+    def memo(*, stat: Any, status: Any, pid_namespace_link: Any, proc_pid_namespace: Any = None) -> Any:
+        key = (_typed(stat), _typed(status), _typed(pid_namespace_link), _typed(proc_pid_namespace))
+        try:
+            hit = cache.get(key, _MISS)
+        except TypeError:
+            hit = _MISS
+            key = None
+        if hit is _MISS:
+            hit = fn(
+                stat=stat, status=status, pid_namespace_link=pid_namespace_link, proc_pid_namespace=proc_pid_namespace
+            )
+            if key is not None:
+                cache[key] = hit
+        return hit
+
+    return memo
+
+
+#: (the module that defines it, its name, the memo's maker). Each is replaced wherever a production
+#: module binds that very function object (`from coroner.core.model import format_time` included).
+PURE: tuple[tuple[Any, str, Callable[[Any], Any]], ...] = (
+    (procfs, "parse_stat", _text_arg),
+    (procfs, "parse_status", _text_arg),
+    (procfs, "process_view", _process_view),
+    (procfs, "recorded_incarnation", _recorded_incarnation),
+    (model, "parse_time", _text_arg),
+    (model, "format_time", _format_time),
+)
+_PRODUCTION = ("coroner", "coroner_agent", "coroner_operator")
+
+
+@contextlib.contextmanager
+def installed() -> Iterator[None]:
+    """Each function of `PURE` memoized in every production module that binds it; restored on exit."""
+    saved: list[tuple[Any, str, Any]] = []
+    ours = len(_CACHES)
+    modules = [m for name, m in list(sys.modules.items()) if m is not None and name.split(".")[0] in _PRODUCTION]
+    try:
+        for owner, name, maker in PURE:
+            original = getattr(owner, name)
+            memo = maker(original)
+            for module in modules:
+                if module.__dict__.get(name) is original:
+                    saved.append((module, name, original))
+                    setattr(module, name, memo)
+        yield
+    finally:
+        for module, name, original in reversed(saved):
+            setattr(module, name, original)
+        del _CACHES[ours:]
