@@ -478,6 +478,11 @@ def test_the_standby_takes_over_after_the_leader_is_killed_and_retires_what_died
 
             annotations = kube.wait_for(swept, what="the new leader's sweep on its Lease")
             assert api.POLICY_ANNOTATION in annotations
+            # The holder is a pod's name; the operator's user rides on the Lease for doctor.
+            assert (
+                annotations[api.OPERATOR_USER_ANNOTATION]
+                == f"system:serviceaccount:{api.SYSTEM_NAMESPACE}:coroner-operator"
+            )
     print(f"takeover {took_over:.1f} s after SIGKILL (lease duration {lease_duration} s, retry {retry} s)")
     one = logs["op-1"].read_text()
     two = logs["op-2"].read_text()
