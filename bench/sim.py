@@ -179,6 +179,8 @@ def run_long(args: argparse.Namespace) -> dict[str, Any]:
     generator = generator_hash()
     if args.resume and out.exists():
         record = load(out)
+        args.seed = record["first_seed"] if args.seed is None else args.seed
+        args.chunk = record["chunk"] if args.chunk is None else args.chunk
         if record["generator"] != generator:
             raise SystemExit(
                 f"{out} was run by another simulation (generator {record['generator']}, this one is {generator}):"
@@ -193,6 +195,8 @@ def run_long(args: argparse.Namespace) -> dict[str, Any]:
             raise SystemExit(f"{out} asks for {record['requested_trials']} trials: resume with --trials >= that")
         record["requested_trials"] = args.trials
     else:
+        args.seed = 0 if args.seed is None else args.seed
+        args.chunk = 2000 if args.chunk is None else args.chunk
         record = {
             "date": "",
             "generator": generator,
@@ -267,9 +271,16 @@ def run_long(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, default=1_000_000)
-    parser.add_argument("--seed", type=int, default=0, help="First seed (trial i runs seed + i).")
+    parser.add_argument(
+        "--seed", type=int, default=None, help="First seed (trial i runs seed + i); 0, or the record's."
+    )
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--chunk", type=int, default=2000, help="Seeds per chunk: a worker's task, a record's unit.")
+    parser.add_argument(
+        "--chunk",
+        type=int,
+        default=None,
+        help="Seeds per chunk: a worker's task, a record's unit (2000, or the record's).",
+    )
     parser.add_argument("--minutes", type=float, default=None, help="Wall-time budget: keep the chunks done by then.")
     parser.add_argument("--max-chunks", type=int, default=None, help="Stop after this many chunks this session.")
     parser.add_argument("--resume", action="store_true", help="Continue the run recorded in --out.")
