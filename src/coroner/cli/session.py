@@ -40,6 +40,11 @@ EXIT_DRIFT: Final = 3
 
 #: (connect, read) seconds: an unreachable API server is reported, not waited on forever.
 DEFAULT_TIMEOUT: Final = (10.0, 120.0)
+#: A request the API server did not answer (refused, timed out, reset, TLS failure) is not sent
+#: again: each of urllib3's default 3 retries would wait another --request-timeout, and the first
+#: unanswered request ends the command. Answers are still followed as before: redirects, and 429/503
+#: with Retry-After on reads (up to 3 in all).
+_RETRIES: Final = urllib3.Retry(total=3, connect=0, read=0, other=0)
 #: LIST page size, as kubectl chunks; the pages of one LIST share one snapshot.
 _PAGE: Final = 500
 DEBUG_ENV: Final = "KUBECTL_CORONER_DEBUG"
@@ -91,7 +96,7 @@ class Connection:
 
     def describe_timeout(self) -> str:
         if self.request_timeout is None:
-            return f"{DEFAULT_TIMEOUT[1]:g}s"
+            return f"the default {DEFAULT_TIMEOUT[0]:g}s to connect and {DEFAULT_TIMEOUT[1]:g}s to answer"
         return f"--request-timeout {self.request_timeout:g}s"
 
 
@@ -457,6 +462,7 @@ def _api_client(connection: Connection) -> ApiClient:
         ) from None
     # apply retires up to 32 rows at a time: one pooled connection each, no "pool is full" warnings.
     configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize or 0, _POOL)
+    configuration.retries = _RETRIES
     client = ApiClient(configuration)
     if connection.as_user:
         client.set_default_header("Impersonate-User", connection.as_user)  # type: ignore[no-untyped-call]
