@@ -16,15 +16,16 @@ A long run is resumable. The seed range is cut into chunks (`--chunk` seeds each
 far, so the run can be stopped at any moment (^C, SIGTERM, `--minutes`, `--max-chunks`) losing only
 the chunks under way, and `--resume` runs the chunks not done yet and adds them in. The totals do
 not depend on how the run was split into sessions, nor on `--jobs`: an interrupted and resumed
-run records what an unbroken one would. A resumed run must use the simulation that began it (the
-record names it by a hash of tests/sim: a seed names a scenario only for its generator); each
-session is recorded with its commit under `segments`.
+run records what an unbroken one would. A resumed run must run seeds as the code that began it
+did (the record names that code by the totals of seeds 0-99: a seed names a scenario only for
+its generator); each session is recorded with its commit under `segments`.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import hashlib
 import json
 import os
@@ -44,8 +45,8 @@ from sim.trial import COUNTERS  # noqa: E402
 
 #: Seeds each mutant is given to be caught in (the stated bound; tests/sim/test_sim.py asserts it).
 MUTANT_LIMIT = 2000
-#: The simulation's sources: their hash names the generator a record's seeds belong to.
-GENERATOR = sorted(p for p in (REPO / "tests" / "sim").glob("*.py") if not p.name.startswith("test_"))
+#: The seeds whose totals name the generator a record's seeds belong to (see `generator_hash`).
+PROBE_SEEDS = range(100)
 
 
 def _replay(seed: int, mutant: str | None, trace: bool, faults: tuple[str, ...] | None) -> int:
@@ -74,11 +75,15 @@ def _git_commit() -> str:
         return "unknown"
 
 
+@functools.cache
 def generator_hash() -> str:
-    digest = hashlib.sha256()
-    for path in GENERATOR:
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()[:16]
+    """What this code makes of seeds 0-99: the hash of their totals, step for step. A seed names a
+    scenario only for the code that generated it — the simulation's and the production code it
+    drives — so a record is resumed only by code that runs these seeds the same way (a change
+    that only makes the simulation faster keeps it; one that changes what a seed does, in the
+    simulation or in production, does not)."""
+    totals = run.totals(run.batch(PROBE_SEEDS))
+    return hashlib.sha256(json.dumps(totals, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _ranges(done: list[tuple[int, int]]) -> list[list[int]]:
@@ -183,8 +188,9 @@ def run_long(args: argparse.Namespace) -> dict[str, Any]:
         args.chunk = record["chunk"] if args.chunk is None else args.chunk
         if record["generator"] != generator:
             raise SystemExit(
-                f"{out} was run by another simulation (generator {record['generator']}, this one is {generator}):"
-                " its seeds name other scenarios here; start a new run without --resume"
+                f"{out} was run by another simulation (generator {record['generator']}, this code's is {generator}:"
+                " it runs seeds 0-99 otherwise), so its seeds name other scenarios here; start a new run"
+                " without --resume"
             )
         if record["first_seed"] != args.seed or record["chunk"] != args.chunk:
             raise SystemExit(
