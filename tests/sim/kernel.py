@@ -164,6 +164,13 @@ class SimNode:
                 return proc
         return None
 
+    def holder(self, *, ns: int, ns_pid: int) -> SimProcess | None:
+        """The process that holds pid `ns_pid` in pid namespace `ns`: in the root namespace every
+        process holds one, its host pid, wherever it lives; in a child one, only its own."""
+        if ns == ROOT_NS:
+            return self.procs.get(ns_pid)
+        return self.find(ns=ns, ns_pid=ns_pid)
+
 
 def _enoent(what: str) -> OSError:
     return OSError(errno.ENOENT, f"No such file or directory: {what}")

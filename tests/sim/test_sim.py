@@ -30,7 +30,11 @@ MUTANT_LIMIT = 2000
 #: Seeds that once failed, each for a reason now fixed (docs/simulation.md, "Findings"). A seed
 #: names a scenario only for the generator of its commit: when the generator changes, the finding
 #: is kept as a test of its own (below) and the seed dropped from here.
-REGRESSIONS: dict[int, str] = {}
+REGRESSIONS: dict[int, str] = {
+    1_000_005_641: "the liveness oracle missed that a child-namespace process held the dead worker's "
+    "root-namespace pid (its host pid) after a reboot: dead_left_active for a registration the agent "
+    "rightly keeps as Reused (found by the CI batch of 50,000 at 3621879)",
+}
 
 
 # --- the model API server ----------------------------------------------------------------------
@@ -207,6 +211,21 @@ def test_a_reboot_ends_every_process_and_never_keeps_its_boot_id() -> None:
         before = node.boot_id
         node.boot(2.0)
         assert node.boot_id != before and not proc.alive and not node.procs
+
+
+def test_the_holder_of_a_root_namespace_pid_may_live_in_a_child_namespace() -> None:
+    """Found by seed 1,000,005,641 (generator of 3621879): every process has a pid in the root pid
+    namespace, its host pid; one in a child namespace holds that number there too, and the probe
+    rightly reads a registration recorded with it as Reused, not dead."""
+    import random
+
+    from sim.kernel import CHILD_NS_POOL, ROOT_NS, SimNode
+
+    node = SimNode(name="n0", rng=random.Random(1), now=0.0)
+    child = node.spawn(now=1.0, ns=CHILD_NS_POOL[0], host_pid=303)
+    assert node.holder(ns=ROOT_NS, ns_pid=303) is child
+    assert node.holder(ns=CHILD_NS_POOL[0], ns_pid=child.ns_pid) is child
+    assert node.holder(ns=CHILD_NS_POOL[1], ns_pid=child.ns_pid) is None
 
 
 # --- the simulation ------------------------------------------------------------------------------

@@ -625,7 +625,7 @@ class Trial:
             if agent.confined:
                 self.stats["exempt:confined"] += 1
                 continue
-            holder = worker.node.find(ns=proc.ns, ns_pid=proc.ns_pid)
+            holder = worker.node.holder(ns=proc.ns, ns_pid=proc.ns_pid)
             if holder is not None and holder is not proc:
                 # Another process holds the recorded number: PidReuseDetected (or, after a reboot,
                 # IncarnationContradicted) preserves it by design until that process is gone.
