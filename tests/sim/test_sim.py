@@ -263,6 +263,7 @@ def test_the_oracles_catch_the_mutant(mutant: str) -> None:
     print(f"{mutant}: caught after {hunt['seeds_to_detection']} seeds by {hunt['oracle']}: {hunt['replay']}")
 
 
+@pytest.mark.timeout(1800)  # a guard against a hang, not a timing claim: ~2.5 min on the quiet machine, ~24 at load 12
 def test_the_ci_batch_of_seeded_trials() -> None:
     trials = int(os.environ.get("CORONER_SIM_TRIALS", str(CI_TRIALS)))
     jobs = int(os.environ.get("CORONER_SIM_JOBS", str(os.cpu_count() or 1)))
