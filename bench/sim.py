@@ -199,6 +199,12 @@ def run_long(args: argparse.Namespace) -> dict[str, Any]:
             )
         if args.trials < record["requested_trials"]:
             raise SystemExit(f"{out} asks for {record['requested_trials']} trials: resume with --trials >= that")
+        if args.trials > record["requested_trials"] and record["requested_trials"] % record["chunk"]:
+            # Its last chunk was cut short at the old end; extended, that chunk would be another one.
+            raise SystemExit(
+                f"{out} asks for {record['requested_trials']} trials, not a multiple of its chunk"
+                f" {record['chunk']}: it can be resumed to that end, not extended"
+            )
         record["requested_trials"] = args.trials
     else:
         args.seed = 0 if args.seed is None else args.seed

@@ -92,6 +92,9 @@ def test_resume_refuses_a_record_of_another_run(tmp_path: pathlib.Path) -> None:
     assert bench.main(["--trials", "20", "--chunk", "10", "--no-mutants", "--jobs", "1", "--out", str(out)]) == 0
     with pytest.raises(SystemExit, match="--chunk 10"):
         bench.main(["--trials", "20", "--chunk", "5", "--no-mutants", "--resume", "--out", str(out)])
+    with pytest.raises(SystemExit, match="not a multiple of its chunk"):
+        bench.main(["--trials", "25", "--chunk", "10", "--no-mutants", "--jobs", "1", "--out", str(out)])
+        bench.main(["--trials", "40", "--no-mutants", "--resume", "--out", str(out)])
     record = json.loads(out.read_text())
     record["generator"] = "another"
     out.write_text(json.dumps(record))
