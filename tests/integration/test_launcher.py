@@ -175,6 +175,7 @@ def test_the_goodbye_lands_whatever_was_written_since_and_never_on_a_retired_reg
                         "retiredTime": components.now_text(),
                         "retiredBy": "admin",
                         "reason": "NodeOutOfService",
+                        "statement": "Human",  # a person's node evidence says so (issue 17)
                     }
                 }
             },
