@@ -152,6 +152,34 @@ class Tap:
         self.successes = 0
         self.fired = threading.Event()
         self.fired_request: Request | None = None
+        self._lock = threading.Lock()
+        self._disarmed = False
+
+    def answered(self, request: Request, status: int) -> bool:
+        """Records one answer; runs the action if it is the n-th success. True if it fired."""
+        self.seen.append((request.kind, request.name, status))
+        self.answers.append((request, status))
+        if not self.nth or not 200 <= status < 300:
+            return False
+        with self._lock:
+            if self._disarmed or self.fired.is_set():
+                return False
+            self.successes += 1
+            if self.successes != self.nth:
+                return False
+            self.fired_request = request
+            if self.action is not None:
+                self.action(request)
+            self.fired.set()
+            return True
+
+    def disarm(self) -> bool:
+        """Never fires from now on (a fault that gave up waiting must not act later, when nothing
+        follows its action: trial 909 of the long run, an operator killed and never restarted);
+        True if it had fired already."""
+        with self._lock:
+            self._disarmed = True
+            return self.fired.is_set()
 
     def statuses(self, name: str | None = None) -> list[int]:
         return [status for _, n, status in self.seen if name is None or n == name]
@@ -551,17 +579,9 @@ class ApiProxy:
             taps = [tap for tap in self._taps if tap.match(request)]
         fired = False
         for tap in taps:
-            tap.seen.append((request.kind, request.name, status))
-            tap.answers.append((request, status))
-            if tap.nth and not tap.fired.is_set() and 200 <= status < 300:
-                tap.successes += 1
-                if tap.successes == tap.nth:
-                    tap.fired_request = request
-                    if tap.action is not None:
-                        tap.action(request)
-                    tap.fired.set()
-                    self._count("tap_fired")
-                    fired = True
+            if tap.answered(request, status):
+                self._count("tap_fired")
+                fired = True
         return fired
 
     def _scanner(self, request: _Request | None) -> Any:

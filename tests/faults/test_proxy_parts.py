@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from faults.catalogue.sieve import _attested_start, strip_tests
-from faults.proxy import Request, _forward_events, event_of
+from faults.proxy import Request, Tap, _forward_events, event_of
 
 REG = "/apis/coroner.dev/v1alpha1/namespaces/ns/workerregistrations/w"
 TEST = {"op": "test", "path": "/metadata/resourceVersion", "value": "7"}
@@ -175,3 +175,17 @@ def test_a_write_about_no_incarnation() -> None:
         body=_patch(TEST, {"op": "add", "path": "/status/conditions", "value": []}),
     )
     assert _attested_start(request) is None
+
+
+def test_a_tap_fires_once_at_the_nth_success_and_never_once_disarmed() -> None:
+    """The long run's trial 909: crash_after_write gave up waiting for a retirement, but its tap
+    stayed armed and killed the operator at a later retirement, with nobody to start a new one."""
+    write = Request(method="PATCH", path="/x", watch=False, resumes=False, kind="retirement", name="w")
+    fired: list[Request] = []
+    tap = Tap(lambda _r: True, nth=2, action=fired.append)
+    assert not tap.answered(write, 422) and not tap.answered(write, 200)
+    assert tap.answered(write, 200) and fired == [write] and tap.disarm()
+    assert not tap.answered(write, 200) and fired == [write]
+    late = Tap(lambda _r: True, nth=1, action=fired.append)
+    assert not late.disarm()
+    assert not late.answered(write, 200) and not late.fired.is_set() and fired == [write]

@@ -419,7 +419,7 @@ class CrashAfterWrite(Fault):
     def after(self) -> None:
         assert self.tap is not None
         plane = self.trial.plane
-        if not self.tap.fired.wait(ACT_SECONDS):
+        if not self.tap.fired.wait(ACT_SECONDS) and not self.tap.disarm():
             self.failures.append(f"no {self.kind} write to crash after ({self.tap.statuses()})")
             return
         request = self.tap.fired_request
@@ -482,7 +482,7 @@ class AgentCrashAfterWrite(Fault):
     def after(self) -> None:
         assert self.tap is not None
         agent = self.trial.plane.agents[self.node]  # type: ignore[index]
-        if not self.tap.fired.wait(ACT_SECONDS):
+        if not self.tap.fired.wait(ACT_SECONDS) and not self.tap.disarm():
             self.failures.append(f"no attestation write to crash after ({self.tap.statuses()})")
             return
         request = self.tap.fired_request
