@@ -45,6 +45,8 @@ from sim.trial import COUNTERS  # noqa: E402
 
 #: Seeds each mutant is given to be caught in (the stated bound; tests/sim/test_sim.py asserts it).
 MUTANT_LIMIT = 2000
+#: HEAD when this run began (set by `main`).
+COMMIT_AT_START = "unknown"
 #: The seeds whose totals name the generator a record's seeds belong to (see `generator_hash`).
 PROBE_SEEDS = range(100)
 
@@ -229,7 +231,7 @@ def run_long(args: argparse.Namespace) -> dict[str, Any]:
             )
             record["mutants"].append(hunt)
     segment = {
-        "commit": _git_commit(),  # the code that runs: read before the run, not after it
+        "commit": COMMIT_AT_START,  # the code that runs: read when it was loaded, not after the hunts
         "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "trials": 0,
         "seconds": 0.0,
@@ -306,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
         "--faults", default=None, help="With --replay: these faults (comma-separated) instead of the seed's draw."
     )
     args = parser.parse_args(argv)
+    global COMMIT_AT_START
+    COMMIT_AT_START = _git_commit()
     if args.replay is not None:
         faults = None if args.faults is None else tuple(f for f in args.faults.split(",") if f)
         return _replay(args.replay, args.mutant, args.trace, faults)
