@@ -123,7 +123,9 @@ class WorkerClockSkew(Fault):
     def plan(self) -> None:
         self.variant = self.pick(["+300", "-300"])
         for w in self.trial.workers:
-            if w.node == self.node and w.kind in ("sleep", "pidns"):
+            # Only heartbeating workers: a heartbeat written for one that is not (malformed's
+            # garbled one) would replace what another fault wrote there (long run, seed 733484445).
+            if w.node == self.node and w.kind in ("sleep", "pidns") and w.heartbeating:
                 w.skew = float(self.variant)
                 w.tags.add("skewed")
 
