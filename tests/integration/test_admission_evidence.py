@@ -200,7 +200,13 @@ def test_node_evidence_from_the_operator_needs_the_node_loss_component(
     register(admin, namespace, name)
     _, operator = retirers["operator"]
     body = kube.get_registration(admin, namespace, name)
-    message = refusal(operator, namespace, name, retirement_ops(body, retired_by=OPERATOR, reason=evidence))
+    ops = retirement_ops(body, retired_by=OPERATOR, reason=evidence)
+    # The API server swaps a changed policy in a moment after it is applied: a previous case that
+    # installed and then removed the component may still be admitted by the old policy for a while.
+    kube.wait_for(
+        lambda: _refused_in_a_dry_run(operator, namespace, name, ops), what="the policy without the component"
+    )
+    message = refusal(operator, namespace, name, ops)
     assert f"with node evidence {evidence} needs the node-loss component" in message
     components.install(installed, grant=True, node_loss=True)
     try:
@@ -210,6 +216,18 @@ def test_node_evidence_from_the_operator_needs_the_node_loss_component(
     finally:
         components.install(installed, grant=True)
     assert kube.get_registration(admin, namespace, name)["status"]["retirement"]["reason"] == evidence
+
+
+def _refused_in_a_dry_run(client: k8s.ApiClient, namespace: str, name: str, ops: list[dict[str, Any]]) -> bool:
+    try:
+        k8s.CustomObjectsApi(client).patch_namespaced_custom_object_status(
+            api.GROUP, api.VERSION, namespace, api.PLURAL, name, ops, dry_run="All", _content_type=wire.JSON_PATCH
+        )
+    except ApiException as exc:
+        if exc.status in (403, 422):
+            return True
+        raise
+    return False
 
 
 def _admitted(operator: k8s.ApiClient, admin: k8s.ApiClient, namespace: str, name: str, evidence: str) -> bool:
