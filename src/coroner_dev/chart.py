@@ -153,8 +153,13 @@ def dump(obj: Any) -> str:
 
 
 def _escape_braces(text: str) -> str:
-    """Literal `{{`/`}}` (Prometheus annotations, Grafana legends) survive Helm's templating."""
-    return re.sub(r"\{\{|\}\}", lambda m: '{{ "{{" }}' if m.group() == "{{" else '{{ "}}" }}', text)
+    """Literal `{{`/`}}` (Prometheus annotations, Grafana legends) survive Helm's templating: each
+    maximal run of braces that holds either becomes one string action, `{{ "<run>" }}`. A whole run,
+    so that no literal `{` is left right before an action's `{{` (`{}}` must not become `{{{ ...`)."""
+    return re.sub(r"[{}]+", lambda m: f'{{{{ "{m.group()}" }}}}' if _BRACES.search(m.group()) else m.group(), text)
+
+
+_BRACES = re.compile(r"\{\{|\}\}")
 
 
 def _strings(node: Any, change: Any) -> Any:

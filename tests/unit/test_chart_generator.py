@@ -5,6 +5,7 @@ with the real tools, is tests/integration/test_chart.py."""
 from __future__ import annotations
 
 import pathlib
+import re
 from typing import Any
 
 import pytest
@@ -20,17 +21,29 @@ VALUES: dict[str, Any] = yaml.safe_load((chart.CHART / "values.yaml").read_text(
 CHART_META: dict[str, Any] = yaml.safe_load((chart.CHART / "Chart.yaml").read_text())
 
 
-def _unescape(text: str) -> str:
-    """What Helm renders of the escapes (a model of `{{ "{{" }}` -> `{{`)."""
-    return text.replace('{{ "{{" }}', "{{").replace('{{ "}}" }}', "}}")
+#: A string action of braces, as the generator writes them; Helm renders it as the string.
+_ESCAPE = re.compile(r'\{\{ "([{}]+)" \}\}')
 
 
 @given(st.text(alphabet=st.sampled_from(list("{} a$.|x\n")), max_size=60))
 def test_escaped_braces_render_back_to_the_original(text: str) -> None:
     escaped = chart._escape_braces(text)
-    assert _unescape(escaped) == text
-    # Nothing but the escapes themselves is left for Helm to evaluate.
-    assert escaped.replace('{{ "{{" }}', "").replace('{{ "}}" }}', "").count("{{") == 0
+    assert _ESCAPE.sub(lambda m: m.group(1), escaped) == text
+    _assert_only_escapes_are_actions(escaped)
+
+
+def _assert_only_escapes_are_actions(escaped: str) -> None:
+    """Go's template lexer takes the first `{{` it meets as an action: none may start outside the
+    escapes, not even with one literal brace right before an escape's `{{`."""
+    literal = _ESCAPE.sub("\0", escaped)
+    assert "{{" not in literal and "}}" not in literal and "{\0" not in literal, escaped
+
+
+@pytest.mark.parametrize("text", ["{}}{", "{{{", "a }}} b", "{{ $labels.node }}"])
+def test_brace_runs_that_once_broke_the_escape(text: str) -> None:
+    escaped = chart._escape_braces(text)
+    assert _ESCAPE.sub(lambda m: m.group(1), escaped) == text
+    _assert_only_escapes_are_actions(escaped)
 
 
 @pytest.mark.parametrize(
