@@ -90,7 +90,7 @@ def test_deleting_needs_a_terminal_registration_or_retire(
     kube.create_registration(admin, namespace, kube.registration_body(name="gone"))
     released = {"type": "Released", "status": "True", "reason": "CleanExit", "message": "bye",
                 "lastTransitionTime": "2026-01-01T00:00:00Z"}  # fmt: skip
-    kube.patch_status(admin, namespace, "gone", {"status": {"conditions": [released]}})
+    kube.patch_status(admin, namespace, "gone", {"status": {"conditions": [released], "state": "Released"}})
     custom = kube.custom(operator)
     # The operator holds `delete` (retention) but not `retire` on a plan-only install.
     with pytest.raises(ApiException) as raised:

@@ -62,6 +62,7 @@ def _retire_patch() -> dict[str, object]:
                     "lastTransitionTime": "2026-01-01T00:00:00Z",
                 }
             ],
+            "state": "Retired",
         }
     }
 
@@ -162,7 +163,7 @@ def test_worker_cannot_attest_or_retire_but_can_heartbeat_and_release(
                 "lastTransitionTime": "2026-01-01T00:00:00Z",
             }
         ]
-        kube.patch_status(worker, namespace, "w1", {"status": {"conditions": released}})
+        kube.patch_status(worker, namespace, "w1", {"status": {"conditions": released, "state": "Released"}})
     status = kube.get_registration(admin, namespace, "w1")["status"]
     assert "retirement" not in status and status["attestation"]["agent"]["nodeName"] == "node-a"
 

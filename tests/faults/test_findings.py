@@ -7,6 +7,7 @@ docs/faults.md ("Findings") has the cause and the proposed fix of each.
 
 from __future__ import annotations
 
+import datetime
 import os
 import time
 
@@ -14,7 +15,7 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from coroner.core import api
+from coroner.core import api, wire
 from faults import runner
 from faults.plane import AGENT_SA, Plane
 from faults.trial import BOUND, Trial
@@ -191,3 +192,35 @@ def _reason(plane: Plane, namespace: str, name: str) -> str | None:
 
 def _retired(plane: Plane, namespace: str, name: str) -> bool:
     return "retirement" in (_registration(plane, namespace, name).get("status") or {})  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("graceful", [True, False], ids=["graceful", "crash"])
+def test_status_writes_go_through_at_once_after_an_api_server_restart(plane: Plane, graceful: bool) -> None:
+    """Finding 7 (the long run, seeds 2219168164, 901570364, 1822940206: apiserver_restart[graceful]):
+    for up to two minutes after a restart every status write answered 503 "Resource kind
+    coroner.dev/v1alpha1, Kind=WorkerRegistration not found": a MutatingAdmissionPolicy on the
+    status path needs the CRD's type converter, which the API server builds a while after it is
+    ready, and answers 503 until then whatever its failurePolicy. Dead workers went without any
+    condition for that long."""
+    namespace, worker = _dead_worker_setup(plane)
+    kube.create_registration(plane.admin, namespace, kube.registration_body(name="probe", node=worker.node))
+    refused: list[str] = []
+    try:
+        plane.restart_apiserver(graceful=graceful, during=worker.kill)
+        kube.wait_for(lambda: _heartbeat(plane, namespace, "probe", refused), timeout=60, what="a status write")
+        assert not [r for r in refused if "Resource kind" in r], refused
+        kube.wait_for(lambda: _retired(plane, namespace, "w"), timeout=BOUND, what="retirement")
+    finally:
+        _cleanup(plane, namespace, worker)
+
+
+def _heartbeat(plane: Plane, namespace: str, name: str, refused: list[str]) -> bool:
+    """A heartbeat written by the admin: True once admitted; refusals while the server warms go to `refused`."""
+    try:
+        kube.patch_status(plane.admin, namespace, name, wire.heartbeat_patch(datetime.datetime.now(datetime.UTC)))
+    except ApiException as exc:
+        if exc.status not in (0, 404, 500, 503):  # 404: the CRD is not served yet
+            raise
+        refused.append(f"{exc.status} {kube.api_error_body(exc).get('message')}")
+        return False
+    return True

@@ -76,7 +76,8 @@ def released() -> dict[str, Any]:
                     "message": "bye",
                     "lastTransitionTime": "2026-01-01T00:00:00Z",
                 }
-            ]
+            ],
+            "state": "Released",
         }
     }
 

@@ -84,7 +84,9 @@ def test_retirement_is_terminal_history(coroner_api: Cluster, admin: k8s.ApiClie
     retired = [{"type": "Retired", "status": "True", "reason": "ProcAbsent", "message": "m",
                 "lastTransitionTime": "2026-01-01T00:00:00Z"}]  # fmt: skip
     record = {"retiredBy": "admin", "reason": "ProcAbsent", "attestation": attestation}
-    kube.patch_status(admin, namespace, "w1", {"status": {"conditions": retired, "retirement": record}})
+    kube.patch_status(
+        admin, namespace, "w1", {"status": {"conditions": retired, "retirement": record, "state": "Retired"}}
+    )
     with pytest.raises(ApiException) as raised:
         kube.patch_status(admin, namespace, "w1", {"status": {"retirement": {**record, "reason": "PidfdExited"}}})
     assert "terminal history" in kube.api_error_body(raised.value)["message"]

@@ -147,6 +147,7 @@ def test_admission_policy_with_authorizer_check_denies_until_the_verb_is_granted
                     "lastTransitionTime": "2026-01-01T00:00:00Z",
                 }
             ],
+            "state": "Retired",
         }
     }
     with api_client(kubeconfig) as client:

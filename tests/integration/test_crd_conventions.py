@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
 
 from coroner.client.kube import api_client
 from coroner.core import api, wire
@@ -129,8 +130,11 @@ def test_state_follows_retirement_and_release_and_selects(
         "--force-conflicts", "-f", "-", stdin=json.dumps(goodbye),
     )  # fmt: skip
     assert _state(granted, namespace, "exits") == "Released"
-    # status.state is derived, never taken from the client.
-    kube.patch_status(admin, namespace, "lives", {"status": {"state": "Retired"}})
+    # status.state is written with the change that makes it; one that disagrees is refused.
+    with pytest.raises(ApiException) as refused:
+        kube.patch_status(admin, namespace, "lives", {"status": {"state": "Retired"}})
+    assert refused.value.status == 422
+    assert 'status.state must be "Active" here' in kube.api_error_body(refused.value)["message"]
     assert _state(granted, namespace, "lives") == "Active"
 
     def names(selector: str) -> list[str]:

@@ -176,7 +176,8 @@ def test_the_goodbye_lands_whatever_was_written_since_and_never_on_a_retired_reg
                         "retiredBy": "admin",
                         "reason": "NodeOutOfService",
                         "statement": "Human",  # a person's node evidence says so (issue 17)
-                    }
+                    },
+                    "state": "Retired",
                 }
             },
         )

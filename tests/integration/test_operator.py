@@ -279,7 +279,7 @@ def test_metrics_and_deletion_of_terminal_registrations_after_their_retention(
         _register(admin, namespace, "released", pid=5002)
         goodbye = {"type": "Released", "status": "True", "reason": "CleanExit", "message": "bye",
                    "lastTransitionTime": components.now_text()}  # fmt: skip
-        kube.patch_status(admin, namespace, "released", {"status": {"conditions": [goodbye]}})
+        kube.patch_status(admin, namespace, "released", {"status": {"conditions": [goodbye], "state": "Released"}})
         _register(admin, namespace, "retired", heartbeat_age=120)
         components.attest(agent_a, namespace, "retired", evidence="PidfdExited")
         kube.wait_for(lambda: components.retired(admin, namespace, "retired"), what="retirement")

@@ -148,7 +148,7 @@ def _already_terminal(s: Scene) -> None:
     s.register("w")
     released = [{"type": "Released", "status": "True", "reason": "CleanExit", "message": "bye",
                  "lastTransitionTime": components.now_text()[:19] + "Z"}]  # fmt: skip
-    kube.patch_status(s.admin, s.namespace, "w", {"status": {"conditions": released}})
+    kube.patch_status(s.admin, s.namespace, "w", {"status": {"conditions": released, "state": "Released"}})
 
 
 SCENARIOS: list[Any] = [

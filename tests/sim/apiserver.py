@@ -137,6 +137,11 @@ def retired(body: Mapping[str, Any] | None) -> bool:
     return isinstance(status, dict) and ("retirement" in status or _true_in(status, _RETIRED))
 
 
+def _state(body: Mapping[str, Any]) -> str:
+    """The CRD's rule on status.state (manifests/base/crd.yaml)."""
+    return "Retired" if retired(body) else "Released" if released(body) else "Active"
+
+
 def released(body: Mapping[str, Any] | None) -> bool:
     return _true(body, _RELEASED)
 
@@ -400,7 +405,8 @@ class Server:
         conds = list(_conditions(old))
         for entry in (body.get("status") or {}).get("conditions") or []:
             conds = [c for c in conds if c.get("type") != entry.get("type")] + [jcopy(entry)]
-        new = {**old, "status": {**_status(old), "conditions": conds}}
+        applied = {k: jcopy(v) for k, v in (body.get("status") or {}).items() if k != "conditions"}
+        new = {**old, "status": {**_status(old), **applied, "conditions": conds}}
         self._admit(identity, "UPDATE", key, old, new)
         out = self._commit(identity, "apply", key, old, new)
         assert out is not None
@@ -508,6 +514,8 @@ class Server:
                 raise SimApiError(422, "Invalid", "status.retirement is terminal history")
             if "retirement" in old_status and released(new) and not released(old):
                 raise SimApiError(422, "Invalid", "a retired WorkerRegistration cannot be Released")
+            if new_status and new_status.get("state", "Active") != _state(new):
+                raise SimApiError(422, "Invalid", f"status.state must be {_state(new)}")
         if new is not None and retired(new) and not retired(old):
             if not self.holds_retire(identity):
                 raise SimApiError(403, "Forbidden", f"{identity} does not hold the retire verb")

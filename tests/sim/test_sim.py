@@ -99,7 +99,7 @@ def test_a_stale_delete_is_409() -> None:
 def test_admission_by_identity() -> None:
     server, _ = _server()
     server.create("launcher", "wreg", _registration())
-    retire = [{"op": "add", "path": "/status", "value": {"retirement": {"reason": "PidfdExited"}}}]
+    retire = [{"op": "add", "path": "/status", "value": {"retirement": {"reason": "PidfdExited"}, "state": "Retired"}}]
     with pytest.raises(SimApiError, match="does not hold the retire verb"):
         server.patch("agent:n0", "wreg", "jobs", "w", retire)
     conditions = [{"op": "add", "path": "/status", "value": {"conditions": [{"type": "Retirable"}]}}]
@@ -125,8 +125,14 @@ def test_admission_by_identity() -> None:
         server.patch("operator", "wreg", "jobs", "w", [
             {"op": "add", "path": "/status/retirement", "value": record},
             {"op": "add", "path": "/status/conditions", "value": [{"type": "Retired", "status": "True", "reason": "X"}]},
+            {"op": "add", "path": "/status/state", "value": "Retired"},
         ])  # fmt: skip
-    server.patch("operator", "wreg", "jobs", "w", [{"op": "add", "path": "/status/retirement", "value": record}])
+    retired = [{"op": "add", "path": "/status/retirement", "value": record}]
+    with pytest.raises(SimApiError, match=r"status\.state must be Retired"):  # the CRD's rule on status
+        server.patch("operator", "wreg", "jobs", "w", retired)
+    server.patch(
+        "operator", "wreg", "jobs", "w", [*retired, {"op": "add", "path": "/status/state", "value": "Retired"}]
+    )
     goodbye = {"metadata": {"name": "w", "namespace": "jobs"},
                "status": {"conditions": [{"type": "Released", "status": "True"}]}}  # fmt: skip
     with pytest.raises(SimApiError, match="cannot be Released"):

@@ -415,7 +415,9 @@ class TestRetirementPatch:
             ("test", "/status/attestation"),
             ("add", "/status/conditions"),
             ("add", "/status/retirement"),
+            ("add", "/status/state"),
         ]
+        assert ops[-1]["value"] == "Retired"
         assert ops[0]["value"] == "1001"
         assert ops[1]["value"] == body["status"]["attestation"]
         retirement = ops[3]["value"]

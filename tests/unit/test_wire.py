@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from coroner.core import api, model, wire, world
 from coroner.core.decision import Policy, decide
-from coroner.core.reasons import ConditionType, Evidence, Reason, Statement, Verdict
+from coroner.core.reasons import ConditionType, Evidence, Reason, State, Statement, Verdict
 from unit.builders import NOW, make_facts, make_registration
 
 pytestmark = pytest.mark.unit
@@ -166,6 +166,38 @@ def test_the_goodbye_parses_back_as_released(now: datetime.datetime, message: st
     assert released.last_transition_time == now.replace(microsecond=0)
     assert released.observed_generation == generation
     assert not [p for p in parsed.problems if p[0].startswith("status.conditions")]
+
+
+_CONDITION_TYPES = [*ConditionType, "Other"]
+
+
+@given(
+    types_and_statuses=st.lists(
+        st.tuples(st.sampled_from(_CONDITION_TYPES), st.sampled_from(["True", "False", "Unknown"])), max_size=5
+    ),
+    retirement=st.none() | st.just({"reason": "PidfdExited"}),
+)
+def test_the_state_written_is_the_parser_s_retired_and_released(
+    types_and_statuses: list[tuple[str, str]], retirement: dict[str, str] | None
+) -> None:
+    conditions = [
+        {
+            "type": str(kind),
+            "status": status,
+            "reason": "R",
+            "message": "",
+            "lastTransitionTime": "2026-01-01T00:00:00Z",
+        }
+        for kind, status in types_and_statuses
+    ]
+    status = {"conditions": conditions, **({} if retirement is None else {"retirement": retirement})}
+    parsed = model.parse_registration({**make_registration(), "status": status})
+    expected = State.RETIRED if parsed.retired else State.RELEASED if parsed.released else State.ACTIVE
+    assert wire.state_of(conditions, retirement) == expected
+    # The compare-and-swap writes it, from the stored retirement where the write adds none.
+    body = {**make_registration(), "status": status}
+    ops = wire.status_ops(body=body, resource_version="1", conditions=conditions)
+    assert ops[-1] == {"op": "add", "path": "/status/state", "value": expected.value}
 
 
 # --- the agent -------------------------------------------------------------------------------------

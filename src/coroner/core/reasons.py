@@ -129,6 +129,18 @@ class ConditionType(enum.StrEnum):
     RELEASED = "Released"
 
 
+class State(enum.StrEnum):
+    """``status.state``, for display and ``--field-selector status.state=``; no decision reads it.
+
+    Derived from status.retirement and the Retired and Released conditions (`coroner.core.wire.state_of`);
+    every status write that changes it sets it, and the CRD refuses one that disagrees (a rule on
+    ``status``). Retired and Released are terminal."""
+
+    ACTIVE = "Active"
+    RETIRED = "Retired"
+    RELEASED = "Released"
+
+
 class ApplyAbort(enum.StrEnum):
     """Why `kubectl coroner apply` refused to act: the world moved since the plan."""
 

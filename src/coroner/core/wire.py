@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import datetime
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from coroner.core import api, model
 from coroner.core import conditions as cond
 from coroner.core.decision import Decision
-from coroner.core.reasons import ConditionType, Evidence, Reason, Statement, Verdict
+from coroner.core.reasons import ConditionType, Evidence, Reason, State, Statement, Verdict
 
 #: Content types of the requests: the one place they are spelled (clients import them).
 JSON = "application/json"
@@ -59,6 +59,19 @@ def retirement_record(
     return record
 
 
+def state_of(conditions: Iterable[object], retirement: object | None) -> State:
+    """`status.state` of a status with these (rendered) conditions and this retirement: Retired when
+    a retirement is recorded or Retired is True, else Released when Released is True, else Active.
+    The same rule as the parser's `retired` and `released`, and the CRD's rule on status."""
+
+    def true(kind: ConditionType) -> bool:
+        return any(isinstance(c, Mapping) and c.get("type") == kind and c.get("status") == "True" for c in conditions)
+
+    if retirement is not None or true(ConditionType.RETIRED):
+        return State.RETIRED
+    return State.RELEASED if true(ConditionType.RELEASED) else State.ACTIVE
+
+
 def status_ops(
     *,
     body: Mapping[str, Any],
@@ -66,15 +79,18 @@ def status_ops(
     conditions: list[dict[str, Any]],
     retirement: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """Sets status.conditions (and status.retirement) only if the object is still as it was read."""
+    """Sets status.conditions (and status.retirement), and the status.state they make, only if the
+    object is still as it was read."""
     status = body.get("status")
     ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/resourceVersion", "value": resource_version}]
     if retirement is not None and isinstance(status, Mapping) and status.get("attestation") is not None:
         # The attestation relied on must be exactly the one read; with node-level evidence there is
         # none, and the resourceVersion test alone guards that none appeared.
         ops.append({"op": "test", "path": "/status/attestation", "value": status["attestation"]})
+    stored_retirement = status.get("retirement") if isinstance(status, Mapping) else None
+    state = state_of(conditions, retirement if retirement is not None else stored_retirement).value
     if not isinstance(status, Mapping):
-        value: dict[str, Any] = {"conditions": conditions}
+        value: dict[str, Any] = {"conditions": conditions, "state": state}
         if retirement is not None:
             value["retirement"] = retirement
         ops.append({"op": "add", "path": "/status", "value": value})
@@ -82,6 +98,7 @@ def status_ops(
     ops.append({"op": "add", "path": "/status/conditions", "value": conditions})
     if retirement is not None:
         ops.append({"op": "add", "path": "/status/retirement", "value": retirement})
+    ops.append({"op": "add", "path": "/status/state", "value": state})
     return ops
 
 
@@ -357,7 +374,8 @@ RELEASE_FIELD_MANAGER = "coroner-launcher"
 
 
 def release_apply(*, name: str, namespace: str, condition: Mapping[str, object]) -> dict[str, Any]:
-    """The worker's goodbye: a server-side apply of the Released condition alone, one request.
+    """The worker's goodbye: a server-side apply of the Released condition (and the state it makes,
+    Released), one request.
 
     ``status.conditions`` is a list-map keyed by ``type``, so the apply merges this one entry and
     leaves every other condition as it is: no read first, no precondition, and so no race with the
@@ -371,7 +389,7 @@ def release_apply(*, name: str, namespace: str, condition: Mapping[str, object])
         "apiVersion": api.API_VERSION,
         "kind": api.KIND,
         "metadata": {"name": name, "namespace": namespace},
-        "status": {"conditions": [dict(condition)]},
+        "status": {"conditions": [dict(condition)], "state": State.RELEASED.value},
     }
 
 

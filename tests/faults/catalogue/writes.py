@@ -146,7 +146,8 @@ class ForeignAttestation(Fault):
                         own.name,
                         {
                             "status": {
-                                "retirement": {"retiredTime": now_text(), "retiredBy": "agent", "reason": "ProcAbsent"}
+                                "retirement": {"retiredTime": now_text(), "retiredBy": "agent", "reason": "ProcAbsent"},
+                                "state": "Retired",  # as a retirement must (the CRD): refused by admission
                             }
                         },
                     ),
@@ -216,7 +217,8 @@ class WorkerAttestation(Fault):
                                     "retiredTime": now_text(),
                                     "retiredBy": "worker",
                                     "reason": "PidfdExited",
-                                }
+                                },
+                                "state": "Retired",  # as a retirement must (the CRD): refused by admission
                             }
                         },
                     ),
