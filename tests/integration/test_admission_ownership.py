@@ -147,14 +147,22 @@ def test_registrations_of_plain_serviceaccount_tokens_are_owned_by_the_serviceac
         assert "may not change the heartbeat or the Released condition" in kube.api_error_body(raised.value)["message"]
 
 
+@pytest.mark.parametrize("mutating", [True, False], ids=["with-the-mutating-policy", "launcher-alone"])
 def test_coroner_run_registers_and_releases_under_a_pod_bound_token(
-    installed: Cluster, admin: k8s.ApiClient, namespace: str, tmp_path: Any
+    installed: Cluster, admin: k8s.ApiClient, namespace: str, tmp_path: Any, mutating: bool
 ) -> None:
+    """`launcher-alone`: without the mutating policy's binding, coroner-registrant-recorded admits
+    only an annotation that is exactly the requester — the launcher's own (it asks who it is), which
+    is what spares its creates the mutating policy (finding 7)."""
     kube.kubectl(installed, "create", "rolebinding", "worker", "--clusterrole=coroner-worker",
                  f"--serviceaccount={namespace}:worker", "-n", namespace)  # fmt: skip
     pod = f"run-{uuid.uuid4().hex[:6]}"
     config = pods.pod_token(installed, namespace=namespace, service_account="worker", pod=pod, node=NODE)
     try:
+        if not mutating:
+            kube.kubectl(installed, "delete", "mutatingadmissionpolicybinding", "coroner-record-registrant")
+            unnamed = kube.registration_body(name="unnamed", node=NODE)
+            kube.wait_for(lambda: _refused_in_a_dry_run(admin, namespace, unnamed), what="the binding's removal")
         argv = [str(components.BIN / "coroner"), "run", "-n", namespace, f"--node-name={NODE}", "--name=job",
                 f"--kubeconfig={config}", "--interval-seconds=1", "--ttl-seconds=30", "--", "sleep", "2"]  # fmt: skip
         result = kube.wait_for(lambda: _ran(argv), timeout=60, what="coroner run under the pod's token (RBAC cache)")
@@ -168,6 +176,20 @@ def test_coroner_run_registers_and_releases_under_a_pod_bound_token(
         assert beat.tzinfo is not None
     finally:
         pods.delete_pod(admin, namespace=namespace, pod=pod)
+        if not mutating:
+            components.install(installed, grant=False)
+
+
+def _refused_in_a_dry_run(client: k8s.ApiClient, namespace: str, body: dict[str, Any]) -> bool:
+    try:
+        kube.custom(client).create_namespaced_custom_object(
+            api.GROUP, api.VERSION, namespace, api.PLURAL, body, dry_run="All"
+        )
+    except ApiException as exc:
+        if exc.status == 403:
+            return True
+        raise
+    return False
 
 
 def _ran(argv: list[str]) -> subprocess.CompletedProcess[str] | None:

@@ -9,7 +9,7 @@ import pathlib
 import pytest
 
 from coroner import launcher
-from coroner.core import procfs
+from coroner.core import api, procfs, wire
 
 pytestmark = pytest.mark.unit
 
@@ -63,17 +63,39 @@ def test_run_starts_no_worker_without_a_client(tmp_path: pathlib.Path) -> None:
     assert not marker.exists()
 
 
-class Flaky:
-    """A client whose POSTs are answered with `statuses` first (the API server warming up after a
-    CRD was created: 503 "Resource kind ... not found"), then created."""
+#: A SelfSubjectReview's answer to a pod-bound ServiceAccount token.
+REVIEWED = {
+    "status": {
+        "userInfo": {
+            "username": "system:serviceaccount:jobs:worker",
+            "extra": {
+                "authentication.kubernetes.io/pod-name": ["worker-0"],
+                "authentication.kubernetes.io/pod-uid": ["5e1f"],
+            },
+        }
+    }
+}
 
-    def __init__(self, *statuses: int) -> None:
+
+class Flaky:
+    """A client whose creates are answered with `statuses` first (the API server warming up after a
+    CRD was created: 503 "Resource kind ... not found"), then created; it says who it is with
+    `review` (an exception: the review fails)."""
+
+    def __init__(self, *statuses: int, review: dict[str, object] | Exception = REVIEWED) -> None:
         self.statuses = list(statuses)
+        self.review = review
         self.posts = 0
+        self.bodies: list[dict[str, object]] = []
 
     def request(self, method: str, path: str, **kwargs: object) -> dict[str, object]:
         assert method == "POST"
+        if path == wire.SELF_SUBJECT_REVIEW_PATH:
+            if isinstance(self.review, Exception):
+                raise self.review
+            return self.review
         self.posts += 1
+        self.bodies.append(dict(kwargs["body"]))  # type: ignore[call-overload]
         if self.statuses:
             raise launcher.ApiError(self.statuses.pop(0), "Service Unavailable", "not yet")
         return dict(kwargs["body"])  # type: ignore[call-overload]
@@ -109,3 +131,22 @@ def test_a_refusal_is_not_retried() -> None:
     with pytest.raises(launcher.RegistrationError, match="422"):
         _register(client)
     assert client.posts == 1
+
+
+def test_the_launcher_names_its_registrant_as_admission_does() -> None:
+    """Written by the client, the annotation leaves the mutating policy nothing to do (finding 7)."""
+    client = Flaky()
+    _register(client)
+    annotations = client.bodies[0]["metadata"]["annotations"]  # type: ignore[index]
+    assert annotations == {api.REGISTERED_BY_ANNOTATION: "system:serviceaccount:jobs:worker pod/worker-0/5e1f"}
+
+
+@pytest.mark.parametrize(
+    "review",
+    [launcher.ApiError(503, "Service Unavailable", "warming"), ConnectionError("refused"), {"status": {}}],
+    ids=["503", "unreachable", "no-user"],
+)
+def test_without_an_answer_the_registration_leaves_the_registrant_to_admission(review: object) -> None:
+    client = Flaky(review=review)  # type: ignore[arg-type]
+    assert _register(client).name == "w"
+    assert "annotations" not in client.bodies[0]["metadata"]  # type: ignore[operator]

@@ -515,3 +515,40 @@ def test_an_attestation_never_lands_on_a_registration_created_again_under_its_na
     again["spec"]["incarnation"]["pid"] += 1
     with pytest.raises(jsonpatch.JsonPatchTestFailed):
         jsonpatch.apply_patch(again, ops)
+
+
+@pytest.mark.parametrize(
+    ("user_info", "expected"),
+    [
+        ({"username": "alice"}, "alice"),
+        ({"username": "system:serviceaccount:jobs:w", "extra": {}}, "system:serviceaccount:jobs:w"),
+        (
+            {
+                "username": "system:serviceaccount:jobs:w",
+                "extra": {
+                    "authentication.kubernetes.io/pod-name": ["w-0"],
+                    "authentication.kubernetes.io/pod-uid": ["u-1"],
+                    "authentication.kubernetes.io/node-name": ["node-a"],
+                },
+            },
+            "system:serviceaccount:jobs:w pod/w-0/u-1",
+        ),
+        (
+            {"username": "sa", "extra": {"authentication.kubernetes.io/pod-uid": ["u-1"]}},
+            "sa pod//u-1",  # as the policy's CEL spells a pod-uid without a pod-name
+        ),
+        ({}, None),
+        ({"username": ""}, None),
+    ],
+)
+def test_the_registrant_is_spelled_as_the_admission_policies_spell_the_requester(
+    user_info: dict[str, Any], expected: str | None
+) -> None:
+    answer = {"status": {"userInfo": user_info}}
+    assert wire.registrant(answer) == expected
+    body = wire.registration_body(
+        name="w", namespace="jobs", node_name="node-a", incarnation={}, client_instance_id="i", registered_by=expected
+    )
+    assert body["metadata"].get("annotations") == (
+        None if expected is None else {api.REGISTERED_BY_ANNOTATION: expected}
+    )

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from coroner.client.rest import ApiError, Rest, registrations_path, upsert_lease
-from coroner.core import api
+from coroner.core import api, wire
 from coroner.core.wire import JSON_PATCH, attestation_ops
 from coroner.runtime.controller import decorrelated_jitter
 
@@ -49,10 +49,9 @@ class AgentApi:
         checks the real requester), so the agent goes on as 'unknown' and says why."""
         delay = 0.5
         refused_since: float | None = None
-        review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
         while True:
             try:
-                answer = self.rest.request("POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews", body=review)
+                answer = self.rest.request("POST", wire.SELF_SUBJECT_REVIEW_PATH, body=dict(wire.SELF_SUBJECT_REVIEW))
             except ApiError as exc:
                 if exc.status in (401, 403):
                     refused_since = time.monotonic() if refused_since is None else refused_since
@@ -70,7 +69,7 @@ class AgentApi:
             except Exception as exc:
                 logger.warning("API server unreachable node=%s error=%r; retrying in %.1fs", self.node_name, exc, delay)
             else:
-                return str(((answer.get("status") or {}).get("userInfo") or {}).get("username") or "unknown")
+                return wire.reviewed_username(answer) or "unknown"
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
 

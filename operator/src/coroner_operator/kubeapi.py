@@ -17,8 +17,7 @@ from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
 from coroner.client.rest import ApiError, Rest, leases_path, registrations_path, upsert_lease
-from coroner.core import admission_digest, api
-from coroner.core import wire as retirement
+from coroner.core import admission_digest, api, wire
 from coroner.core.wire import JSON_PATCH
 from coroner.retire import PortError
 
@@ -55,9 +54,11 @@ class KubeApi:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     async def whoami(self) -> str:
-        review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
-        answer = await self._request("POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews", body=review)
-        return str(answer["status"]["userInfo"]["username"])
+        answer = await self._request("POST", wire.SELF_SUBJECT_REVIEW_PATH, body=dict(wire.SELF_SUBJECT_REVIEW))
+        username = wire.reviewed_username(answer)
+        if username is None:
+            raise ValueError(f"the API server's SelfSubjectReview named no user: {answer!r}")
+        return username
 
     async def can_retire(self, *, namespace: str, name: str | None = None) -> bool:
         """SelfSubjectAccessReview for the `retire` verb; errors are "not allowed" (unknown ≠ granted)."""
@@ -156,7 +157,7 @@ class KubeApi:
         first_time: datetime.datetime | None = None,
     ) -> None:
         """Creates one core/v1 Event about `body`; `count` > 1 is an aggregate of that many."""
-        event = retirement.event_body(
+        event = wire.event_body(
             involved=body,
             reason=reason,
             message=message,

@@ -29,8 +29,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config import ConfigException
 
 from coroner.cli import plan as planning
-from coroner.core import api
-from coroner.core import wire as retirement
+from coroner.core import api, wire
 from coroner.core.decision import Policy
 
 EXIT_OK: Final = 0
@@ -304,11 +303,11 @@ class Session:
     def whoami(self) -> str:
         result = self.request(
             k8s.AuthenticationV1Api(self.client).create_self_subject_review,
-            {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
+            dict(wire.SELF_SUBJECT_REVIEW),
             what="learn who you are (SelfSubjectReview)",
             fix="apply records the retiring user in status.retirement.retiredBy and writes nothing without it",
         )
-        username = ((result.get("status") or {}).get("userInfo") or {}).get("username")
+        username = wire.reviewed_username(result)
         if not username:
             raise PluginError(
                 f"the API server at {self.server} did not say who you are (SelfSubjectReview has no username); "
@@ -320,7 +319,7 @@ class Session:
 
     def post_event(self, *, body: dict[str, Any], reason: str, message: str, reporter: str) -> None:
         meta = body.get("metadata") or {}
-        event = retirement.event_body(
+        event = wire.event_body(
             involved=body,
             reason=reason,
             message=message,

@@ -63,7 +63,7 @@ EXPECTED: Final[Mapping[tuple[str, str], str]] = {
     (
         "MutatingAdmissionPolicy",
         "coroner-record-registrant",
-    ): "25af0184855b4784d9c8cce01d7f15f4d2531ef95acad7f9405792c3827d2e25",
+    ): "47bb942c53946ae285d2f68e8ec528ebca00a35b1a13b1656a3f2ac052e3308b",
     (
         "MutatingAdmissionPolicyBinding",
         "coroner-record-registrant",

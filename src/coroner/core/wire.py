@@ -310,6 +310,36 @@ def _person_retired_conditions(
 RELEASED_REASON = "CleanExit"
 
 
+#: Who am I: a SelfSubjectReview (POST it to this path) answers with the requester's user info.
+SELF_SUBJECT_REVIEW_PATH = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
+SELF_SUBJECT_REVIEW: Mapping[str, str] = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+
+#: The user-info extras of a token bound to a pod (a projected ServiceAccount token).
+_POD_NAME = "authentication.kubernetes.io/pod-name"
+_POD_UID = "authentication.kubernetes.io/pod-uid"
+
+
+def reviewed_username(answer: Mapping[str, Any]) -> str | None:
+    """The username a SelfSubjectReview answered with; None when it names none."""
+    username = ((answer.get("status") or {}).get("userInfo") or {}).get("username")
+    return str(username) if username else None
+
+
+def registrant(answer: Mapping[str, Any]) -> str | None:
+    """The requester as the admission policies spell it (variable `requester` of
+    coroner-record-registrant): the username, plus `` pod/<name>/<uid>`` when the token is bound to
+    a pod (pods that share a ServiceAccount are told apart). None when the answer names no user."""
+    username = reviewed_username(answer)
+    if username is None:
+        return None
+    extra = ((answer.get("status") or {}).get("userInfo") or {}).get("extra") or {}
+    pod_uid = extra.get(_POD_UID) or []
+    if not pod_uid:
+        return username
+    pod_name = extra.get(_POD_NAME) or [""]
+    return f"{username} pod/{pod_name[0]}/{pod_uid[0]}"
+
+
 def registration_body(
     *,
     name: str,
@@ -322,11 +352,15 @@ def registration_body(
     generation_id: str = "",
     node_uid: str | None = None,
     heartbeat: tuple[int, int] | None = None,
+    registered_by: str | None = None,
 ) -> dict[str, Any]:
     """The WorkerRegistration the launcher creates: one incarnation, a launcher-minted identity.
 
     `heartbeat` is (intervalSeconds, ttlSeconds) where the worker opts into heartbeats; empty
-    optional fields are left out."""
+    optional fields are left out. `registered_by` (`registrant`) is who the API server will see
+    create it: written by the client, the mutating policy coroner-record-registrant has nothing
+    to do, so the create never waits for that policy (which, right after an API server restart,
+    answers 503 until the server has the CRD's schema; docs/faults.md, finding 7)."""
     spec: dict[str, Any] = {
         "nodeName": node_name,
         "incarnation": dict(incarnation),
@@ -342,12 +376,10 @@ def registration_body(
     ):
         if value:
             spec[key] = value
-    return {
-        "apiVersion": api.API_VERSION,
-        "kind": api.KIND,
-        "metadata": {"name": name, "namespace": namespace, "labels": {api.NODE_LABEL: node_name}},
-        "spec": spec,
-    }
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace, "labels": {api.NODE_LABEL: node_name}}
+    if registered_by:
+        metadata["annotations"] = {api.REGISTERED_BY_ANNOTATION: registered_by}
+    return {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": metadata, "spec": spec}
 
 
 def heartbeat_patch(now: datetime.datetime) -> dict[str, Any]:
