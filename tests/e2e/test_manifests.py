@@ -150,7 +150,8 @@ def test_worker_cannot_attest_or_retire_but_can_heartbeat_and_release(
         with api_client(components.agent_kubeconfig(plan_only, "node-a")) as agent:
             components.attest(agent, namespace, "w1", evidence="PidfdExited")
         evidenced = _evidenced_retirement(admin, namespace, "w1")
-        evidenced[-1]["value"]["retiredBy"] = f"system:serviceaccount:{namespace}:worker"
+        (retirement,) = [op for op in evidenced if op["path"] == "/status/retirement"]
+        retirement["value"]["retiredBy"] = f"system:serviceaccount:{namespace}:worker"
         with pytest.raises(ApiException) as raised:
             kube.patch_status(worker, namespace, "w1", evidenced)
         assert "requires the retire verb" in kube.api_error_body(raised.value)["message"]
