@@ -100,3 +100,45 @@ def test_a_deleted_or_changed_mutating_policy_fails_doctor_by_name(cluster: Clus
         kube.kubectl(cluster, "delete", "mutatingadmissionpolicy", name)
         components.install(cluster, grant=False)
     assert ad.compare(served(cluster)).intact
+
+
+#: The status-path mutating policy releases before 2026-12 shipped (with the CRD), as they shipped it.
+OLD_STATE_POLICY = """
+apiVersion: admissionregistration.k8s.io/v1
+kind: MutatingAdmissionPolicy
+metadata: {name: coroner-registration-state}
+spec:
+  failurePolicy: Ignore
+  reinvocationPolicy: IfNeeded
+  matchConstraints:
+    resourceRules:
+      - {apiGroups: [coroner.dev], apiVersions: ["*"], resources: [workerregistrations/status], operations: [UPDATE]}
+  mutations:
+    - patchType: JSONPatch
+      jsonPatch:
+        expression: 'has(object.status) ? [JSONPatch{op: "add", path: "/status/state", value: "Active"}] : []'
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: MutatingAdmissionPolicyBinding
+metadata: {name: coroner-registration-state}
+spec: {policyName: coroner-registration-state}
+"""
+
+
+def test_an_upgrade_that_kept_the_old_status_policy_fails_doctor_until_it_is_deleted(cluster: Cluster) -> None:
+    """`kubectl apply -k` prunes nothing, so an upgraded install keeps the old status-path mutating
+    policy, which holds every status write up with 503 after an API server restart (finding 7)."""
+    components.install(cluster, grant=False)
+    kube.kubectl(cluster, "apply", "-f", "-", stdin=OLD_STATE_POLICY)
+    try:
+        check = doctor_checks(cluster)["admission-policies"]
+        assert check["status"] == "FAIL", check
+        assert check["objects"] == [
+            "MutatingAdmissionPolicy/coroner-registration-state",
+            "MutatingAdmissionPolicyBinding/coroner-registration-state",
+        ]
+        assert "kubectl delete mutatingadmissionpolicy coroner-registration-state" in check["summary"]
+    finally:
+        kube.kubectl(cluster, "delete", "mutatingadmissionpolicy,mutatingadmissionpolicybinding",
+                     "coroner-registration-state", "--ignore-not-found")  # fmt: skip
+    assert doctor_checks(cluster)["admission-policies"]["status"] == "PASS"

@@ -833,6 +833,22 @@ class TestAdmissionAllFourKinds:
         if status == "PASS":
             assert check.facts["compared"] == len(ad.EXPECTED) == 20
 
+    def test_a_policy_an_older_release_left_behind_is_named_with_its_delete(self) -> None:
+        """`kubectl apply` prunes nothing: an upgrade keeps the old status-path mutating policy, which
+        held every status write up with 503 after an API server restart (finding 7)."""
+        old = [
+            {"kind": kind, "metadata": {"name": "coroner-registration-state"}, "spec": {}}
+            for kind in ("MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding")
+        ]
+        check = doctor.check_admission_policies(admission=listed([*SHIPPED, *old]))
+        assert check.status == "FAIL", check.summary
+        assert check.objects == (
+            "MutatingAdmissionPolicy/coroner-registration-state",
+            "MutatingAdmissionPolicyBinding/coroner-registration-state",
+        )
+        assert "kubectl delete mutatingadmissionpolicy coroner-registration-state" in check.summary
+        assert "kubectl delete mutatingadmissionpolicybinding coroner-registration-state" in check.summary
+
     @pytest.mark.parametrize(
         ("admission", "status", "objects"),
         [

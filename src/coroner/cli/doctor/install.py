@@ -24,6 +24,13 @@ ADMISSION_POLICIES: Final = tuple(
 MUTATING_ADMISSION_POLICIES: Final = tuple(
     name for kind, name in admission_digest.EXPECTED if kind == "MutatingAdmissionPolicy"
 )
+#: Admission objects an older release installed and this one does not. `kubectl apply` prunes
+#: nothing, and left in place they still act: `coroner-registration-state` held every status write up
+#: with 503 for minutes after an API server restart (docs/faults.md, finding 7).
+RETIRED_ADMISSION_OBJECTS: Final = (
+    ("MutatingAdmissionPolicy", "coroner-registration-state"),
+    ("MutatingAdmissionPolicyBinding", "coroner-registration-state"),
+)
 
 
 def plural_of(kind: str) -> str:
@@ -114,18 +121,35 @@ def check_admission_policies(*, admission: Admission) -> Check:
         for policy in MUTATING_ADMISSION_POLICIES
         if policy not in mutating_bound
     ]
+    leftover = [
+        (kind, policy)
+        for kind, policy in RETIRED_ADMISSION_OBJECTS
+        if policy in {object_name(item) for item in _items(admission, kind)}
+    ]
     facts = {
         "policies": sorted(p for p in present if p in ADMISSION_POLICIES),
         "boundPolicies": sorted(bound),
         "mutatingPolicies": sorted(p for p in mutating if p in MUTATING_ADMISSION_POLICIES),
         "boundMutatingPolicies": sorted(mutating_bound),
+        "leftFromOlderReleases": [f"{kind}/{policy}" for kind, policy in leftover],
     }
+    problems = []
     if missing:
+        problems.append(
+            f"missing (or not bound with Deny): {names_text(missing)}; re-apply the manifests "
+            f"(`kubectl apply -k manifests/overlays/plan-only`)"
+        )
+    if leftover:
+        deletes = "; ".join(f"kubectl delete {kind.lower()} {policy}" for kind, policy in leftover)
+        problems.append(
+            f"left from an older release, and still acting: {names_text([f'{k}/{p}' for k, p in leftover])}; "
+            f"delete them (`{deletes}`)"
+        )
+    if problems:
         return failed(
             name,
-            f"missing (or not bound with Deny): {names_text(missing)}; re-apply the manifests "
-            f"(`kubectl apply -k manifests/overlays/plan-only`).",
-            objects=tuple(missing),
+            "; ".join(problems) + ".",
+            objects=(*missing, *(f"{kind}/{policy}" for kind, policy in leftover)),
             facts=facts,
         )
     return passed(
