@@ -286,3 +286,15 @@ def test_the_requeue_is_the_decisions_next_evaluation_when_no_node_is_missing(st
         assert effects.requeue_at == decision.next_evaluation_at
     else:
         assert effects.requeue_at is not None or decision.next_evaluation_at is None
+
+
+def test_a_retirement_admission_refused_is_counted_as_refused_and_tried_again() -> None:
+    """The gauge says what doctor says (coroner.core.conditions.refused_by_admission): a retirable
+    registration whose last retirement admission refused is RetireRefusedByAdmission, not the
+    decision's EligibleStaleOrphan; the retirement is still tried (the policy may have changed)."""
+    refused = {"type": "Retirable", "status": "False", "reason": "RetireRefusedByAdmission", "message": "denied",
+               "lastTransitionTime": format_time(NOW - 60 * S), "observedGeneration": 1}  # fmt: skip
+    for conditions, expected in (([], Reason.ELIGIBLE_STALE_ORPHAN), ([refused], Reason.RETIRE_REFUSED_BY_ADMISSION)):
+        effects = step(make_registration(conditions=conditions), make_facts(), Policy(), NOW)
+        assert effects.retire is not None and effects.retire.decision.reason is Reason.ELIGIBLE_STALE_ORPHAN
+        assert effects.reason is expected

@@ -51,7 +51,9 @@ class Effects:
 
     key: Key
     reason: Reason | None = None
-    """The decision's reason for the `coroner_registrations` gauge; None for a terminal registration."""
+    """The reason for the `coroner_registrations` gauge: the decision's, or RetireRefusedByAdmission
+    for a retirable one whose last retirement admission refused (as doctor counts it); None for a
+    terminal registration."""
     write_conditions: WriteConditions | None = None
     retire: RetireIntent | None = None
     delete: Delete | None = None

@@ -107,7 +107,8 @@ class Metrics:
 
 
 class DecisionGauge:
-    """`coroner_registrations`: each active registration counted once, under its latest decision's reason."""
+    """`coroner_registrations`: each active registration counted once, under its latest decision's reason
+    (`Effects.reason`: RetireRefusedByAdmission where admission refused its last retirement)."""
 
     def __init__(self, metrics: Metrics) -> None:
         self._gauge = metrics.registrations

@@ -24,8 +24,10 @@ import datetime
 from collections.abc import Mapping
 from typing import Any
 
+from coroner.core import conditions as cond
 from coroner.core import model, wire
 from coroner.core.decision import Decision, Facts, Policy, decide
+from coroner.core.reasons import Reason
 from coroner.retire import RetireIntent
 from coroner_operator.effects import Delete, Effects, WriteConditions
 from coroner_operator.retention import deletion_due
@@ -49,7 +51,9 @@ def reconcile(
     )
     if decision.retirable:
         intent = RetireIntent(body=body, registration=registration, decision=decision, facts=facts, policy=policy)
-        return Effects(key=key, reason=decision.reason, retire=intent, requeue_at=requeue_at)
+        refused = cond.refused_by_admission(registration.conditions, retirable=True)
+        reason = Reason.RETIRE_REFUSED_BY_ADMISSION if refused else decision.reason
+        return Effects(key=key, reason=reason, retire=intent, requeue_at=requeue_at)
     return Effects(
         key=key,
         reason=decision.reason,

@@ -15,7 +15,7 @@ import enum
 from collections.abc import Sequence
 
 from coroner.core.model import Condition, format_time
-from coroner.core.reasons import ConditionType
+from coroner.core.reasons import ConditionType, Reason
 
 
 class ConditionStatus(enum.StrEnum):
@@ -29,6 +29,15 @@ class ConditionStatus(enum.StrEnum):
 def find_condition(conditions: Sequence[Condition], *, type: ConditionType | str) -> Condition | None:  # noqa: A002 -- metav1 field name
     """The condition of this type, or None."""
     return next((condition for condition in conditions if condition.type == type), None)
+
+
+def refused_by_admission(conditions: Sequence[Condition], *, retirable: bool) -> bool:
+    """Retirable by the decision, but the operator's last retirement of it was refused by the API
+    server's admission: its stored Retirable condition says RetireRefusedByAdmission. The decision
+    cannot see that, and it stays until someone changes the policy that refuses it; what reports a
+    registration's reason (the operator's gauge, doctor) reports that one."""
+    stored = find_condition(conditions, type=ConditionType.RETIRABLE)
+    return retirable and stored is not None and stored.reason == Reason.RETIRE_REFUSED_BY_ADMISSION.value
 
 
 def set_condition(

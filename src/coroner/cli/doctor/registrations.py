@@ -6,10 +6,10 @@ import datetime
 
 from coroner.cli.doctor.outcome import Check, failed, passed, unknown
 from coroner.cli.plan import Unreadable, display, names_text
+from coroner.core import conditions as cond
 from coroner.core import model
-from coroner.core.conditions import find_condition
 from coroner.core.fingerprint import Plan, PlanEntry
-from coroner.core.reasons import ConditionType, Reason
+from coroner.core.reasons import Reason
 
 
 def blocked(entry: PlanEntry) -> bool:
@@ -28,11 +28,8 @@ def blocked(entry: PlanEntry) -> bool:
 
 
 def refused_by_admission(entry: PlanEntry) -> bool:
-    """Retirable by the decision, but the operator's last retirement of it was refused by the API
-    server's admission (its stored Retirable condition says so): the decision cannot see that, and
-    it stays until someone changes the policy that refuses it."""
-    stored = find_condition(entry.registration.conditions, type=ConditionType.RETIRABLE)
-    return entry.decision.retirable and stored is not None and stored.reason == Reason.RETIRE_REFUSED_BY_ADMISSION.value
+    """`coroner.core.conditions.refused_by_admission` of a plan entry."""
+    return cond.refused_by_admission(entry.registration.conditions, retirable=entry.decision.retirable)
 
 
 def _blocking_reason(entry: PlanEntry) -> Reason | None:
