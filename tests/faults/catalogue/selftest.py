@@ -53,6 +53,7 @@ class SelfTest(Fault):
                                 "value": body["metadata"]["resourceVersion"],
                             },
                             {"op": "add", "path": "/status/retirement", "value": retirement},
+                            {"op": "add", "path": "/status/state", "value": "Retired"},  # the CRD's rule
                         ],
                     )
                     break
