@@ -37,10 +37,11 @@ class _Reader:
         self.problems.append((path, message))
 
     def mapping(self, parent: Mapping[str, object] | None, key: str, path: str) -> Mapping[str, object] | None:
-        if parent is None or parent.get(key) is None:
+        value = None if parent is None else parent.get(key)
+        if value is None:
             return None
-        value = parent.get(key)
-        if isinstance(value, Mapping):
+        # `type(...) is dict` first: the same answer for what JSON decodes to, without the ABC check.
+        if type(value) is dict or isinstance(value, Mapping):
             return value
         self.flag(path, f"expected an object, got {_kind(value)}")
         return None
@@ -56,6 +57,8 @@ class _Reader:
         pattern: re.Pattern[str] | None = None,
     ) -> str | None:
         value = None if parent is None else parent.get(key)
+        if type(value) is str and pattern is None and (empty_ok or value):
+            return value  # the common case, decided as below would decide it
         if value is None:
             if required:
                 self.flag(path, "missing")
@@ -134,7 +137,7 @@ def parse_registration(obj: object) -> Registration:
     is the first sign of life, so a worker that died before its first heartbeat still expires.
     """
     reader = _Reader()
-    root: Mapping[str, object] | None = obj if isinstance(obj, Mapping) else None
+    root: Mapping[str, object] | None = obj if type(obj) is dict or isinstance(obj, Mapping) else None
     if root is None:
         reader.flag("", f"expected an object, got {_kind(obj)}")
     metadata = reader.mapping(root, "metadata", "metadata")
@@ -257,13 +260,13 @@ def _conditions(reader: _Reader, status: Mapping[str, object] | None) -> tuple[C
     value = None if status is None else status.get("conditions")
     if value is None:
         return ()
-    if not isinstance(value, Sequence) or isinstance(value, str | bytes):
+    if type(value) is not list and (not isinstance(value, Sequence) or isinstance(value, str | bytes)):
         reader.flag("status.conditions", f"expected a list, got {_kind(value)}")
         return ()
     parsed: list[Condition] = []
     for index, item in enumerate(value):
         path = f"status.conditions[{index}]"
-        if not isinstance(item, Mapping):
+        if type(item) is not dict and not isinstance(item, Mapping):
             reader.flag(path, f"expected an object, got {_kind(item)}")
             continue
         condition_type = reader.string(item, "type", f"{path}.type", required=True, empty_ok=False)
@@ -316,15 +319,23 @@ def _labels(reader: _Reader, metadata: Mapping[str, object] | None) -> Mapping[s
     return types.MappingProxyType(labels)
 
 
+# The JSON scalars: `_json_value` returns each of them as it is (within the depth), so the copy
+# skips the call for them; anything else (a subclass included) takes the general path.
+_SCALARS: Final = frozenset({str, int, float, bool, type(None)})
+
+
 def _json_copy(value: Mapping[str, object], *, depth: int) -> dict[str, object]:
     # A plain dict (not a read-only view): it goes into JSON patches, which must serialise it.
-    return {str(key): _json_value(item, depth=depth + 1) for key, item in value.items()}
+    child = depth + 1
+    if child > _MAX_COPY_DEPTH:
+        return {str(key): None for key, _ in value.items()}
+    return {str(key): item if type(item) in _SCALARS else _json_value(item, depth=child) for key, item in value.items()}
 
 
 def _json_value(value: object, *, depth: int) -> object:
     if depth > _MAX_COPY_DEPTH:
         return None
-    if isinstance(value, Mapping):
+    if type(value) is dict or isinstance(value, Mapping):
         return _json_copy(value, depth=depth)
     if isinstance(value, list | tuple):
         return [_json_value(item, depth=depth + 1) for item in value]

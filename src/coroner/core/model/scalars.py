@@ -59,6 +59,11 @@ def format_time(value: datetime.datetime, *, fraction: bool = False) -> str:
     A naive datetime is taken to be UTC already.
     """
     moment = value.astimezone(UTC) if value.tzinfo is not None else value
+    if type(moment) is datetime.datetime:
+        # The C formatter prints the same fields at the same widths (the year to 4 digits); an
+        # aware moment is in UTC here, so its offset is "+00:00", replaced by the "Z".
+        text = moment.isoformat("T", "microseconds" if fraction else "seconds")
+        return (text if moment.tzinfo is None else text[:-6]) + "Z"
     text = (
         f"{moment.year:04d}-{moment.month:02d}-{moment.day:02d}"
         f"T{moment.hour:02d}:{moment.minute:02d}:{moment.second:02d}"
