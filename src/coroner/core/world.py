@@ -79,6 +79,21 @@ def node_facts(body: Mapping[str, Any]) -> NodeFacts:
     )
 
 
+def _same(a: object, b: object) -> bool:
+    # What a dataclass's __eq__ asks of each field (a tuple comparison: identity, then ==).
+    return a is b or bool(a == b)
+
+
+def _same_but_renew_time(old: AgentFacts, new: AgentFacts) -> bool:
+    """``dataclasses.replace(old, renew_time=new.renew_time) == new``, without building the copy."""
+    return (
+        old.__class__ is new.__class__
+        and _same(old.boot_id, new.boot_id)
+        and _same(old.host_id, new.host_id)
+        and _same(old.lease_duration_seconds, new.lease_duration_seconds)
+    )
+
+
 @dataclasses.dataclass
 class World:
     """The cache. Mutated only from the operator's event loop thread."""
@@ -133,27 +148,36 @@ class World:
             if not members:
                 del self.by_namespace[key[0]]
 
-    def _index_keys(self, key: Key, r: model.Registration) -> Iterable[tuple[dict[Any, set[Key]], Any]]:
+    def _index_keys(self, key: Key, r: model.Registration) -> list[tuple[dict[Any, set[Key]], Any]]:
+        keys = self._peer_index_keys(key, r)
+        if r.node_name:
+            keys.append((self.by_node, r.node_name))
+        return keys
+
+    def _peer_index_keys(self, key: Key, r: model.Registration) -> list[tuple[dict[Any, set[Key]], Any]]:
+        """The index entries of `r` that name its possible peers (every index but `by_node`)."""
         namespace = key[0]
+        keys: list[tuple[dict[Any, set[Key]], Any]] = []
         if r.client_instance_id:
-            yield self.by_instance, (namespace, r.client_instance_id)
+            keys.append((self.by_instance, (namespace, r.client_instance_id)))
         inc = r.incarnation
         if inc is not None:
-            yield (
-                self.by_incarnation,
+            keys.append(
                 (
-                    namespace,
-                    r.node_name or "",
-                    inc.boot_id or "",
-                    inc.pid_namespace or "",
-                    str(inc.pid),
-                    inc.start_time or "",
-                ),
+                    self.by_incarnation,
+                    (
+                        namespace,
+                        r.node_name or "",
+                        inc.boot_id or "",
+                        inc.pid_namespace or "",
+                        str(inc.pid),
+                        inc.start_time or "",
+                    ),
+                )
             )
         if r.session_id and r.generation_id:
-            yield self.by_session, (namespace, r.session_id, r.generation_id)
-        if r.node_name:
-            yield self.by_node, r.node_name
+            keys.append((self.by_session, (namespace, r.session_id, r.generation_id)))
+        return keys
 
     def peers_of(self, key: Key) -> list[model.Registration]:
         """Registrations that might share identity evidence with `key`: the only peers decide needs."""
@@ -161,11 +185,13 @@ class World:
         if registration is None:
             return []
         found: set[Key] = set()
-        for index, index_key in self._index_keys(key, registration):
-            if index is self.by_node:
-                continue
-            found |= index.get(index_key, set())
+        for index, index_key in self._peer_index_keys(key, registration):
+            members = index.get(index_key)
+            if members:
+                found |= members
         found.discard(key)
+        if not found:  # the common case: no other registration shares an entry
+            return []
         return [self.parsed[k] for k in sorted(found) if k in self.parsed]
 
     def keys_on_node(self, node: str) -> list[Key]:
@@ -243,7 +269,7 @@ class World:
             old_until is not None
             and new_until is not None
             and now < old_until <= new_until
-            and dataclasses.replace(old, renew_time=new.renew_time) == new
+            and _same_but_renew_time(old, new)
         )
 
     def forget_lease(self, body: Mapping[str, Any]) -> tuple[str, str | None]:
