@@ -48,6 +48,9 @@ _STAT_PPID: Final = 1
 _STAT_NUM_THREADS: Final = 17  # field 20
 _STAT_START_TIME: Final = 19  # field 22
 _STAT_MIN_FIELDS: Final = _STAT_START_TIME + 1
+# The fields after comm when every one but the state (the first, _STAT_STATE) is an integer: one
+# match instead of one per field; what does not match is checked field by field (and named).
+_STAT_INTEGERS: Final = re.compile(r"[^ ]*(?: -?[0-9]{1,20})*", re.ASCII)
 
 #: `status` keys the parser needs; a text without one of them describes nothing it can vouch for.
 _STATUS_REQUIRED: Final = ("State", "Tgid", "Pid", "PPid", "Threads", "NSpid")
@@ -189,9 +192,10 @@ def parse_stat(raw: str | bytes) -> Stat:
     fields = rest[1:].split(" ")
     if len(fields) < _STAT_MIN_FIELDS:
         raise ParseError(f"stat: {len(fields)} fields after comm, need at least {_STAT_MIN_FIELDS}")
-    for index, field in enumerate(fields):
-        if not _SIGNED.fullmatch(field) and index != _STAT_STATE:
-            raise ParseError(f"stat: field {index + 3} is not an integer: {field[:40]!r}")
+    if not _STAT_INTEGERS.fullmatch(rest, 1):
+        for index, field in enumerate(fields):
+            if not _SIGNED.fullmatch(field) and index != _STAT_STATE:
+                raise ParseError(f"stat: field {index + 3} is not an integer: {field[:40]!r}")
     state = fields[_STAT_STATE]
     if not _STATE_LETTER.fullmatch(state):
         raise ParseError(f"stat: field 3 is not a state letter: {state[:40]!r}")
