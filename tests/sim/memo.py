@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from sim.prod import model, procfs
+from sim.prod import conditions, decision_facts, model, procfs
 
 _MISS = object()
 _CACHES: list[dict[Any, Any]] = []
@@ -51,16 +51,53 @@ def _text_arg(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
 
 def _format_time(fn: Callable[..., str]) -> Callable[..., str]:
-    cache: dict[tuple[datetime.datetime, bool], str] = {}
-    _CACHES.append(cache)
+    # One cache per value of `fraction` (False, True): the instant alone is the key.
+    caches: tuple[dict[datetime.datetime, str], dict[datetime.datetime, str]] = ({}, {})
+    _CACHES.extend(caches)
 
     def memo(value: Any, *, fraction: Any = False) -> str:
         if type(value) is not datetime.datetime or type(fraction) is not bool:
             return fn(value, fraction=fraction)
-        key = (value, fraction)
-        hit = cache.get(key)
+        cache = caches[fraction]
+        hit = cache.get(value)
         if hit is None:
-            hit = cache[key] = fn(value, fraction=fraction)
+            hit = cache[value] = fn(value, fraction=fraction)
+        return hit
+
+    return memo
+
+
+def _instant(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """One datetime argument (conditions._whole_seconds), memoized by its value, zone and fold: an
+    equal instant in another zone is another question."""
+    cache: dict[tuple[object, ...], Any] = {}
+    _CACHES.append(cache)
+
+    def memo(moment: Any) -> Any:
+        if type(moment) is not datetime.datetime:
+            return fn(moment)
+        key = (moment, moment.tzinfo, moment.fold)
+        hit = cache.get(key, _MISS)
+        if hit is _MISS:
+            hit = cache[key] = fn(moment)
+        return hit
+
+    return memo
+
+
+def _lease_expiry(fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """decision.lease_expiry(renew_time, duration_seconds): a datetime (by value, zone and fold) and
+    a number (by value and type)."""
+    cache: dict[tuple[object, ...], Any] = {}
+    _CACHES.append(cache)
+
+    def memo(renew_time: Any, duration_seconds: Any) -> Any:
+        if type(renew_time) is not datetime.datetime or type(duration_seconds) not in (int, float):
+            return fn(renew_time, duration_seconds)
+        key = (renew_time, renew_time.tzinfo, renew_time.fold, duration_seconds, type(duration_seconds))
+        hit = cache.get(key, _MISS)
+        if hit is _MISS:
+            hit = cache[key] = fn(renew_time, duration_seconds)
         return hit
 
     return memo
@@ -118,6 +155,8 @@ PURE: tuple[tuple[Any, str, Callable[[Any], Any]], ...] = (
     (procfs, "recorded_incarnation", _recorded_incarnation),
     (model, "parse_time", _text_arg),
     (model, "format_time", _format_time),
+    (decision_facts, "lease_expiry", _lease_expiry),
+    (conditions, "_whole_seconds", _instant),
 )
 _PRODUCTION = ("coroner", "coroner_agent", "coroner_operator")
 

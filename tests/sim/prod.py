@@ -15,6 +15,7 @@ from coroner.cli import plan as cli_plan
 # The pure core: vocabulary, model, decision, conditions, /proc parsers, the operator's cache.
 from coroner.core import api, conditions, decision, fingerprint, model, procfs, wire
 from coroner.core.decision import AgentFacts, Decision, Facts, Policy, decide, lease_expiry
+from coroner.core.decision import facts as decision_facts
 from coroner.core.reasons import ConditionType, Evidence, Reason, Verdict
 from coroner.core.world import World, lease_facts
 
@@ -41,6 +42,7 @@ __all__ = [
     "conditions",
     "decide",
     "decision",
+    "decision_facts",
     "fingerprint",
     "lease_expiry",
     "lease_facts",
