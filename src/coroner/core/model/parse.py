@@ -26,6 +26,25 @@ from coroner.core.reasons import ConditionType, Evidence, Verdict
 # until Python's stack gives out (parse_registration must never raise).
 _MAX_COPY_DEPTH: Final = 64
 
+# The problem paths the reader names, built once (what `_incarnation_paths` and `_condition_paths`
+# would build for these on every parse); other prefixes and indexes are built when met.
+_INCARNATION_PATHS: Final = {
+    prefix: (f"{prefix}.pid", f"{prefix}.bootId", f"{prefix}.pidNamespace", f"{prefix}.startTime", f"{prefix}.hostId")
+    for prefix in ("spec.incarnation", "status.attestation.incarnation")
+}
+_CONDITION_PATHS: Final = tuple(
+    (
+        f"status.conditions[{index}]",
+        f"status.conditions[{index}].type",
+        f"status.conditions[{index}].status",
+        f"status.conditions[{index}].reason",
+        f"status.conditions[{index}].message",
+        f"status.conditions[{index}].lastTransitionTime",
+        f"status.conditions[{index}].observedGeneration",
+    )
+    for index in range(8)
+)
+
 
 class _Reader:
     """Reads fields out of untrusted JSON, collecting problems instead of raising."""
@@ -116,17 +135,41 @@ class _Reader:
     def incarnation(self, parent: Mapping[str, object] | None, path: str, *, required: bool) -> Incarnation:
         pid_value = None if parent is None else parent.get("pid")
         pid = parse_pid(pid_value)
+        pid_path, boot_id_path, pid_namespace_path, start_time_path, host_id_path = _incarnation_paths(path)
         if pid is None and (required or pid_value is not None):
-            self.flag(f"{path}.pid", "missing" if pid_value is None else f"invalid pid {_shown(pid_value)}")
+            self.flag(pid_path, "missing" if pid_value is None else f"invalid pid {_shown(pid_value)}")
         return Incarnation(
-            boot_id=self.string(parent, "bootId", f"{path}.bootId", required=required, empty_ok=False),
-            pid_namespace=self.string(
-                parent, "pidNamespace", f"{path}.pidNamespace", required=required, pattern=DIGITS
-            ),
+            boot_id=self.string(parent, "bootId", boot_id_path, required=required, empty_ok=False),
+            pid_namespace=self.string(parent, "pidNamespace", pid_namespace_path, required=required, pattern=DIGITS),
             pid=pid,
-            start_time=self.string(parent, "startTime", f"{path}.startTime", required=required, pattern=DIGITS),
-            host_id=self.string(parent, "hostId", f"{path}.hostId", required=required, empty_ok=False),
+            start_time=self.string(parent, "startTime", start_time_path, required=required, pattern=DIGITS),
+            host_id=self.string(parent, "hostId", host_id_path, required=required, empty_ok=False),
         )
+
+
+def _incarnation_paths(path: str) -> tuple[str, str, str, str, str]:
+    """The paths of an incarnation's fields under `path` (pid, bootId, pidNamespace, startTime, hostId)."""
+    known = _INCARNATION_PATHS.get(path)
+    if known is not None:
+        return known
+    return (f"{path}.pid", f"{path}.bootId", f"{path}.pidNamespace", f"{path}.startTime", f"{path}.hostId")
+
+
+def _condition_paths(index: int) -> tuple[str, str, str, str, str, str, str]:
+    """The paths of the condition at `index`: itself, then its type, status, reason, message,
+    lastTransitionTime and observedGeneration."""
+    if index < len(_CONDITION_PATHS):
+        return _CONDITION_PATHS[index]
+    path = f"status.conditions[{index}]"
+    return (
+        path,
+        f"{path}.type",
+        f"{path}.status",
+        f"{path}.reason",
+        f"{path}.message",
+        f"{path}.lastTransitionTime",
+        f"{path}.observedGeneration",
+    )
 
 
 def parse_registration(obj: object) -> Registration:
@@ -219,22 +262,24 @@ def _attestation(reader: _Reader, status: Mapping[str, object] | None) -> Attest
     body = reader.mapping(status, "attestation", path)
     if body is None:
         return None
-    agent = reader.mapping(body, "agent", f"{path}.agent")
+    agent = reader.mapping(body, "agent", "status.attestation.agent")
     return Attestation(
-        verdict=_member(reader, body, "verdict", f"{path}.verdict", Verdict),
-        evidence=_member(reader, body, "evidence", f"{path}.evidence", Evidence),
-        detail=reader.string(body, "detail", f"{path}.detail"),
+        verdict=_member(reader, body, "verdict", "status.attestation.verdict", Verdict),
+        evidence=_member(reader, body, "evidence", "status.attestation.evidence", Evidence),
+        detail=reader.string(body, "detail", "status.attestation.detail"),
         incarnation=reader.incarnation(
-            reader.mapping(body, "incarnation", f"{path}.incarnation"), f"{path}.incarnation", required=True
+            reader.mapping(body, "incarnation", "status.attestation.incarnation"),
+            "status.attestation.incarnation",
+            required=True,
         ),
-        boot_id=reader.string(body, "bootId", f"{path}.bootId", required=True, empty_ok=False),
-        host_id=reader.string(body, "hostId", f"{path}.hostId", required=True, empty_ok=False),
-        observed_time=reader.time(body, "observedTime", f"{path}.observedTime", required=True)[0],
-        first_observed_time=reader.time(body, "firstObservedTime", f"{path}.firstObservedTime")[0],
-        heartbeat_seen=reader.string(body, "heartbeatSeen", f"{path}.heartbeatSeen", required=True),
-        agent_node=reader.string(agent, "nodeName", f"{path}.agent.nodeName", required=True, empty_ok=False),
-        agent_pod=reader.string(agent, "podName", f"{path}.agent.podName"),
-        agent_identity=reader.string(agent, "identity", f"{path}.agent.identity"),
+        boot_id=reader.string(body, "bootId", "status.attestation.bootId", required=True, empty_ok=False),
+        host_id=reader.string(body, "hostId", "status.attestation.hostId", required=True, empty_ok=False),
+        observed_time=reader.time(body, "observedTime", "status.attestation.observedTime", required=True)[0],
+        first_observed_time=reader.time(body, "firstObservedTime", "status.attestation.firstObservedTime")[0],
+        heartbeat_seen=reader.string(body, "heartbeatSeen", "status.attestation.heartbeatSeen", required=True),
+        agent_node=reader.string(agent, "nodeName", "status.attestation.agent.nodeName", required=True, empty_ok=False),
+        agent_pod=reader.string(agent, "podName", "status.attestation.agent.podName"),
+        agent_identity=reader.string(agent, "identity", "status.attestation.agent.identity"),
         raw=_json_copy(body, depth=0),
     )
 
@@ -265,23 +310,21 @@ def _conditions(reader: _Reader, status: Mapping[str, object] | None) -> tuple[C
         return ()
     parsed: list[Condition] = []
     for index, item in enumerate(value):
-        path = f"status.conditions[{index}]"
+        path, type_path, status_path, reason_path, message_path, time_path, generation_path = _condition_paths(index)
         if type(item) is not dict and not isinstance(item, Mapping):
             reader.flag(path, f"expected an object, got {_kind(item)}")
             continue
-        condition_type = reader.string(item, "type", f"{path}.type", required=True, empty_ok=False)
+        condition_type = reader.string(item, "type", type_path, required=True, empty_ok=False)
         if condition_type is None:
             continue
         parsed.append(
             Condition(
                 type=condition_type,
-                status=reader.string(item, "status", f"{path}.status", required=True),
-                reason=reader.string(item, "reason", f"{path}.reason", required=True),
-                message=reader.string(item, "message", f"{path}.message"),
-                last_transition_time=reader.time(
-                    item, "lastTransitionTime", f"{path}.lastTransitionTime", required=True
-                )[0],
-                observed_generation=reader.integer(item, "observedGeneration", f"{path}.observedGeneration", minimum=0),
+                status=reader.string(item, "status", status_path, required=True),
+                reason=reader.string(item, "reason", reason_path, required=True),
+                message=reader.string(item, "message", message_path),
+                last_transition_time=reader.time(item, "lastTransitionTime", time_path, required=True)[0],
+                observed_generation=reader.integer(item, "observedGeneration", generation_path, minimum=0),
             )
         )
     return tuple(parsed)
@@ -296,13 +339,12 @@ def _retirement(reader: _Reader, status: Mapping[str, object] | None) -> Retirem
         # than risk a second retirement of it.
         reader.flag("status.retirement", f"expected an object, got {_kind(value)}")
         return Retirement()
-    path = "status.retirement"
     return Retirement(
-        retired_time=reader.time(value, "retiredTime", f"{path}.retiredTime")[0],
-        retired_by=reader.string(value, "retiredBy", f"{path}.retiredBy"),
-        reason=reader.string(value, "reason", f"{path}.reason"),
-        decision=reader.string(value, "decision", f"{path}.decision"),
-        statement=reader.string(value, "statement", f"{path}.statement"),
+        retired_time=reader.time(value, "retiredTime", "status.retirement.retiredTime")[0],
+        retired_by=reader.string(value, "retiredBy", "status.retirement.retiredBy"),
+        reason=reader.string(value, "reason", "status.retirement.reason"),
+        decision=reader.string(value, "decision", "status.retirement.decision"),
+        statement=reader.string(value, "statement", "status.retirement.statement"),
     )
 
 
