@@ -15,13 +15,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coroner.core.decision import AgentFacts, Decision, LeaseFacts, NodeFacts
 from coroner.core.decision.known import Known
-from coroner.core.model import Condition, Heartbeat, Incarnation, Registration
+from coroner.core.model import Condition, Incarnation, Registration
 
 pytestmark = pytest.mark.unit
 
-WRITTEN_OUT = (Incarnation, Heartbeat, Condition, Registration, Known, Decision, AgentFacts, NodeFacts, LeaseFacts)
+WRITTEN_OUT = (Incarnation, Condition, Registration, Known)
 
 
 def reference(cls: type) -> type:

@@ -21,9 +21,6 @@ END_OF_TIME: Final = datetime.datetime.max.replace(tzinfo=UTC)
 
 START_OF_TIME: Final = datetime.datetime.min.replace(tzinfo=UTC)
 
-#: The hot records' `__init__`s are written out, as the model's are (see coroner.core.model.records).
-_set: Final = object.__setattr__
-
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class AgentFacts:
@@ -33,19 +30,6 @@ class AgentFacts:
     host_id: str | None = None
     renew_time: datetime.datetime | None = None
     lease_duration_seconds: float | None = None
-
-    def __init__(
-        self,
-        *,
-        boot_id: str | None = None,
-        host_id: str | None = None,
-        renew_time: datetime.datetime | None = None,
-        lease_duration_seconds: float | None = None,
-    ) -> None:
-        _set(self, "boot_id", boot_id)
-        _set(self, "host_id", host_id)
-        _set(self, "renew_time", renew_time)
-        _set(self, "lease_duration_seconds", lease_duration_seconds)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,21 +46,6 @@ class NodeFacts:
     missing_since: datetime.datetime | None = None
     """The first time a live GET returned NotFound; the node-deletion quarantine counts from here."""
 
-    def __init__(
-        self,
-        *,
-        exists: bool | None = None,
-        uid: str | None = None,
-        boot_id: str | None = None,
-        out_of_service: bool = False,
-        missing_since: datetime.datetime | None = None,
-    ) -> None:
-        _set(self, "exists", exists)
-        _set(self, "uid", uid)
-        _set(self, "boot_id", boot_id)
-        _set(self, "out_of_service", out_of_service)
-        _set(self, "missing_since", missing_since)
-
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class LeaseFacts:
@@ -87,21 +56,6 @@ class LeaseFacts:
     holder_identity: str | None = None
     renew_time: datetime.datetime | None = None
     lease_duration_seconds: float | None = None
-
-    def __init__(
-        self,
-        *,
-        namespace: str,
-        name: str,
-        holder_identity: str | None = None,
-        renew_time: datetime.datetime | None = None,
-        lease_duration_seconds: float | None = None,
-    ) -> None:
-        _set(self, "namespace", namespace)
-        _set(self, "name", name)
-        _set(self, "holder_identity", holder_identity)
-        _set(self, "renew_time", renew_time)
-        _set(self, "lease_duration_seconds", lease_duration_seconds)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

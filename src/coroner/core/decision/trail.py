@@ -7,7 +7,7 @@ import dataclasses
 import datetime
 import math
 from collections.abc import Mapping
-from typing import Final, TypeAlias
+from typing import TypeAlias
 
 from coroner.core.decision.facts import END_OF_TIME, AgentFacts, NodeFacts, lease_expiry
 from coroner.core.decision.known import Known
@@ -15,9 +15,6 @@ from coroner.core.model import Attestation, Registration, format_time, render_at
 from coroner.core.reasons import Evidence, Reason
 
 JSONValue: TypeAlias = "str | int | float | bool | list[JSONValue] | dict[str, JSONValue] | None"
-
-#: The hot records' `__init__`s are written out, as the model's are (see coroner.core.model.records).
-_set: Final = object.__setattr__
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -41,25 +38,6 @@ class Decision:
     it blocking node-level evidence); the decision may change then. Kept apart from
     `next_evaluation_at` because every agent renews every few seconds: the runtime watches it once
     per node, not once per registration."""
-
-    def __init__(
-        self,
-        *,
-        reason: Reason,
-        detail: str,
-        evidence: Mapping[str, JSONValue],
-        death_evidence: Evidence | None = None,
-        relied_on: Attestation | None = None,
-        next_evaluation_at: datetime.datetime | None = None,
-        agent_expires_at: datetime.datetime | None = None,
-    ) -> None:
-        _set(self, "reason", reason)
-        _set(self, "detail", detail)
-        _set(self, "evidence", evidence)
-        _set(self, "death_evidence", death_evidence)
-        _set(self, "relied_on", relied_on)
-        _set(self, "next_evaluation_at", next_evaluation_at)
-        _set(self, "agent_expires_at", agent_expires_at)
 
     @property
     def retirable(self) -> bool:

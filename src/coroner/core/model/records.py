@@ -81,17 +81,6 @@ class Heartbeat:
     interval_seconds: int | None = None
     ttl_seconds: int | None = None
 
-    def __init__(
-        self,
-        *,
-        declared: bool = False,
-        interval_seconds: int | None = None,
-        ttl_seconds: int | None = None,
-    ) -> None:
-        _set(self, "declared", declared)
-        _set(self, "interval_seconds", interval_seconds)
-        _set(self, "ttl_seconds", ttl_seconds)
-
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Attestation:
