@@ -15,9 +15,6 @@ from coroner.core.reasons import Evidence, Verdict
 #: Evidence an agent may cite for `Dead` (node-level evidence is the operator's own, never an agent's).
 AGENT_DEATH_EVIDENCE: Final = frozenset({Evidence.PIDFD_EXITED, Evidence.PROC_ABSENT, Evidence.BOOT_BOUNDARY})
 
-#: `Known.__init__` is written out, as the model's hot records' are (see coroner.core.model.records).
-_set: Final = object.__setattr__
-
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Known:
@@ -38,37 +35,6 @@ class Known:
     ttl_seconds: int | None
     last_heartbeat: datetime.datetime
 
-    def __init__(
-        self,
-        *,
-        namespace: str,
-        name: str,
-        node_name: str,
-        boot_id: str,
-        pid_namespace: str,
-        pid: int,
-        start_time: str,
-        host_id: str,
-        client_instance_id: str,
-        heartbeat: bool,
-        interval_seconds: int | None,
-        ttl_seconds: int | None,
-        last_heartbeat: datetime.datetime,
-    ) -> None:
-        _set(self, "namespace", namespace)
-        _set(self, "name", name)
-        _set(self, "node_name", node_name)
-        _set(self, "boot_id", boot_id)
-        _set(self, "pid_namespace", pid_namespace)
-        _set(self, "pid", pid)
-        _set(self, "start_time", start_time)
-        _set(self, "host_id", host_id)
-        _set(self, "client_instance_id", client_instance_id)
-        _set(self, "heartbeat", heartbeat)
-        _set(self, "interval_seconds", interval_seconds)
-        _set(self, "ttl_seconds", ttl_seconds)
-        _set(self, "last_heartbeat", last_heartbeat)
-
     @property
     def key(self) -> tuple[str, str, int, str]:
         return (self.boot_id, self.pid_namespace, self.pid, self.start_time)
@@ -84,23 +50,6 @@ def known_fields(r: Registration) -> tuple[Known | None, tuple[str, ...]]:
     # An unparsable heartbeat is present (line 4 reports it); only an absent one is missing here,
     # and a placeholder instant stands in for it that line 4 keeps from ever being compared.
     last_heartbeat = START_OF_TIME if r.heartbeat_unparsable else r.last_heartbeat_time
-    if (
-        # The common case first: every field present, none of the optional ones invalid (what the
-        # lines below find when they list nothing missing).
-        r.namespace is not None
-        and r.name is not None
-        and r.node_name is not None
-        and inc.boot_id is not None
-        and inc.pid_namespace is not None
-        and inc.pid is not None
-        and inc.start_time is not None
-        and inc.host_id is not None
-        and r.client_instance_id is not None
-        and last_heartbeat is not None
-        and (not beat.declared or (beat.interval_seconds is not None and beat.ttl_seconds is not None))
-        and not any(path in _READ_OPTIONAL_PATHS for path, _ in r.problems)
-    ):
-        return _known(r, last_heartbeat), ()
     heartbeat_fields: dict[str, object] = (
         {"spec.heartbeat.intervalSeconds": beat.interval_seconds, "spec.heartbeat.ttlSeconds": beat.ttl_seconds}
         if beat.declared
@@ -135,24 +84,7 @@ def known_fields(r: Registration) -> tuple[Known | None, tuple[str, ...]]:
         or last_heartbeat is None
     ):
         return None, tuple(missing)
-    return _known(r, last_heartbeat), ()
-
-
-def _known(r: Registration, last_heartbeat: datetime.datetime) -> Known:
-    """`Known` of a registration whose fields `known_fields` found all present."""
-    inc, beat = r.incarnation, r.heartbeat
-    assert (
-        r.namespace is not None
-        and r.name is not None
-        and r.node_name is not None
-        and inc.boot_id is not None
-        and inc.pid_namespace is not None
-        and inc.pid is not None
-        and inc.start_time is not None
-        and inc.host_id is not None
-        and r.client_instance_id is not None
-    )
-    return Known(
+    known = Known(
         namespace=r.namespace,
         name=r.name,
         node_name=r.node_name,
@@ -167,6 +99,7 @@ def _known(r: Registration, last_heartbeat: datetime.datetime) -> Known:
         ttl_seconds=beat.ttl_seconds,
         last_heartbeat=aware(last_heartbeat),
     )
+    return known, ()
 
 
 def nothing_attested(r: Registration) -> bool:

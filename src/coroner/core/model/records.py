@@ -27,14 +27,6 @@ HEARTBEAT_INTERVAL_MAX: Final = 86400
 HEARTBEAT_TTL_MAX: Final = 604800
 
 
-#: The hot records write their `__init__` out (the dataclass still makes eq, hash, repr and the frozen
-#: `__setattr__`): the one a frozen dataclass generates looks `object.__setattr__` up again for every
-#: field, and a registration's records are built for every body read. Each written-out `__init__`
-#: takes the same parameters and sets the same fields as the generated one would
-#: (tests/unit/test_records_init.py compares them).
-_set: Final = object.__setattr__
-
-
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Incarnation:
     """One run of one process on one node; a pid number is reused, an incarnation never is."""
@@ -44,21 +36,6 @@ class Incarnation:
     pid: int | None = None
     start_time: str | None = None
     host_id: str | None = None
-
-    def __init__(
-        self,
-        *,
-        boot_id: str | None = None,
-        pid_namespace: str | None = None,
-        pid: int | None = None,
-        start_time: str | None = None,
-        host_id: str | None = None,
-    ) -> None:
-        _set(self, "boot_id", boot_id)
-        _set(self, "pid_namespace", pid_namespace)
-        _set(self, "pid", pid)
-        _set(self, "start_time", start_time)
-        _set(self, "host_id", host_id)
 
     @property
     def key(self) -> tuple[str | None, str | None, int | None, str | None]:
@@ -121,23 +98,6 @@ class Condition:
     last_transition_time: datetime.datetime | None = None
     observed_generation: int | None = None
 
-    def __init__(
-        self,
-        *,
-        type: str,  # noqa: A002 -- the field's name
-        status: str | None = None,
-        reason: str | None = None,
-        message: str | None = None,
-        last_transition_time: datetime.datetime | None = None,
-        observed_generation: int | None = None,
-    ) -> None:
-        _set(self, "type", type)
-        _set(self, "status", status)
-        _set(self, "reason", reason)
-        _set(self, "message", message)
-        _set(self, "last_transition_time", last_transition_time)
-        _set(self, "observed_generation", observed_generation)
-
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Retirement:
@@ -186,59 +146,6 @@ class Registration:
     #: ``Retired=True`` or a ``status.retirement`` of any shape: someone already retired it.
     retired: bool
     problems: tuple[Problem, ...]
-
-    def __init__(
-        self,
-        *,
-        namespace: str | None,
-        name: str | None,
-        uid: str | None,
-        resource_version: str | None,
-        generation: int | None,
-        creation_time: datetime.datetime | None,
-        labels: Mapping[str, str],
-        node_name: str | None,
-        node_uid: str | None,
-        incarnation: Incarnation,
-        client_instance_id: str | None,
-        session_id: str | None,
-        generation_id: str | None,
-        role: str | None,
-        heartbeat: Heartbeat,
-        last_heartbeat_time: datetime.datetime | None,
-        last_heartbeat_raw: str | None,
-        heartbeat_unparsable: bool,
-        attestation: Attestation | None,
-        conditions: tuple[Condition, ...],
-        retirement: Retirement | None,
-        released: bool,
-        retired: bool,
-        problems: tuple[Problem, ...],
-    ) -> None:
-        _set(self, "namespace", namespace)
-        _set(self, "name", name)
-        _set(self, "uid", uid)
-        _set(self, "resource_version", resource_version)
-        _set(self, "generation", generation)
-        _set(self, "creation_time", creation_time)
-        _set(self, "labels", labels)
-        _set(self, "node_name", node_name)
-        _set(self, "node_uid", node_uid)
-        _set(self, "incarnation", incarnation)
-        _set(self, "client_instance_id", client_instance_id)
-        _set(self, "session_id", session_id)
-        _set(self, "generation_id", generation_id)
-        _set(self, "role", role)
-        _set(self, "heartbeat", heartbeat)
-        _set(self, "last_heartbeat_time", last_heartbeat_time)
-        _set(self, "last_heartbeat_raw", last_heartbeat_raw)
-        _set(self, "heartbeat_unparsable", heartbeat_unparsable)
-        _set(self, "attestation", attestation)
-        _set(self, "conditions", conditions)
-        _set(self, "retirement", retirement)
-        _set(self, "released", released)
-        _set(self, "retired", retired)
-        _set(self, "problems", problems)
 
     @property
     def display_name(self) -> str:
