@@ -68,19 +68,6 @@ def set_condition(
         flipped = condition.status != status_text
         # A stored condition without a transition time is repaired: the field is required.
         transition = moment if flipped or condition.last_transition_time is None else condition.last_transition_time
-        if condition.__class__ is Condition:  # (`type` is the parameter here)
-            # Every field given: what `dataclasses.replace` would build, without its generic walk.
-            updated.append(
-                Condition(
-                    type=condition.type,
-                    status=status_text,
-                    reason=reason,
-                    message=message,
-                    last_transition_time=transition,
-                    observed_generation=observed_generation,
-                )
-            )
-            continue
         updated.append(
             dataclasses.replace(
                 condition,

@@ -79,21 +79,6 @@ def node_facts(body: Mapping[str, Any]) -> NodeFacts:
     )
 
 
-def _same(a: object, b: object) -> bool:
-    # What a dataclass's __eq__ asks of each field (a tuple comparison: identity, then ==).
-    return a is b or bool(a == b)
-
-
-def _same_but_renew_time(old: AgentFacts, new: AgentFacts) -> bool:
-    """``dataclasses.replace(old, renew_time=new.renew_time) == new``, without building the copy."""
-    return (
-        old.__class__ is new.__class__
-        and _same(old.boot_id, new.boot_id)
-        and _same(old.host_id, new.host_id)
-        and _same(old.lease_duration_seconds, new.lease_duration_seconds)
-    )
-
-
 @dataclasses.dataclass
 class World:
     """The cache. Mutated only from the operator's event loop thread."""
@@ -269,7 +254,7 @@ class World:
             old_until is not None
             and new_until is not None
             and now < old_until <= new_until
-            and _same_but_renew_time(old, new)
+            and dataclasses.replace(old, renew_time=new.renew_time) == new
         )
 
     def forget_lease(self, body: Mapping[str, Any]) -> tuple[str, str | None]:
