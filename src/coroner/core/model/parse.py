@@ -26,25 +26,6 @@ from coroner.core.reasons import ConditionType, Evidence, Verdict
 # until Python's stack gives out (parse_registration must never raise).
 _MAX_COPY_DEPTH: Final = 64
 
-# The problem paths the reader names, built once (what `_incarnation_paths` and `_condition_paths`
-# would build for these on every parse); other prefixes and indexes are built when met.
-_INCARNATION_PATHS: Final = {
-    prefix: (f"{prefix}.pid", f"{prefix}.bootId", f"{prefix}.pidNamespace", f"{prefix}.startTime", f"{prefix}.hostId")
-    for prefix in ("spec.incarnation", "status.attestation.incarnation")
-}
-_CONDITION_PATHS: Final = tuple(
-    (
-        f"status.conditions[{index}]",
-        f"status.conditions[{index}].type",
-        f"status.conditions[{index}].status",
-        f"status.conditions[{index}].reason",
-        f"status.conditions[{index}].message",
-        f"status.conditions[{index}].lastTransitionTime",
-        f"status.conditions[{index}].observedGeneration",
-    )
-    for index in range(8)
-)
-
 
 class _Reader:
     """Reads fields out of untrusted JSON, collecting problems instead of raising."""
@@ -147,29 +128,32 @@ class _Reader:
         )
 
 
+def _spelled_incarnation_paths(path: str) -> tuple[str, str, str, str, str]:
+    return (f"{path}.pid", f"{path}.bootId", f"{path}.pidNamespace", f"{path}.startTime", f"{path}.hostId")
+
+
+def _spelled_condition_paths(index: int) -> tuple[str, str, str, str, str, str, str]:
+    path = f"status.conditions[{index}]"
+    fields = ("type", "status", "reason", "message", "lastTransitionTime", "observedGeneration")
+    return (path, *(f"{path}.{field}" for field in fields))  # type: ignore[return-value]
+
+
+# The problem paths the reader names, built once for the common prefixes and indexes (others when met).
+_INCARNATION_PATHS: Final = {
+    prefix: _spelled_incarnation_paths(prefix) for prefix in ("spec.incarnation", "status.attestation.incarnation")
+}
+_CONDITION_PATHS: Final = tuple(_spelled_condition_paths(index) for index in range(8))
+
+
 def _incarnation_paths(path: str) -> tuple[str, str, str, str, str]:
     """The paths of an incarnation's fields under `path` (pid, bootId, pidNamespace, startTime, hostId)."""
-    known = _INCARNATION_PATHS.get(path)
-    if known is not None:
-        return known
-    return (f"{path}.pid", f"{path}.bootId", f"{path}.pidNamespace", f"{path}.startTime", f"{path}.hostId")
+    return _INCARNATION_PATHS.get(path) or _spelled_incarnation_paths(path)
 
 
 def _condition_paths(index: int) -> tuple[str, str, str, str, str, str, str]:
     """The paths of the condition at `index`: itself, then its type, status, reason, message,
     lastTransitionTime and observedGeneration."""
-    if index < len(_CONDITION_PATHS):
-        return _CONDITION_PATHS[index]
-    path = f"status.conditions[{index}]"
-    return (
-        path,
-        f"{path}.type",
-        f"{path}.status",
-        f"{path}.reason",
-        f"{path}.message",
-        f"{path}.lastTransitionTime",
-        f"{path}.observedGeneration",
-    )
+    return _CONDITION_PATHS[index] if index < len(_CONDITION_PATHS) else _spelled_condition_paths(index)
 
 
 def parse_registration(obj: object) -> Registration:
