@@ -19,8 +19,10 @@ Shared rounds (default; --no-rounds turns them off): trials are taken in groups 
 consecutive indices; a group any of whose trials drew an API server restart or a watch expiry runs
 as one round — every trial of the group carries that fault (one variant, drawn from the group's
 first seed), all run at once on the lanes' disjoint nodes, and one restart serves them all
-(tests/faults/runner.py `plan_round`). Which trials form a group depends on --lanes, so a resumed
-run keeps the --lanes (and --no-rounds) it started with.
+(tests/faults/runner.py `plan_round`). Which trials form a group depends on --lanes: a run resumed
+with other --lanes starts a new lane segment after the last trial done (the record's
+`lane_segments`), so every earlier group stays as it was (`runner.group_members`); --no-rounds
+cannot change on resume.
 """
 
 from __future__ import annotations
@@ -103,10 +105,10 @@ def main() -> int:
             parser.error(f"--resume: {out} is the run of --seed {previous['seed']}, not {args.seed}")
         if previous.get("faults", "") != args.faults:
             parser.error(f"--resume: {out} drew from --faults {previous.get('faults', '')!r}, not {args.faults!r}")
-        if "rounds" in previous and (previous["rounds"], previous["lanes"]) != (args.rounds, args.lanes):
+        if "rounds" in previous and previous["rounds"] != args.rounds:
             parser.error(
-                f"--resume: {out} ran with --lanes {previous['lanes']} and rounds {previous['rounds']}; "
-                f"groups of trials depend on both: resume with the same"
+                f"--resume: {out} ran with shared rounds {'on' if previous['rounds'] else 'off (--no-rounds)'}; "
+                f"the groups of its trials depend on it: resume with the same"
             )
     master = random.Random(args.seed)
     seeds: list[int] = []  # seeds[i]: trial i's seed, the i-th draw of the run's sequence
@@ -119,18 +121,24 @@ def main() -> int:
     def drawn(index: int) -> list[str]:
         return runner.choose_faults(random.Random(seed_of(index) ^ 0x5EED), nodes=3)
 
+    completed: set[int] = set(previous.get("completed", []))
+    segments: list[tuple[int, int]] = [
+        (int(first), int(n)) for first, n in previous.get("lane_segments", [[0, previous.get("lanes", lanes)]])
+    ]
+    if segments[-1][1] != lanes:  # a new lane segment after the last trial done (one begun at it is replaced)
+        first = max(completed, default=-1) + 1
+        segments = [*(segment for segment in segments if segment[0] < first), (first, lanes)]
+
     def group_of(index: int) -> tuple[str | None, list[int], list[list[str]]]:
-        """The group of `lanes` consecutive trials `index` is in: its shared-round fault (None:
-        none, or rounds are off), its indexes, and each one's faults."""
-        first = index - index % lanes if args.rounds else index
-        members = list(range(first, first + (lanes if args.rounds else 1)))
-        spec, lists = runner.plan_round([drawn(i) for i in members], random.Random(seed_of(first) ^ 0x2077D))
+        """The group of consecutive trials `index` is in (`runner.group_members`): its shared-round
+        fault (None: none, or rounds are off), its indexes, and each one's faults."""
         if not args.rounds:
-            return None, members, [drawn(i) for i in members]
+            return None, [index], [drawn(index)]
+        members = runner.group_members(index, segments)
+        spec, lists = runner.plan_round([drawn(i) for i in members], random.Random(seed_of(members[0]) ^ 0x2077D))
         return spec, members, lists
 
     aggregate = runner.Aggregate.from_state(previous["aggregate"]) if previous else runner.Aggregate()
-    completed: set[int] = set(previous.get("completed", []))
     in_flight: set[int] = set()
     prior_wall = float(previous.get("wall_seconds", 0.0))
     started_at = previous.get("started") or datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
@@ -168,7 +176,8 @@ def main() -> int:
             "resume": {
                 "seed": args.seed,
                 "faults": args.faults,
-                "lanes": args.lanes,
+                "lanes": lanes,
+                "lane_segments": [list(segment) for segment in segments],
                 "rounds": args.rounds,
                 "rounds_run": state["rounds"],
                 "runs": state["runs"],

@@ -74,6 +74,22 @@ def shared(name: str) -> bool:
     return FAULTS[name.partition(":")[0]].shared_round
 
 
+def group_members(index: int, segments: list[tuple[int, int]]) -> list[int]:
+    """The indexes of the group of consecutive trials that trial `index` is in. `segments` is the
+    run's history of --lanes: (first index, lanes) pairs in order, the first at 0; a segment's
+    groups are `lanes` consecutive indexes from its first, and its last group ends where the next
+    segment begins. A run resumed with other --lanes thus keeps every earlier group as it was."""
+    firsts = [first for first, _ in segments]
+    if not segments or firsts[0] != 0 or firsts != sorted(set(firsts)) or min(n for _, n in segments) < 1:
+        raise ValueError(f"lane segments must begin at index 0, ascend, and have lanes >= 1: {segments!r}")
+    position = max(i for i, (first, _) in enumerate(segments) if first <= index)
+    first, lanes = segments[position]
+    end = segments[position + 1][0] if position + 1 < len(segments) else None
+    start = first + (index - first) // lanes * lanes
+    stop = start + lanes if end is None else min(start + lanes, end)
+    return list(range(start, stop))
+
+
 def plan_round(drawn: list[list[str]], rng: random.Random) -> tuple[str | None, list[list[str]]]:
     """A group of consecutive trials' drawn faults -> (the group's shared-round fault spec or None,
     each trial's faults). With one: every trial carries it (the variant drawn by `rng`, the group's),

@@ -93,3 +93,53 @@ def test_an_action_that_fails_fails_every_member() -> None:
 
     with pytest.raises(RuntimeError, match="no"):
         shared.together("restart", None, boom)
+
+
+@pytest.mark.parametrize(
+    ("index", "segments", "members"),
+    [
+        (0, [(0, 3)], [0, 1, 2]),
+        (4, [(0, 3)], [3, 4, 5]),
+        (1214, [(0, 3)], [1212, 1213, 1214]),
+        # Resumed with 4 lanes at 1216: the group 1215-1217 of 3 lanes ends where the segment begins.
+        (1215, [(0, 3), (1216, 4)], [1215]),
+        (1216, [(0, 3), (1216, 4)], [1216, 1217, 1218, 1219]),
+        (1223, [(0, 3), (1216, 4)], [1220, 1221, 1222, 1223]),
+        (1212, [(0, 3), (1216, 4)], [1212, 1213, 1214]),
+        (7, [(0, 1)], [7]),
+        (9, [(0, 3), (5, 2), (8, 5)], [8, 9, 10, 11, 12]),
+        (6, [(0, 3), (5, 2), (8, 5)], [5, 6]),
+        (7, [(0, 3), (5, 2), (8, 5)], [7]),
+    ],
+)
+def test_groups_follow_the_lanes_of_their_segment(
+    index: int, segments: list[tuple[int, int]], members: list[int]
+) -> None:
+    assert runner.group_members(index, segments) == members
+
+
+@pytest.mark.parametrize("segments", [[], [(1, 3)], [(0, 3), (0, 4)], [(0, 3), (9, 4), (5, 2)], [(0, 0)]])
+def test_lane_segments_that_cannot_be_a_run_s_history_are_refused(segments: list[tuple[int, int]]) -> None:
+    with pytest.raises(ValueError, match="lane segments"):
+        runner.group_members(3, segments)
+
+
+@given(
+    lanes=st.lists(st.integers(min_value=1, max_value=6), min_size=1, max_size=4),
+    gaps=st.lists(st.integers(min_value=1, max_value=20), min_size=3, max_size=3),
+)
+def test_groups_partition_the_run_and_a_single_segment_is_the_old_grouping(lanes: list[int], gaps: list[int]) -> None:
+    firsts = [0]
+    for gap in gaps[: len(lanes) - 1]:
+        firsts.append(firsts[-1] + gap)
+    segments = list(zip(firsts, lanes, strict=True))
+    groups = {tuple(runner.group_members(i, segments)) for i in range(firsts[-1] + 30)}
+    covered = sorted(i for group in groups for i in group)
+    assert covered == sorted(set(covered)) and covered[: firsts[-1] + 30] == list(range(firsts[-1] + 30))
+    for group in groups:
+        assert list(group) == list(range(group[0], group[-1] + 1))
+        assert all(tuple(runner.group_members(i, segments)) == group for i in group)
+        lanes_there = [n for first, n in segments if first <= group[0]][-1]
+        assert len(group) <= lanes_there
+    for i in range(40):
+        assert runner.group_members(i, [(0, lanes[0])]) == list(range(i - i % lanes[0], i - i % lanes[0] + lanes[0]))

@@ -31,6 +31,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -410,14 +411,8 @@ class Trial:
             if beat:
                 w.heartbeats.append((beat, int(body["metadata"]["resourceVersion"])))
 
-        if len(bulk) > 40:
-            from concurrent.futures import ThreadPoolExecutor
-
-            with ThreadPoolExecutor(max_workers=6) as pool:
-                list(pool.map(reg, bulk))
-        else:
-            for w in bulk:
-                reg(w)
+        with ThreadPoolExecutor(max_workers=6) as pool:  # registrations wait on the API server, not the CPU
+            list(pool.map(reg, bulk))
 
     def _launch(self, w: Worker) -> None:
         plane = self.plane
