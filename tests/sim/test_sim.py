@@ -1,9 +1,9 @@
 """The deterministic simulation (docs/simulation.md): its model API server, its replay, its mutants,
 and the CI batch of seeded trials with every oracle counter at 0.
 
-`CORONER_SIM_TRIALS` sets the size of the CI batch (default `CI_TRIALS`, over every CPU: about 5.6 ms of
-CPU a trial on this project's 2-core machine when it is quiet, so 50,000 take about 2.5 minutes there and
-100,000 would not leave the 5 minutes' margin; see docs/simulation.md), `CORONER_SIM_JOBS` its processes.
+`CORONER_SIM_TRIALS` sets the size of the CI batch (default `CI_TRIALS`, over every CPU: 6.6-7.8 ms of
+CPU a trial measured on this project's 2-core machine when it is quiet, so 50,000 take 3-3.3 minutes there
+and 100,000 take more than 5; see docs/simulation.md), `CORONER_SIM_JOBS` its processes.
 """
 
 from __future__ import annotations
