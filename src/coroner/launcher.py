@@ -34,14 +34,15 @@ from typing import Any
 import urllib3
 import yaml
 
-from coroner.client.rest import ApiError, Rest, registrations_path
+from coroner.client.rest import ApiError, Rest, registrations_path, warming_up
 from coroner.core import api, model, procfs, wire
 
 logger = logging.getLogger("coroner.launcher")
 
 #: The identity's client (Rest) is named in the API server's logs and audit as this user agent.
 USER_AGENT = "coroner-launcher"
-#: How long registering outlasts a busy or unavailable API server (429, 5xx) before it fails.
+#: How long registering outlasts an API server that is busy, unavailable or warming up
+#: (`coroner.client.rest.warming_up`) before it fails.
 CREATE_PATIENCE_SECONDS = 30.0
 
 
@@ -226,16 +227,23 @@ def register(
                 f"cannot register in namespace {namespace!r}: the namespace or the WorkerRegistration CRD is "
                 f"missing; install the manifests (kubectl apply -k manifests/overlays/plan-only)"
             ) from exc
-        elif exc.status == 403:
+        elif warming_up(exc):
+            raise RegistrationError(
+                f"registering {namespace}/{name} failed: {exc.status} {exc.reason}: the API server is still "
+                f"busy, unavailable or warming up after {CREATE_PATIENCE_SECONDS:.0f} s ({exc.message})"
+                + (
+                    "; check this identity's token (the kubeconfig, or the pod's ServiceAccount)"
+                    if exc.status == 401
+                    else ""
+                )
+            ) from exc
+        elif exc.status == 403 and " cannot create resource " in exc.message:
             raise RegistrationError(
                 f"not allowed to create WorkerRegistrations in namespace {namespace!r}; bind the ClusterRole "
                 f"coroner-worker to this identity there"
             ) from exc
-        elif _transient(exc.status):
-            raise RegistrationError(
-                f"registering {namespace}/{name} failed: {exc.status} {exc.reason}: the API server is still "
-                f"unavailable after {CREATE_PATIENCE_SECONDS:.0f} s ({exc.message})"
-            ) from exc
+        elif exc.status == 403:  # an admission policy's denial: its message is the reason
+            raise RegistrationError(f"the API server refused registering {namespace}/{name}: {exc.message}") from exc
         else:
             raise RegistrationError(f"registering {namespace}/{name} failed: {exc.status} {exc.reason}") from exc
     registration = Held(client=client, namespace=namespace, name=name, interval_seconds=interval_seconds, body=created)
@@ -256,22 +264,19 @@ def _registrant(client: Rest) -> str | None:
     return wire.registrant(answer)
 
 
-def _transient(status: int) -> bool:
-    return status == 429 or status >= 500
-
-
 def _create(client: Rest, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-    """POSTs the registration, again while the API server answers busy or unavailable (429, 5xx) for
-    up to CREATE_PATIENCE_SECONDS: right after the CRD is installed the server answers 503 "Resource
-    kind ... not found" for a moment, and a worker must not fail to start for that. An earlier
-    attempt that landed is a 409 the caller recognises as its own."""
+    """POSTs the registration, again while the API server is busy, unavailable or warming up
+    (`warming_up`: 429, 5xx, 401, admission's 403 "not yet ready") for up to
+    CREATE_PATIENCE_SECONDS: right after the CRD is installed or the server restarted it answers so
+    for a moment, and a worker must not fail to start for that. An earlier attempt that landed is a
+    409 the caller recognises as its own."""
     deadline = time.monotonic() + CREATE_PATIENCE_SECONDS
     delay = 0.2
     while True:
         try:
             return client.request("POST", registrations_path(namespace), body=body)
         except ApiError as exc:
-            if not _transient(exc.status) or time.monotonic() >= deadline:
+            if not warming_up(exc) or time.monotonic() >= deadline:
                 raise
             logger.warning("registering %s/%s: %s; retrying in %.1fs", namespace, body["metadata"]["name"], exc, delay)
         time.sleep(delay)

@@ -8,8 +8,10 @@ docs/faults.md ("Findings") has the cause and the proposed fix of each.
 from __future__ import annotations
 
 import datetime
+import json
 import logging
 import os
+import subprocess
 import time
 
 import pytest
@@ -18,7 +20,7 @@ from kubernetes.client.exceptions import ApiException
 
 from coroner.core import api, wire
 from faults import runner
-from faults.plane import AGENT_SA, Plane
+from faults.plane import AGENT_SA, BIN, Plane, proxied_kubeconfig
 from faults.trial import BOUND, Trial
 from faults.workers import Worker, register, spawn
 from support import kube
@@ -157,6 +159,49 @@ def test_an_agent_that_met_a_restarting_api_server_names_itself_in_its_attestati
 
 
 SELF_REVIEW = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
+
+
+@pytest.mark.parametrize(
+    ("status", "message"),
+    [
+        # What the admission policy plugin answers until its policies have synced (upstream
+        # k8s.io/apiserver admission/plugin/policy/generic: "not yet ready to handle request").
+        (403, 'workerregistrations.coroner.dev "newcomer" is forbidden: not yet ready to handle request'),
+        # What the token authenticator answers a moment after a restart (finding 5, the agent's half).
+        (401, "Unauthorized"),
+    ],
+    ids=["admission-not-ready", "unauthorized"],
+)
+def test_a_worker_started_while_the_api_server_warms_up_registers(plane: Plane, status: int, message: str) -> None:
+    """Finding 5's other half: the agent's SelfSubjectReview waits out an API server that refuses
+    for a moment after a restart, but `coroner run` took a 401 or a 403 on its create as final and
+    failed — with "not allowed to create ... bind the ClusterRole coroner-worker" for a 403 that
+    said nothing about RBAC — so a worker started in that moment never ran."""
+    trial = Trial(plane, seed=int(time.time()), faults=[], index=11)
+    namespace = trial.namespace
+    plane.create_trial_namespace(namespace)
+    node = next(iter(plane.agents))
+    proxy = plane.new_proxy(f"launcher-{status}")
+    kubeconfig = proxied_kubeconfig(plane.worker_kubeconfig, proxy.port, plane.work / f"launcher-{status}.kubeconfig")
+    body = json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": status, "message": message})
+    creates = proxy.answer(
+        lambda r: r.method == "POST" and r.resource == api.PLURAL and r.name is None,
+        status,
+        times=2,
+        body=body.encode(),
+    )
+    try:
+        result = subprocess.run(
+            [str(BIN / "coroner"), "run", "-n", namespace, f"--node-name={node}", "--name=newcomer",
+             f"--kubeconfig={kubeconfig}", f"--boot-id-file={plane.agents[node].boot_file}", "--", "true"],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert creates[0] == 2, "the proxy did not answer the launcher's creates"
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "bind the ClusterRole" not in result.stderr, result.stderr
+        assert _registration(plane, namespace, "newcomer")["status"]["state"] == "Released"
+    finally:
+        plane.delete_trial_namespace(namespace)
 
 
 def _dead_worker_setup(plane: Plane) -> tuple[str, Worker]:

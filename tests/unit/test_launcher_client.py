@@ -82,8 +82,8 @@ class Flaky:
     CRD was created: 503 "Resource kind ... not found"), then created; it says who it is with
     `review` (an exception: the review fails)."""
 
-    def __init__(self, *statuses: int, review: dict[str, object] | Exception = REVIEWED) -> None:
-        self.statuses = list(statuses)
+    def __init__(self, *statuses: int | tuple[int, str], review: dict[str, object] | Exception = REVIEWED) -> None:
+        self.statuses = [(s, "not yet") if isinstance(s, int) else s for s in statuses]
         self.review = review
         self.posts = 0
         self.bodies: list[dict[str, object]] = []
@@ -97,7 +97,8 @@ class Flaky:
         self.posts += 1
         self.bodies.append(dict(kwargs["body"]))  # type: ignore[call-overload]
         if self.statuses:
-            raise launcher.ApiError(self.statuses.pop(0), "Service Unavailable", "not yet")
+            status, message = self.statuses.pop(0)
+            raise launcher.ApiError(status, "Refused", json.dumps({"kind": "Status", "message": message}))
         return dict(kwargs["body"])  # type: ignore[call-overload]
 
 
@@ -111,26 +112,51 @@ def _register(client: Flaky) -> launcher.Held:
     )
 
 
+#: What a restarting API server's admission answers until its policies have synced.
+NOT_READY = (403, 'workerregistrations.coroner.dev "w" is forbidden: not yet ready to handle request')
+RBAC = (403, 'workerregistrations.coroner.dev is forbidden: User "system:serviceaccount:n:w" cannot create resource '
+        '"workerregistrations" in API group "coroner.dev" in the namespace "n"')  # fmt: skip
+POLICY = (403, 'workerregistrations.coroner.dev "w" is forbidden: ValidatingAdmissionPolicy '
+          "'coroner-registration-node' with binding 'coroner-registration-node' denied request: not this node")  # fmt: skip
+
+
 def test_registration_outlasts_a_busy_or_warming_api_server(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(launcher.time, "sleep", lambda _seconds: None)
-    client = Flaky(503, 429, 500)
+    client = Flaky(503, 429, 500, (401, "Unauthorized"), NOT_READY)
     assert _register(client).name == "w"
-    assert client.posts == 4
+    assert client.posts == 6
 
 
 def test_registration_gives_up_on_a_server_that_stays_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = iter(range(0, 10_000, 5))
     monkeypatch.setattr(launcher.time, "monotonic", lambda: float(next(clock)))
     monkeypatch.setattr(launcher.time, "sleep", lambda _seconds: None)
-    with pytest.raises(launcher.RegistrationError, match=r"n/w failed: 503 .*still unavailable after"):
+    with pytest.raises(
+        launcher.RegistrationError, match=r"n/w failed: 503 .*still busy, unavailable or warming up after"
+    ):
         _register(Flaky(*[503] * 100))
+    with pytest.raises(launcher.RegistrationError, match=r"n/w failed: 401 .*check this identity's token"):
+        _register(Flaky(*[(401, "Unauthorized")] * 100))
 
 
-def test_a_refusal_is_not_retried() -> None:
-    client = Flaky(422)
-    with pytest.raises(launcher.RegistrationError, match="422"):
+@pytest.mark.parametrize(
+    ("answer", "said"),
+    [
+        pytest.param((422, "spec.nodeName: Required value"), "422", id="invalid"),
+        pytest.param(
+            RBAC, "not allowed to create WorkerRegistrations in namespace 'n'; bind the ClusterRole", id="rbac"
+        ),
+        pytest.param(
+            POLICY, "the API server refused registering n/w: .*'coroner-registration-node'.*not this node", id="policy"
+        ),
+    ],
+)
+def test_a_refusal_is_not_retried_and_says_what_refused(answer: tuple[int, str], said: str) -> None:
+    client = Flaky(answer)
+    with pytest.raises(launcher.RegistrationError, match=said) as raised:
         _register(client)
     assert client.posts == 1
+    assert answer is RBAC or "ClusterRole" not in str(raised.value)
 
 
 def test_the_launcher_names_its_registrant_as_admission_does() -> None:

@@ -188,6 +188,7 @@ CAPABILITY_DENIAL = (
 RBAC_DENIAL = SUBJECT + 'User "alice" cannot patch resource "workerregistrations/status" in API group "coroner.dev"'
 WEBHOOK_DENIAL = 'admission webhook "deny.example.com" denied the request: not today'
 TEST_FAILED = "the server rejected our request due to an error in our request"
+ADMISSION_NOT_READY = 'workerregistrations.coroner.dev "w" is forbidden: not yet ready to handle request'
 
 
 @pytest.mark.parametrize(
@@ -199,6 +200,8 @@ TEST_FAILED = "the server rejected our request due to an error in our request"
         pytest.param(403, RBAC_DENIAL, RetireOutcome.PERMISSION_MISSING, id="403-rbac"),
         pytest.param(403, CAPABILITY_DENIAL, RetireOutcome.PERMISSION_MISSING, id="403-the-retire-verb-policy"),
         pytest.param(403, "said the server", RetireOutcome.PERMISSION_MISSING, id="403-unworded"),
+        # A restarting API server's admission before its policies synced: a moment, not a revocation.
+        pytest.param(403, ADMISSION_NOT_READY, RetireOutcome.FAILED, id="403-admission-not-ready"),
         pytest.param(403, DENIED_BY, RetireOutcome.REFUSED_BY_ADMISSION, id="403-another-policy"),
         pytest.param(403, EVIDENCE_DENIAL, RetireOutcome.REFUSED_BY_ADMISSION, id="403-the-evidence-policy"),
         pytest.param(422, DENIED_BY, RetireOutcome.REFUSED_BY_ADMISSION, id="422-a-policy-reason-invalid"),

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from coroner.client.rest import ApiError, Rest, registrations_path, upsert_lease
+from coroner.client.rest import ApiError, Rest, busy_or_unavailable, registrations_path, upsert_lease
 from coroner.core import api, wire
 from coroner.core.wire import JSON_PATCH, attestation_ops
 from coroner.runtime.controller import decorrelated_jitter
@@ -63,7 +63,7 @@ class AgentApi:
                             self.node_name, exc.status, refusal_patience_seconds,
                         )  # fmt: skip
                         return "unknown"
-                elif exc.status < 500 and exc.status != 429:
+                elif not busy_or_unavailable(exc.status):
                     return "unknown"  # answered, but not with an identity: informational only
                 logger.warning("API server not ready node=%s error=%r; retrying in %.1fs", self.node_name, exc, delay)
             except Exception as exc:

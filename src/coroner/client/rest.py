@@ -66,6 +66,21 @@ class ApiError(Exception):
         return self.body
 
 
+def busy_or_unavailable(status: int) -> bool:
+    """429 and 5xx: the API server is overloaded, restarting or not serving the resource yet."""
+    return status == 429 or status >= 500
+
+
+def warming_up(error: ApiError) -> bool:
+    """Answers an API server gives every client for a moment after it (re)starts, and that a client
+    may therefore wait out (bounded): busy or unavailable, 401 (the token authenticator not yet
+    synced, finding 5) and the admission plugin's 403 "not yet ready to handle request". Any other
+    403 (RBAC, an admission policy's denial) is an answer, not a moment."""
+    if busy_or_unavailable(error.status) or error.status == 401:
+        return True
+    return error.status == 403 and error.message.endswith(api.ADMISSION_NOT_READY)
+
+
 class Rest:
     """One identity against one API server; thread-safe (urllib3's pool)."""
 
