@@ -228,14 +228,11 @@ def register(
                 f"missing; install the manifests (kubectl apply -k manifests/overlays/plan-only)"
             ) from exc
         elif warming_up(exc):
+            token = "; check this identity's token (the kubeconfig, or the pod's ServiceAccount)"
             raise RegistrationError(
                 f"registering {namespace}/{name} failed: {exc.status} {exc.reason}: the API server is still "
                 f"busy, unavailable or warming up after {CREATE_PATIENCE_SECONDS:.0f} s ({exc.message})"
-                + (
-                    "; check this identity's token (the kubeconfig, or the pod's ServiceAccount)"
-                    if exc.status == 401
-                    else ""
-                )
+                f"{token if exc.status == 401 else ''}"
             ) from exc
         elif exc.status == 403 and " cannot create resource " in exc.message:
             raise RegistrationError(

@@ -32,6 +32,12 @@ AGENT_LEASE_HOST_ID: Final = f"{GROUP}/host-id"
 #: The Node taint (KEP-2268) by which a human declares a node shut down for good.
 OUT_OF_SERVICE_TAINT: Final = "node.kubernetes.io/out-of-service"
 
+#: The end of the 403 a (re)starting API server's admission answers every write until its policies
+#: have synced (k8s.io/apiserver admission/plugin/policy/generic: "<resource> "<name>" is forbidden:
+#: not yet ready to handle request"), whatever the requester may do: a moment to wait out, never a
+#: revocation or a policy's refusal (`coroner.retire.outcome_of_write`, `coroner.client.rest.warming_up`).
+ADMISSION_NOT_READY: Final = "not yet ready to handle request"
+
 #: The kernel's fixed inode of the root (initial) pid namespace: PROC_PID_INIT_INO.
 ROOT_PID_NAMESPACE_INODE: Final = 4026531836
 #: The kernel's upper bound for pid_max (PID_MAX_LIMIT on 64-bit).
@@ -70,9 +76,3 @@ def name_prefix_of(user: str, *, system_namespace: str | None = None) -> str:
     if system_namespace is not None and parts[2] != system_namespace:
         return ""
     return parts[3].removesuffix(OPERATOR_SERVICE_ACCOUNT) if parts[3].endswith(OPERATOR_SERVICE_ACCOUNT) else ""
-
-#: The end of the 403 a (re)starting API server's admission answers every write until its policies
-#: have synced (k8s.io/apiserver admission/plugin/policy/generic: "<resource> "<name>" is forbidden:
-#: not yet ready to handle request"), whatever the requester may do: a moment to wait out, never a
-#: revocation or a policy's refusal (`coroner.retire.outcome_of_write`, `coroner.client.rest.warming_up`).
-ADMISSION_NOT_READY = "not yet ready to handle request"
