@@ -31,7 +31,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -411,8 +410,14 @@ class Trial:
             if beat:
                 w.heartbeats.append((beat, int(body["metadata"]["resourceVersion"])))
 
-        with ThreadPoolExecutor(max_workers=6) as pool:  # registrations wait on the API server, not the CPU
-            list(pool.map(reg, bulk))
+        if len(bulk) > 40:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(max_workers=6) as pool:
+                list(pool.map(reg, bulk))
+        else:
+            for w in bulk:
+                reg(w)
 
     def _launch(self, w: Worker) -> None:
         plane = self.plane
