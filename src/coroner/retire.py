@@ -241,7 +241,7 @@ def outcome_of_write(error: PortError) -> RetireOutcome:
         return RetireOutcome.REFUSED_BY_ADMISSION
     if error.status in (404, 409, 422):
         return RetireOutcome.CONFLICT
-    if error.status == 403 and error.message.endswith(api.ADMISSION_NOT_READY):
+    if api.admission_not_ready(error.status, error.message):
         return RetireOutcome.FAILED  # a restarting API server's admission, not a revocation: retried
     if error.status == 403:
         return RetireOutcome.PERMISSION_MISSING

@@ -78,7 +78,7 @@ def warming_up(error: ApiError) -> bool:
     403 (RBAC, an admission policy's denial) is an answer, not a moment."""
     if busy_or_unavailable(error.status) or error.status == 401:
         return True
-    return error.status == 403 and error.message.endswith(api.ADMISSION_NOT_READY)
+    return api.admission_not_ready(error.status, error.message)
 
 
 class Rest:

@@ -76,3 +76,8 @@ def name_prefix_of(user: str, *, system_namespace: str | None = None) -> str:
     if system_namespace is not None and parts[2] != system_namespace:
         return ""
     return parts[3].removesuffix(OPERATOR_SERVICE_ACCOUNT) if parts[3].endswith(OPERATOR_SERVICE_ACCOUNT) else ""
+
+
+def admission_not_ready(status: int | None, message: str) -> bool:
+    """Whether an answer is the (re)starting admission's 403 ADMISSION_NOT_READY: the one test of it."""
+    return status == 403 and message.endswith(ADMISSION_NOT_READY)
