@@ -1,9 +1,11 @@
 """The invariants: the oracles a trial checks, independent of how the faults are injected.
 
-- safety, on every retirement the observer sees (`observe_once`, `check_retirement`): the
-  incarnation was dead (the harness's own pidfd, and the retirement time is after the harness's
-  kill), the retirement never changes, it carries a Dead attestation for exactly its incarnation by
-  its own node's agent (`provenance_problems`), and it did not happen while the grant was revoked;
+- safety, on every version of every registration the observer is shown (`observer`: a list, then
+  watches; `observe_object`, `check_retirement`): no attestation of another incarnation; and on a
+  retirement, the incarnation was dead (the harness's own pidfd, and the retirement time is after
+  the harness's kill), the retirement never changes, it carries a Dead attestation for exactly its
+  incarnation by its own node's agent (`provenance_problems`), and it did not happen while the
+  grant was revoked;
 - liveness (`observe_phase`, `settle`): every dead worker no fault holds is Retired within BOUND,
   every held one carries a reason its fault explains, and every dead one is Retired within BOUND of
   the heal unless something still true explains it;
@@ -20,6 +22,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from kubernetes import client as k8s
+from kubernetes import watch
 
 from coroner.core import api
 from faults.plane import AGENT_SA, OPERATOR_SA
@@ -37,6 +40,8 @@ MASS_BOUND = 90.0
 
 DEATH_EVIDENCE = frozenset({"PidfdExited", "ProcAbsent", "BootBoundary"})
 NODE_EVIDENCE = frozenset({"NodeDeleted", "NodeOutOfService"})
+#: How long one of the observer's watches lasts before it is resumed (and its stop noticed).
+WATCH_SECONDS = 5
 RETIRED_LINE = re.compile(r"retired workerregistration=([^/\s]+)/(\S+) .*?resourceVersion=(\d+)")
 SAFETY = ("live_retired", "double_retired", "bad_provenance", "admission_breaches", "retired_without_grant")
 COUNTERS = (*SAFETY, "dead_left_active", "wrong_reason", "not_injected")
@@ -45,42 +50,75 @@ COUNTERS = (*SAFETY, "dead_left_active", "wrong_reason", "not_injected")
 # --- safety: on every retirement the observer sees -----------------------------------------------
 
 
-def observe_once(trial: Trial) -> None:
-    items = kube.custom(trial.plane.admin).list_namespaced_custom_object(
+def observe_once(trial: Trial) -> str:
+    """Lists the trial's namespace and checks every object; returns the list's resourceVersion."""
+    listed = kube.custom(trial.plane.admin).list_namespaced_custom_object(
         api.GROUP, api.VERSION, trial.namespace, api.PLURAL, _request_timeout=20
-    )["items"]
+    )
     now = time.time()
     with trial._lock:
-        for obj in items:
-            name = obj["metadata"]["name"]
-            trial._latest[name] = obj
-            w = trial.by_name.get(name)
-            status = obj.get("status") or {}
-            reason = next(
-                (c.get("reason") for c in status.get("conditions") or [] if c.get("type") == "Retirable"), None
-            )
-            if w is not None and reason and (not w.reasons_seen or w.reasons_seen[-1] != reason):
-                w.reasons_seen.append(reason)
-            attestation = status.get("attestation") or {}
-            if (attestation.get("agent") or {}).get("podName") in trial.rogue_pods:
-                trial.violation("admission_breaches", w, f"{name} carries an attestation by a rogue agent")
-                trial.rogue_pods.discard((attestation.get("agent") or {}).get("podName"))
-            stale = stale_attestation(obj)
-            if stale and (obj["metadata"]["uid"], stale) not in trial._stale_seen:
-                trial._stale_seen.add((obj["metadata"]["uid"], stale))
-                trial.violation("bad_provenance", w, f"{name} carries an attestation of another incarnation: {stale}")
-            retirement = status.get("retirement")
-            if retirement is None:
-                continue
-            if w is None:
-                trial.violation("bad_provenance", None, f"{name}: retired, but the harness never registered it")
-                continue
-            if w.retired_seen is None:
-                w.retired_seen, w.retired_seen_at = retirement, now
-                check_retirement(trial, w, obj, retirement)
-            elif retirement != w.retired_seen:
-                trial.violation("double_retired", w, f"{name}: status.retirement changed after it was set")
-                w.retired_seen = retirement
+        for obj in listed["items"]:
+            observe_object(trial, obj, now)
+    return str(listed["metadata"]["resourceVersion"])
+
+
+def watch_once(trial: Trial, resource_version: str) -> str:
+    """Watches the trial's namespace from `resource_version` for up to WATCH_SECONDS and checks
+    every version of every object it is shown; returns the last resourceVersion seen. Raises on a
+    watch the API server ended with an error (410 Gone: list again)."""
+    stream = watch.Watch()
+    for event in stream.stream(
+        kube.custom(trial.plane.admin).list_namespaced_custom_object,
+        api.GROUP,
+        api.VERSION,
+        trial.namespace,
+        api.PLURAL,
+        resource_version=resource_version,
+        allow_watch_bookmarks=True,
+        timeout_seconds=WATCH_SECONDS,
+        _request_timeout=WATCH_SECONDS + 10,
+    ):
+        obj = event["object"]
+        if event["type"] == "ERROR":
+            raise RuntimeError(f"the observer's watch ended: {obj}")
+        resource_version = str(obj["metadata"]["resourceVersion"])
+        if event["type"] in ("ADDED", "MODIFIED"):
+            with trial._lock:
+                observe_object(trial, obj, time.time())
+        if trial._stop.is_set():
+            stream.stop()
+    return resource_version
+
+
+def observe_object(trial: Trial, obj: dict[str, Any], now: float) -> None:
+    """The safety checks on one version of one registration (with trial._lock held)."""
+    name = obj["metadata"]["name"]
+    trial._latest[name] = obj
+    w = trial.by_name.get(name)
+    status = obj.get("status") or {}
+    reason = next((c.get("reason") for c in status.get("conditions") or [] if c.get("type") == "Retirable"), None)
+    if w is not None and reason and (not w.reasons_seen or w.reasons_seen[-1] != reason):
+        w.reasons_seen.append(reason)
+    attestation = status.get("attestation") or {}
+    if (attestation.get("agent") or {}).get("podName") in trial.rogue_pods:
+        trial.violation("admission_breaches", w, f"{name} carries an attestation by a rogue agent")
+        trial.rogue_pods.discard((attestation.get("agent") or {}).get("podName"))
+    stale = stale_attestation(obj)
+    if stale and (obj["metadata"]["uid"], stale) not in trial._stale_seen:
+        trial._stale_seen.add((obj["metadata"]["uid"], stale))
+        trial.violation("bad_provenance", w, f"{name} carries an attestation of another incarnation: {stale}")
+    retirement = status.get("retirement")
+    if retirement is None:
+        return
+    if w is None:
+        trial.violation("bad_provenance", None, f"{name}: retired, but the harness never registered it")
+        return
+    if w.retired_seen is None:
+        w.retired_seen, w.retired_seen_at = retirement, now
+        check_retirement(trial, w, obj, retirement)
+    elif retirement != w.retired_seen:
+        trial.violation("double_retired", w, f"{name}: status.retirement changed after it was set")
+        w.retired_seen = retirement
 
 
 def check_retirement(trial: Trial, w: Worker, obj: dict[str, Any], retirement: dict[str, Any]) -> None:
@@ -103,11 +141,20 @@ def check_retirement(trial: Trial, w: Worker, obj: dict[str, Any], retirement: d
 
 
 def observer(trial: Trial) -> None:
-    """The observer thread's loop: lists the trial's namespace every poll interval until stopped."""
+    """The observer thread's loop until stopped: a list, then watches resumed from the last
+    resourceVersion, so that every version of every registration passes the checks — a state that
+    lived only until the next write (an attestation written on a stale view and overwritten by the
+    next probe) included, which a poll could miss. A failed watch (an API server restart, 410 Gone)
+    lists again."""
+    resource_version: str | None = None
     while not trial._stop.is_set():
-        with contextlib.suppress(Exception):
-            observe_once(trial)
-        trial._stop.wait(trial.poll_interval)
+        try:
+            if resource_version is None:
+                resource_version = observe_once(trial)
+            resource_version = watch_once(trial, resource_version)
+        except Exception:
+            resource_version = None
+            trial._stop.wait(trial.poll_interval)
 
 
 INCARNATION_FIELDS = ("bootId", "pidNamespace", "pid", "startTime", "hostId")

@@ -14,9 +14,10 @@ A trial runs in phases on a shared `Plane`:
             true explains it (a pid still reused, a heartbeat from the future, a malformed object);
 9. verify   Events and operator log lines per object, fault-specific proof that it was injected.
 
-Throughout, an observer thread lists the trial's namespace and checks safety on every retirement it
-sees. The faults are in `faults.catalogue` (one module per family), the oracles in
-`faults.invariants`; this module is the trial: its phases and the helpers faults use.
+Throughout, an observer thread lists and then watches the trial's namespace and checks safety on
+every version of every registration it is shown. The faults are in `faults.catalogue` (one module
+per family), the oracles in `faults.invariants`; this module is the trial: its phases and the
+helpers faults use.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ class Trial:
         faults: list[str],
         index: int = 0,
         mass_count: int = MASS_COUNT,
-        poll_interval: float = 0.3,
+        poll_interval: float = 0.3,  # the observer's pause before it lists again after a failed watch
         pool: list[str] | None = None,
         bound: float = BOUND,
         mass_bound: float = MASS_BOUND,
