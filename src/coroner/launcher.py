@@ -28,8 +28,8 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import urllib3
 import yaml
@@ -41,9 +41,11 @@ logger = logging.getLogger("coroner.launcher")
 
 #: The identity's client (Rest) is named in the API server's logs and audit as this user agent.
 USER_AGENT = "coroner-launcher"
-#: How long registering outlasts an API server that is busy, unavailable or warming up
-#: (`coroner.client.rest.warming_up`) before it fails.
-CREATE_PATIENCE_SECONDS = 30.0
+#: How long registering, and the goodbye, outlast an API server that is busy, unavailable or
+#: warming up (`coroner.client.rest.warming_up`) before they fail.
+PATIENCE_SECONDS = 30.0
+
+_T = TypeVar("_T")
 
 
 class RegistrationError(Exception):
@@ -156,12 +158,15 @@ class Held:
         )
         body = wire.release_apply(name=self.name, namespace=self.namespace, condition=condition)
         try:
-            self.client.request(
-                "PATCH",
-                self._status_path,
-                query={"fieldManager": wire.RELEASE_FIELD_MANAGER, "force": True},
-                body=body,
-                content_type=wire.APPLY_PATCH,
+            _patiently(
+                f"the goodbye of {self.namespace}/{self.name}",
+                lambda: self.client.request(
+                    "PATCH",
+                    self._status_path,
+                    query={"fieldManager": wire.RELEASE_FIELD_MANAGER, "force": True},
+                    body=body,
+                    content_type=wire.APPLY_PATCH,
+                ),
             )
         except ApiError as exc:
             if exc.status == 422 and model.parse_registration(self._read()).retired:
@@ -208,7 +213,10 @@ def register(
         registered_by=_registrant(client),
     )
     try:
-        created = _create(client, namespace, body)
+        created = _patiently(
+            f"registering {namespace}/{name}",
+            lambda: client.request("POST", registrations_path(namespace), body=body),
+        )
     except ApiError as exc:
         if exc.status == 409:
             existing = client.request("GET", registrations_path(namespace, name))
@@ -231,7 +239,7 @@ def register(
             token = "; check this identity's token (the kubeconfig, or the pod's ServiceAccount)"
             raise RegistrationError(
                 f"registering {namespace}/{name} failed: {exc.status} {exc.reason}: the API server is still "
-                f"busy, unavailable or warming up after {CREATE_PATIENCE_SECONDS:.0f} s ({exc.message})"
+                f"busy, unavailable or warming up after {PATIENCE_SECONDS:.0f} s ({exc.message})"
                 f"{token if exc.status == 401 else ''}"
             ) from exc
         elif exc.status == 403 and " cannot create resource " in exc.message:
@@ -261,21 +269,21 @@ def _registrant(client: Rest) -> str | None:
     return wire.registrant(answer)
 
 
-def _create(client: Rest, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-    """POSTs the registration, again while the API server is busy, unavailable or warming up
-    (`warming_up`: 429, 5xx, 401, admission's 403 "not yet ready") for up to
-    CREATE_PATIENCE_SECONDS: right after the CRD is installed or the server restarted it answers so
-    for a moment, and a worker must not fail to start for that. An earlier attempt that landed is a
-    409 the caller recognises as its own."""
-    deadline = time.monotonic() + CREATE_PATIENCE_SECONDS
+def _patiently(what: str, request: Callable[[], _T]) -> _T:
+    """`request()`, again while the API server is unreachable, busy, unavailable or warming up
+    (`warming_up`: 429, 5xx, 401, admission's 403 "not yet ready") for up to PATIENCE_SECONDS: while
+    it restarts, or right after the CRD is installed, it answers so for a moment, and a worker must
+    neither fail to start nor lose its goodbye for that. Both writes may be sent again: a create
+    that landed unseen is a 409 the caller recognises as its own; the goodbye is a forced apply."""
+    deadline = time.monotonic() + PATIENCE_SECONDS
     delay = 0.2
     while True:
         try:
-            return client.request("POST", registrations_path(namespace), body=body)
-        except ApiError as exc:
-            if not warming_up(exc) or time.monotonic() >= deadline:
+            return request()
+        except (ApiError, urllib3.exceptions.HTTPError) as exc:
+            if (isinstance(exc, ApiError) and not warming_up(exc)) or time.monotonic() >= deadline:
                 raise
-            logger.warning("registering %s/%s: %s; retrying in %.1fs", namespace, body["metadata"]["name"], exc, delay)
+            logger.warning("%s: %s; retrying in %.1fs", what, exc, delay)
         time.sleep(delay)
         delay = min(delay * 2, 5.0)
 
@@ -328,8 +336,24 @@ def registered(
     finally:
         registration.stop_heartbeats()
         if clean:
-            registration.release(message="the worker left its registered block cleanly")
+            _goodbye(registration, message="the worker left its registered block cleanly")
         client.close()
+
+
+def _goodbye(registration: Held, *, message: str) -> None:
+    """The goodbye of a clean exit. One that has not landed within PATIENCE_SECONDS is said, not
+    raised: the worker's own exit status stands, and its registration stays active until its
+    node's agent confirms the exit, and is retired then."""
+    try:
+        registration.release(message=message)
+    except (ApiError, urllib3.exceptions.HTTPError) as exc:
+        logger.warning(
+            "coroner: the goodbye of %s/%s did not land (%s); it stays active until the agent of its node "
+            "confirms the exit, and is retired then",
+            registration.namespace,
+            registration.name,
+            exc,
+        )
 
 
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -390,7 +414,7 @@ def run(
     registration.stop_heartbeats(wait=False)  # no new heartbeat; the goodbye does not wait for one in flight
     clean = returncode == 0 or (returncode == -signal.SIGTERM and signal.SIGTERM in forwarded)
     if clean:
-        registration.release(message=f"the worker exited cleanly (status {returncode})")
+        _goodbye(registration, message=f"the worker exited cleanly (status {returncode})")
     registration.stop_heartbeats()
     client.close()
     return returncode if returncode >= 0 else 128 - returncode

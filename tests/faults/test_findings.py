@@ -204,6 +204,47 @@ def test_a_worker_started_while_the_api_server_warms_up_registers(plane: Plane, 
         plane.delete_trial_namespace(namespace)
 
 
+WARMING_UP = [
+    (403, 'workerregistrations.coroner.dev "leaver" is forbidden: not yet ready to handle request'),
+    (401, "Unauthorized"),
+    (503, "the server is currently unable to handle the request"),
+]
+
+
+@pytest.mark.parametrize(("status", "message"), WARMING_UP, ids=["admission-not-ready", "unauthorized", "unavailable"])
+def test_a_worker_that_exits_while_the_api_server_warms_up_says_goodbye(
+    plane: Plane, status: int, message: str
+) -> None:
+    """The launcher's goodbye (one server-side apply of Released) took the answers of a restarting
+    API server as final: `coroner run` ended in a traceback with exit status 1 instead of its
+    worker's 0, and the goodbye was lost (the registration then waited for the agent's attestation
+    and ended Retired, not Released)."""
+    trial = Trial(plane, seed=int(time.time()), faults=[], index=12)
+    namespace = trial.namespace
+    plane.create_trial_namespace(namespace)
+    node = next(iter(plane.agents))
+    proxy = plane.new_proxy(f"goodbye-{status}")
+    kubeconfig = proxied_kubeconfig(plane.worker_kubeconfig, proxy.port, plane.work / f"goodbye-{status}.kubeconfig")
+    body = json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": status, "message": message})
+    goodbyes = proxy.answer(
+        lambda r: r.method == "PATCH" and r.resource == api.PLURAL and r.name == "leaver",
+        status,
+        times=2,
+        body=body.encode(),
+    )
+    try:
+        result = subprocess.run(
+            [str(BIN / "coroner"), "run", "-n", namespace, f"--node-name={node}", "--name=leaver",
+             f"--kubeconfig={kubeconfig}", f"--boot-id-file={plane.agents[node].boot_file}", "--", "true"],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert goodbyes[0] == 2, "the proxy did not answer the launcher's goodbyes"
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert _registration(plane, namespace, "leaver")["status"]["state"] == "Released", result.stderr
+    finally:
+        plane.delete_trial_namespace(namespace)
+
+
 def _dead_worker_setup(plane: Plane) -> tuple[str, Worker]:
     """A namespace with one live registered `sleep` worker, attested Alive."""
     trial = Trial(plane, seed=int(time.time()), faults=[], index=9)

@@ -7,6 +7,7 @@ import json
 import pathlib
 
 import pytest
+import urllib3
 
 from coroner import launcher
 from coroner.core import api, procfs, wire
@@ -82,7 +83,9 @@ class Flaky:
     CRD was created: 503 "Resource kind ... not found"), then created; it says who it is with
     `review` (an exception: the review fails)."""
 
-    def __init__(self, *statuses: int | tuple[int, str], review: dict[str, object] | Exception = REVIEWED) -> None:
+    def __init__(
+        self, *statuses: int | tuple[int, str] | Exception, review: dict[str, object] | Exception = REVIEWED
+    ) -> None:
         self.statuses = [(s, "not yet") if isinstance(s, int) else s for s in statuses]
         self.review = review
         self.posts = 0
@@ -97,9 +100,15 @@ class Flaky:
         self.posts += 1
         self.bodies.append(dict(kwargs["body"]))  # type: ignore[call-overload]
         if self.statuses:
-            status, message = self.statuses.pop(0)
-            raise launcher.ApiError(status, "Refused", json.dumps({"kind": "Status", "message": message}))
+            raise _refusal(self.statuses.pop(0))
         return dict(kwargs["body"])  # type: ignore[call-overload]
+
+
+def _refusal(answer: tuple[int, str] | Exception) -> Exception:
+    if isinstance(answer, Exception):
+        return answer
+    status, message = answer
+    return launcher.ApiError(status, "Refused", json.dumps({"kind": "Status", "message": message}))
 
 
 def _register(client: Flaky) -> launcher.Held:
@@ -125,6 +134,56 @@ def test_registration_outlasts_a_busy_or_warming_api_server(monkeypatch: pytest.
     client = Flaky(503, 429, 500, (401, "Unauthorized"), NOT_READY)
     assert _register(client).name == "w"
     assert client.posts == 6
+
+
+def test_registration_outlasts_an_unreachable_api_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(launcher.time, "sleep", lambda _seconds: None)
+    client = Flaky(urllib3.exceptions.ProtocolError("Connection aborted."), 503)
+    assert _register(client).name == "w"
+    assert client.posts == 3
+
+
+class Goodbyes:
+    """A client whose goodbyes (server-side applies of Released) are answered with `answers` first."""
+
+    def __init__(self, *answers: int | tuple[int, str] | Exception) -> None:
+        self.answers = [(a, "not yet") if isinstance(a, int) else a for a in answers]
+        self.applies = 0
+
+    def request(self, method: str, path: str, **kwargs: object) -> dict[str, object]:
+        assert (method, path) == ("PATCH", "/apis/coroner.dev/v1alpha1/namespaces/n/workerregistrations/w/status")
+        assert kwargs["content_type"] == wire.APPLY_PATCH
+        self.applies += 1
+        if self.answers:
+            raise _refusal(self.answers.pop(0))
+        return {}
+
+
+def _held_by(client: Goodbyes) -> launcher.Held:
+    held = _register(Flaky())
+    held.client = client  # type: ignore[assignment]
+    return held
+
+
+def test_the_goodbye_outlasts_a_restarting_api_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(launcher.time, "sleep", lambda _seconds: None)
+    client = Goodbyes(urllib3.exceptions.ProtocolError("Connection aborted."), 503, (401, "Unauthorized"), NOT_READY)
+    _held_by(client).release(message="the worker exited cleanly (status 0)")
+    assert client.applies == 5
+
+
+def test_a_goodbye_that_never_lands_is_said_not_raised(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The worker's exit status stands; the registration is retired once the agent confirms the exit."""
+    clock = iter(range(0, 10_000, 5))
+    monkeypatch.setattr(launcher.time, "monotonic", lambda: float(next(clock)))
+    monkeypatch.setattr(launcher.time, "sleep", lambda _seconds: None)
+    client = Goodbyes(*[503] * 100)
+    launcher._goodbye(_held_by(client), message="the worker exited cleanly (status 0)")
+    assert 1 < client.applies < 100
+    assert "the goodbye of n/w did not land" in caplog.text
+    assert "is retired then" in caplog.text
 
 
 def test_registration_gives_up_on_a_server_that_stays_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
