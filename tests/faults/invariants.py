@@ -64,8 +64,8 @@ def observe_once(trial: Trial) -> str:
 
 def watch_once(trial: Trial, resource_version: str) -> str:
     """Watches the trial's namespace from `resource_version` for up to WATCH_SECONDS and checks
-    every version of every object it is shown; returns the last resourceVersion seen. Raises on a
-    watch the API server ended with an error (410 Gone: list again)."""
+    every version of every object it is shown; returns the last resourceVersion seen. A watch the
+    API server ends with an error (410 Gone) raises (the client's ApiException): list again."""
     stream = watch.Watch()
     for event in stream.stream(
         kube.custom(trial.plane.admin).list_namespaced_custom_object,
@@ -79,8 +79,6 @@ def watch_once(trial: Trial, resource_version: str) -> str:
         _request_timeout=WATCH_SECONDS + 10,
     ):
         obj = event["object"]
-        if event["type"] == "ERROR":
-            raise RuntimeError(f"the observer's watch ended: {obj}")
         resource_version = str(obj["metadata"]["resourceVersion"])
         if event["type"] in ("ADDED", "MODIFIED"):
             with trial._lock:
