@@ -161,87 +161,57 @@ def test_an_agent_that_met_a_restarting_api_server_names_itself_in_its_attestati
 SELF_REVIEW = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
 
 
-@pytest.mark.parametrize(
-    ("status", "message"),
-    [
-        # What the admission policy plugin answers until its policies have synced (upstream
-        # k8s.io/apiserver admission/plugin/policy/generic: "not yet ready to handle request").
-        (403, 'workerregistrations.coroner.dev "newcomer" is forbidden: not yet ready to handle request'),
-        # What the token authenticator answers a moment after a restart (finding 5, the agent's half).
-        (401, "Unauthorized"),
-    ],
-    ids=["admission-not-ready", "unauthorized"],
-)
-def test_a_worker_started_while_the_api_server_warms_up_registers(plane: Plane, status: int, message: str) -> None:
+#: What a restarting API server answers every client for a moment.
+WARMING_UP = [
+    # The admission policy plugin until its policies have synced (upstream k8s.io/apiserver
+    # admission/plugin/policy/generic: "not yet ready to handle request").
+    (403, 'workerregistrations.coroner.dev "w" is forbidden: not yet ready to handle request'),
+    # The token authenticator a moment after a restart (finding 5, the agent's half).
+    (401, "Unauthorized"),
+    (503, "the server is currently unable to handle the request"),
+]
+#: The launcher's two writes: its create, and its goodbye (a server-side apply of Released).
+LAUNCHER_WRITES = {
+    "create": lambda r: r.method == "POST" and r.resource == api.PLURAL and r.name is None,
+    "goodbye": lambda r: r.method == "PATCH" and r.resource == api.PLURAL and r.name == "w",
+}
+
+
+@pytest.mark.parametrize("write", list(LAUNCHER_WRITES))
+@pytest.mark.parametrize(("status", "message"), WARMING_UP, ids=["admission-not-ready", "unauthorized", "unavailable"])
+def test_the_launcher_outlasts_an_api_server_warming_up(plane: Plane, write: str, status: int, message: str) -> None:
     """Finding 5's other half: the agent's SelfSubjectReview waits out an API server that refuses
-    for a moment after a restart, but `coroner run` took a 401 or a 403 on its create as final and
+    for a moment after a restart, but `coroner run` took those answers as final. On its create it
     failed — with "not allowed to create ... bind the ClusterRole coroner-worker" for a 403 that
-    said nothing about RBAC — so a worker started in that moment never ran."""
+    said nothing about RBAC — so a worker started in that moment never ran; on its goodbye it
+    ended in a traceback with exit status 1 instead of its worker's 0, and the goodbye was lost
+    (the registration was left for the agent and the operator to retire). A proxy answers the first
+    two such writes; the retire grant is revoked meanwhile, so that the operator's retirement of the
+    exited worker cannot win the race with a goodbye held back for a moment (it is retired, true
+    either way, when it does)."""
     trial = Trial(plane, seed=int(time.time()), faults=[], index=11)
     namespace = trial.namespace
     plane.create_trial_namespace(namespace)
     node = next(iter(plane.agents))
-    proxy = plane.new_proxy(f"launcher-{status}")
-    kubeconfig = proxied_kubeconfig(plane.worker_kubeconfig, proxy.port, plane.work / f"launcher-{status}.kubeconfig")
-    body = json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": status, "message": message})
-    creates = proxy.answer(
-        lambda r: r.method == "POST" and r.resource == api.PLURAL and r.name is None,
-        status,
-        times=2,
-        body=body.encode(),
+    proxy = plane.new_proxy(f"launcher-{write}-{status}")
+    kubeconfig = proxied_kubeconfig(
+        plane.worker_kubeconfig, proxy.port, plane.work / f"launcher-{write}-{status}.kubeconfig"
     )
+    body = json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": status, "message": message})
+    answered = proxy.answer(LAUNCHER_WRITES[write], status, times=2, body=body.encode())
+    plane.revoke_grant()
     try:
         result = subprocess.run(
-            [str(BIN / "coroner"), "run", "-n", namespace, f"--node-name={node}", "--name=newcomer",
+            [str(BIN / "coroner"), "run", "-n", namespace, f"--node-name={node}", "--name=w",
              f"--kubeconfig={kubeconfig}", f"--boot-id-file={plane.agents[node].boot_file}", "--", "true"],
             capture_output=True, text=True, timeout=120, check=False,
         )  # fmt: skip
-        assert creates[0] == 2, "the proxy did not answer the launcher's creates"
+        assert answered[0] == 2, f"the proxy did not answer the launcher's {write}s"
         assert result.returncode == 0, result.stdout + result.stderr
         assert "bind the ClusterRole" not in result.stderr, result.stderr
-        assert _registration(plane, namespace, "newcomer")["status"]["state"] == "Released"
+        assert _registration(plane, namespace, "w")["status"]["state"] == "Released", result.stderr
     finally:
-        plane.delete_trial_namespace(namespace)
-
-
-WARMING_UP = [
-    (403, 'workerregistrations.coroner.dev "leaver" is forbidden: not yet ready to handle request'),
-    (401, "Unauthorized"),
-    (503, "the server is currently unable to handle the request"),
-]
-
-
-@pytest.mark.parametrize(("status", "message"), WARMING_UP, ids=["admission-not-ready", "unauthorized", "unavailable"])
-def test_a_worker_that_exits_while_the_api_server_warms_up_says_goodbye(
-    plane: Plane, status: int, message: str
-) -> None:
-    """The launcher's goodbye (one server-side apply of Released) took the answers of a restarting
-    API server as final: `coroner run` ended in a traceback with exit status 1 instead of its
-    worker's 0, and the goodbye was lost (the registration then waited for the agent's attestation
-    and ended Retired, not Released)."""
-    trial = Trial(plane, seed=int(time.time()), faults=[], index=12)
-    namespace = trial.namespace
-    plane.create_trial_namespace(namespace)
-    node = next(iter(plane.agents))
-    proxy = plane.new_proxy(f"goodbye-{status}")
-    kubeconfig = proxied_kubeconfig(plane.worker_kubeconfig, proxy.port, plane.work / f"goodbye-{status}.kubeconfig")
-    body = json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": status, "message": message})
-    goodbyes = proxy.answer(
-        lambda r: r.method == "PATCH" and r.resource == api.PLURAL and r.name == "leaver",
-        status,
-        times=2,
-        body=body.encode(),
-    )
-    try:
-        result = subprocess.run(
-            [str(BIN / "coroner"), "run", "-n", namespace, f"--node-name={node}", "--name=leaver",
-             f"--kubeconfig={kubeconfig}", f"--boot-id-file={plane.agents[node].boot_file}", "--", "true"],
-            capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
-        assert goodbyes[0] == 2, "the proxy did not answer the launcher's goodbyes"
-        assert result.returncode == 0, result.stdout + result.stderr
-        assert _registration(plane, namespace, "leaver")["status"]["state"] == "Released", result.stderr
-    finally:
+        plane.restore_grant()
         plane.delete_trial_namespace(namespace)
 
 
