@@ -47,7 +47,7 @@ SAFETY = ("live_retired", "double_retired", "bad_provenance", "admission_breache
 COUNTERS = (*SAFETY, "dead_left_active", "wrong_reason", "not_injected")
 
 
-# --- safety: on every retirement the observer sees -----------------------------------------------
+# --- safety: on every version of every registration the observer is shown ------------------------
 
 
 def observe_once(trial: Trial) -> str:
