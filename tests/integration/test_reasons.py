@@ -7,6 +7,8 @@ prove that each reason reaches a person through `kubectl get registrations` for 
 
 from __future__ import annotations
 
+import datetime
+import json
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -16,6 +18,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from coroner.client.kube import api_client
+from coroner.core import wire
 from coroner.core.reasons import Reason
 from coroner_dev.devcluster.cluster import Cluster
 from coroner_dev.devcluster.identities import ensure_node
@@ -145,10 +148,16 @@ def _conflicting_identity(s: Scene) -> None:
 
 
 def _already_terminal(s: Scene) -> None:
+    """The worker's goodbye as the launcher says it: a server-side apply of Released alone. (A merge
+    patch of the whole conditions list raced the operator: once its Attested and Retirable were
+    there, the patch removed them, and admission refused the admin that.)"""
     s.register("w")
-    released = [{"type": "Released", "status": "True", "reason": "CleanExit", "message": "bye",
-                 "lastTransitionTime": components.now_text()[:19] + "Z"}]  # fmt: skip
-    kube.patch_status(s.admin, s.namespace, "w", {"status": {"conditions": released, "state": "Released"}})
+    condition = wire.released_condition(message="bye", now=datetime.datetime.now(datetime.UTC), generation=1)
+    body = wire.release_apply(name="w", namespace=s.namespace, condition=condition)
+    kube.kubectl(
+        s.cluster, "apply", "--server-side", "--subresource=status", f"--field-manager={wire.RELEASE_FIELD_MANAGER}",
+        "--force-conflicts", "-f", "-", stdin=json.dumps(body),
+    )  # fmt: skip
 
 
 SCENARIOS: list[Any] = [
