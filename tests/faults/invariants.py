@@ -42,6 +42,8 @@ DEATH_EVIDENCE = frozenset({"PidfdExited", "ProcAbsent", "BootBoundary"})
 NODE_EVIDENCE = frozenset({"NodeDeleted", "NodeOutOfService"})
 #: How long one of the observer's watches lasts before it is resumed (and its stop noticed).
 WATCH_SECONDS = 5
+#: The observer's pause before it lists again after a failed list or watch.
+RELIST_PAUSE_SECONDS = 0.3
 RETIRED_LINE = re.compile(r"retired workerregistration=([^/\s]+)/(\S+) .*?resourceVersion=(\d+)")
 SAFETY = ("live_retired", "double_retired", "bad_provenance", "admission_breaches", "retired_without_grant")
 COUNTERS = (*SAFETY, "dead_left_active", "wrong_reason", "not_injected")
@@ -152,7 +154,7 @@ def observer(trial: Trial) -> None:
             resource_version = watch_once(trial, resource_version)
         except Exception:
             resource_version = None
-            trial._stop.wait(trial.poll_interval)
+            trial._stop.wait(RELIST_PAUSE_SECONDS)
 
 
 INCARNATION_FIELDS = ("bootId", "pidNamespace", "pid", "startTime", "hostId")

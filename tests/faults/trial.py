@@ -84,7 +84,6 @@ class Trial:
         faults: list[str],
         index: int = 0,
         mass_count: int = MASS_COUNT,
-        poll_interval: float = 0.3,  # the observer's pause before it lists again after a failed watch
         pool: list[str] | None = None,
         bound: float = BOUND,
         mass_bound: float = MASS_BOUND,
@@ -99,7 +98,6 @@ class Trial:
         self.rng = random.Random(seed)
         self.namespace = f"ft{index}-{seed % 100000}-{os.urandom(2).hex()}"
         self.mass_count = mass_count
-        self.poll_interval = poll_interval
         self.workers: list[Worker] = []
         self.by_name: dict[str, Worker] = {}
         self.pidns: dict[str, PidNamespace] = {}
