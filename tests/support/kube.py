@@ -65,6 +65,9 @@ def install_api(cluster: Cluster) -> None:
 
 def wait_for_crd(cluster: Cluster) -> None:
     kubectl(cluster, "wait", "--for=condition=Established", f"crd/{api.CRD_NAME}", "--timeout=60s")
+    # kubectl caches discovery (per server address, for hours): refresh it, as the demo does, so that
+    # `kubectl get registrations` resolves right after the CRD is installed on a fresh cluster.
+    kubectl(cluster, "api-resources", f"--api-group={api.GROUP}")
 
 
 #: The boot and host of registration_body's incarnations (an agent Lease with them is their agent's).
