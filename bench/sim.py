@@ -30,7 +30,6 @@ import hashlib
 import json
 import os
 import pathlib
-import platform
 import signal
 import subprocess
 import sys
@@ -39,6 +38,11 @@ from typing import Any
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
+# harness, also when this file is loaded by its path (tests/sim/test_long_run.py); appended, so that
+# `sim` stays tests/sim and not this file.
+sys.path.append(str(REPO / "bench"))
+
+from harness.machine import machine_info  # noqa: E402
 
 from sim import run  # noqa: E402
 from sim.mutants import MUTANTS  # noqa: E402
@@ -239,7 +243,7 @@ def run_long(args: argparse.Namespace) -> dict[str, Any]:
         "jobs": args.jobs,
         "command": args.command,
         # The interpreter's build matters as much as the code: a PGO+LTO CPython runs a trial ~1.3x faster.
-        "python": f"{platform.python_version()} ({os.path.realpath(sys.executable)})",
+        "machine": machine_info() | {"interpreter": os.path.realpath(sys.executable)},
         "load_average_before": [round(x, 2) for x in os.getloadavg()],
     }
     record["segments"].append(segment)
