@@ -65,8 +65,8 @@ def install_api(cluster: Cluster) -> None:
 
 def wait_for_crd(cluster: Cluster) -> None:
     kubectl(cluster, "wait", "--for=condition=Established", f"crd/{api.CRD_NAME}", "--timeout=60s")
-    # kubectl caches discovery (per server address, for hours): refresh it, as the demo does, so that
-    # `kubectl get registrations` resolves right after the CRD is installed on a fresh cluster.
+    # kubectl's cached discovery, taken before the CRD was served, can lack it (then `kubectl get
+    # registrations` fails on a fresh cluster): refresh it, as the demo does.
     kubectl(cluster, "api-resources", f"--api-group={api.GROUP}")
 
 
