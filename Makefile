@@ -4,7 +4,8 @@ VENV ?= .venv
 # and can make a venv (distributions build it with PGO and LTO, as python:3.11.7, the images' base,
 # is built), else the first python3 on PATH. A default pyenv build has neither (and a shared
 # libpython): it runs the simulation's CI batch about 1.3 times slower (docs/simulation.md).
-# `make PYTHON=/path/to/python3` chooses another; `rm -rf .venv` first to rebuild one.
+# `make PYTHON=/path/to/python3` chooses another. An existing venv stays what it was made from (a venv
+# cannot be remade over by another interpreter): `rm -rf .venv` first to rebuild it.
 PYTHON ?= $(shell for p in /usr/bin/python3 python3; do \
   $$p -c 'import sys, ensurepip; sys.exit(sys.version_info < (3, 11) or not ensurepip.version())' \
   >/dev/null 2>&1 && { echo $$p; break; }; done)
@@ -12,7 +13,7 @@ BIN := $(VENV)/bin
 
 .PHONY: demo test lint unit install locks sim sim-bench
 $(BIN)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
