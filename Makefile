@@ -13,8 +13,7 @@ BIN := $(VENV)/bin
 
 .PHONY: demo test lint unit install locks sim sim-bench
 $(BIN)/.installed: pyproject.toml
-	@test -x $(BIN)/python || test -n "$(PYTHON)" || { echo "make: no python3 3.11+ that can make a venv" "(Debian/Ubuntu: apt install python3-venv); or make PYTHON=/path/to/python3" >&2; exit 1; }
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	test -x $(BIN)/python || { python="$(PYTHON)"; [ -n "$$python" ] || { echo "make: no python3 3.11+ that can make a venv (Debian/Ubuntu: apt install python3-venv); or make PYTHON=/path/to/python3" >&2; exit 1; }; $$python -m venv $(VENV); }
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
