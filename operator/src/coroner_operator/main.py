@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime
 import logging
 import math
@@ -20,7 +21,7 @@ import kopf
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from coroner.client.rest import Rest
+from coroner.client.rest import Rest, in_cluster_server
 from coroner.core import api, policy_json
 from coroner.core.decision import Policy
 from coroner.core.world import World
@@ -57,7 +58,7 @@ def build_registry(
             os.environ["KUBECONFIG"] = kubeconfig
             return kopf.login_with_kubeconfig(**kwargs)
         # In a pod: the ServiceAccount (kopf re-reads its rotated token); else the default kubeconfig.
-        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+        return in_cluster_login(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -191,6 +192,16 @@ def _name_the_logger(record: logging.LogRecord) -> bool:
     line it is (coroner.operator, coroner.leader, kopf.…)."""
     record.logger = record.name
     return True
+
+
+def in_cluster_login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """kopf's service-account login, at the address the operator's own client uses in a pod
+    (`rest.in_cluster_server`): kopf's names `https://kubernetes.default.svc`, which only cluster DNS
+    resolves, so the operator's watches would depend on DNS while its writes did not."""
+    info = kopf.login_with_service_account(**kwargs)
+    if info is None or not os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return info
+    return dataclasses.replace(info, server=in_cluster_server())
 
 
 def default_identity() -> str:
@@ -370,4 +381,13 @@ def main(
     # a namespaced operator then has no node facts: Node boot ids go unchecked and node-deletion
     # evidence is never available, which only ever preserves more.)
     served = () if clusterwide else tuple(dict.fromkeys((*namespaces, system_namespace)))
-    kopf.run(registry=registry, standalone=True, clusterwide=clusterwide, namespaces=served)
+    # kopf's own identity defaults to getpass.getuser(), which raises for a uid with no passwd entry:
+    # the shipped image runs as 65532, which has none. Give it this replica's identity instead.
+    kopf.run(
+        registry=registry,
+        standalone=True,
+        clusterwide=clusterwide,
+        namespaces=served,
+        # kopf's Identity is a NewType of str that kopf does not export.
+        identity=settings.leader_identity,  # type: ignore[arg-type]
+    )

@@ -81,6 +81,14 @@ def warming_up(error: ApiError) -> bool:
     return api.admission_not_ready(error.status, error.message)
 
 
+def in_cluster_server() -> str:
+    """The API server a pod reaches, as client-go's in-cluster config finds it: the Service address
+    the kubelet puts in KUBERNETES_SERVICE_HOST/PORT (never a DNS name, which needs cluster DNS)."""
+    host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+    host = f"[{host}]" if ":" in host else host
+    return f"https://{host}:{port}"
+
+
 class Rest:
     """One identity against one API server; thread-safe (urllib3's pool)."""
 
@@ -146,10 +154,8 @@ class Rest:
 
     @classmethod
     def in_cluster(cls, **options: Any) -> Rest:
-        host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ.get("KUBERNETES_SERVICE_PORT", "443")
         ctx = ssl.create_default_context(cafile=str(SERVICE_ACCOUNT_DIR / "ca.crt"))
-        host = f"[{host}]" if ":" in host else host
-        return cls(f"https://{host}:{port}", ssl_context=ctx, token_file=SERVICE_ACCOUNT_DIR / "token", **options)
+        return cls(in_cluster_server(), ssl_context=ctx, token_file=SERVICE_ACCOUNT_DIR / "token", **options)
 
     @classmethod
     def default(cls, kubeconfig: str | os.PathLike[str] | None, **options: Any) -> Rest:
