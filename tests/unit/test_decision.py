@@ -386,6 +386,19 @@ REASON_CASES = [
     ),
     case(Reason.ATTESTATION_MISMATCH, "attested-pid-missing", paths={"status.attestation.incarnation.pid": DELETE}),
     case(Reason.ATTESTATION_MISMATCH, "attested-incarnation-missing", paths={"status.attestation.incarnation": DELETE}),
+    # A worker in a container cannot read its host's /etc/machine-id (the launcher registers its node's
+    # name instead); the agent, which mounts the host's, attests with that: the host is bound by the
+    # boot id and the agent of the node, and a node-name claim is not a second host to prove.
+    case(
+        Reason.ELIGIBLE_STALE_ORPHAN,
+        "eligible-container-worker-node-name-host-id",
+        paths={"spec.incarnation.hostId": NODE, "status.attestation.incarnation.hostId": NODE},
+    ),
+    case(
+        Reason.HOST_BINDING_UNPROVEN,
+        "container-worker-attested-incarnation-other-host",
+        paths={"spec.incarnation.hostId": NODE, "status.attestation.incarnation.hostId": "x"},
+    ),
     case(Reason.HOST_BINDING_UNPROVEN, "attestation-other-host", paths={"status.attestation.hostId": "other-host"}),
     case(Reason.HOST_BINDING_UNPROVEN, "attestation-host-missing", paths={"status.attestation.hostId": DELETE}),
     case(

@@ -166,14 +166,18 @@ def decide(*, registration: Registration, facts: Facts, policy: Policy, now: dat
             f"{what}: {by_agent} attested a different incarnation ({', '.join(differing)} differ); it is "
             f"decided once the agent attests this exact incarnation.",
         )
-    host_claims = {
-        "attestation.hostId": attestation.host_id,
-        "attestation.incarnation.hostId": attestation.incarnation.host_id,
-    }
-    if agent is not None:
-        # The lease is where the agent publishes the host it runs on; an agent whose lease does not
-        # say so cannot bind its statement to the registration's host.
-        host_claims["agentLease.hostId"] = agent.host_id
+    host_claims = {"attestation.incarnation.hostId": attestation.incarnation.host_id}
+    # A worker in a container cannot read its host's /etc/machine-id and registers its node's name
+    # as its host (coroner.launcher), while the agent, which mounts the host's, speaks with the
+    # machine id. Such a registration claims no host beyond its node, which the agent of that very
+    # node already proves; the host is bound by the boot id (random per boot) checked above and
+    # below. Any other host id must be the one the agent attests from and publishes.
+    if known.host_id != known.node_name:
+        host_claims["attestation.hostId"] = attestation.host_id
+        if agent is not None:
+            # The lease is where the agent publishes the host it runs on; an agent whose lease does
+            # not say so cannot bind its statement to the registration's host.
+            host_claims["agentLease.hostId"] = agent.host_id
     unbound = [source for source, host in host_claims.items() if host != known.host_id]
     if unbound:
         return trail.conclude(
