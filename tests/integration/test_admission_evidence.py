@@ -358,3 +358,30 @@ def test_kubectl_coroner_apply_records_a_persons_node_evidence_as_a_human_statem
     assert [row["outcome"] for row in as_json(applied)["rows"]] == ["Retired"]
     retirement = kube.get_registration(admin, namespace, "w")["status"]["retirement"]
     assert (retirement["reason"], retirement["statement"], retirement["retiredBy"]) == ("NodeDeleted", "Human", "admin")
+
+
+@pytest.mark.parametrize(("registered_host", "admitted"), [(NODE, True), ("another-machine-id", False)])
+def test_the_agents_own_host_id_must_match_unless_the_worker_registered_its_nodes_name(
+    retirers: dict[str, tuple[str, k8s.ApiClient]],
+    agent: k8s.ApiClient,
+    admin: k8s.ApiClient,
+    namespace: str,
+    registered_host: str,
+    admitted: bool,
+) -> None:
+    """A worker in a container cannot read the host's /etc/machine-id and registers its node's name;
+    the agent attests with the machine id it mounts. That pair is admitted (bound by the boot id and
+    the node's agent); any other host id must equal the agent's."""
+    body = kube.registration_body(name="w", node=NODE, interval=None, host_id=registered_host)
+    kube.create_registration(admin, namespace, body)
+    registered = kube.get_registration(agent, namespace, "w")
+    attestation = {**components.attestation(registered), "hostId": "the-agents-machine-id"}
+    kube.patch_status(agent, namespace, "w", {"status": {"attestation": attestation}})
+    username, client = retirers["operator"]
+    body = kube.get_registration(admin, namespace, "w")
+    ops = retirement_ops(body, retired_by=username, reason="PidfdExited")
+    if admitted:
+        kube.patch_status(client, namespace, "w", ops)
+        assert kube.get_registration(admin, namespace, "w")["status"]["retirement"]["reason"] == "PidfdExited"
+    else:
+        assert "another incarnation" in refusal(client, namespace, "w", ops)

@@ -95,7 +95,7 @@ EXPECTED: Final[Mapping[tuple[str, str], str]] = {
     (
         "ValidatingAdmissionPolicy",
         "coroner-retire-requires-evidence",
-    ): "1ac13efbba55c2f9003aab83e64d14520cf7084cfd9912eab98fcf6d480a8dbe",
+    ): "49a1e2e75c85cc651a5b33444a3a3809c1ef72d3acba9bf01ef10228efe8559e",
     (
         "ValidatingAdmissionPolicy",
         "coroner-status-fields-by-identity",
@@ -147,7 +147,7 @@ NODE_LOSS_ALTERNATES: Final[Mapping[tuple[str, str], str]] = {
     (
         "ValidatingAdmissionPolicy",
         "coroner-retire-requires-evidence",
-    ): "63c8178a5a9680bada96402092d4ec6c118dfe15486b71ce0066ee3fa27cfd16",
+    ): "42d40f8329b54809a654cf7b17c57a55b22b770f81ef1234a2bbcf40987634a5",
 }
 
 #: The variables of the evidence policy that components/node-loss turns to "true".
