@@ -28,7 +28,7 @@ lint: $(BIN)/.installed
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 	$(BIN)/mypy
-	$(BIN)/hadolint images/operator.Dockerfile images/agent.Dockerfile
+	$(BIN)/hadolint images/*.Dockerfile
 	$(BIN)/python tests/support/checkov_overlays.py
 	# The Helm chart (helm is built from Go modules on first use, like the control plane).
 	HELM=$$($(BIN)/python -m coroner_dev.devcluster.tools helm) && \

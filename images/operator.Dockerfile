@@ -1,10 +1,13 @@
 # coroner-operator image. Build from the repository root:
 #   docker build -f images/operator.Dockerfile -t ghcr.io/coroner-dev/coroner-operator:v0.1.0 .
-# (Images cannot be built on the project's development machines, which have no container engine.)
+# Locally, with no container engine: `coroner dev-cluster images` builds it with buildah (no daemon,
+# `--isolation chroot`) on a stand-in base made from Debian bookworm's python3.11 and passed as
+# `--build-arg BASE=...`, into an OCI archive for `ctr -n k8s.io images import --local`.
 # It installs exactly the 'operator' extra, from its hashed lock (images/operator.lock, made by
 # `make locks`), and only the source roots it runs: never the dev cluster, the demo or the CLI's
 # kubernetes package.
-FROM python:3.11.7-slim-bookworm AS build
+ARG BASE=python:3.11.7-slim-bookworm
+FROM ${BASE} AS build
 WORKDIR /src
 COPY images/operator.lock ./
 RUN pip install --no-cache-dir --prefix=/install --require-hashes --only-binary=:all: -r operator.lock
@@ -13,7 +16,7 @@ COPY src/coroner ./src/coroner
 COPY operator/src ./operator/src
 RUN pip install --no-cache-dir --prefix=/install --no-deps .
 
-FROM python:3.11.7-slim-bookworm
+FROM ${BASE}
 COPY --from=build /install /usr/local
 # The operator needs no root and no writable filesystem.
 USER 65532:65532

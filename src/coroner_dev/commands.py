@@ -92,6 +92,28 @@ def dev_cluster_token(directory: pathlib.Path, service_account: str, node: str |
         _fail(exc)
 
 
+@dev_cluster.command("images")
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON summary (references, archives, sizes).")
+def dev_cluster_images(as_json: bool) -> None:
+    """Build (cached) the agent, operator, test worker and pause images with buildah: OCI archives
+    for `ctr -n k8s.io images import --local`."""
+    import json
+
+    from coroner_dev.devcluster.images import ensure_images
+
+    try:
+        built = ensure_images(progress=lambda message: click.echo(message, err=True))
+    except DevClusterError as exc:
+        _fail(exc)
+        return
+    if as_json:
+        click.echo(json.dumps(built.summary(), indent=2))
+        return
+    click.echo(f"images ({built.source}, key {built.key}): {built.directory}")
+    for image in built.all():
+        click.echo(f"  {image.reference}  {image.archive.name}  {image.uncompressed_bytes / 1e6:.1f} MB")
+
+
 @click.command("demo")
 @click.option(
     "--dir",
