@@ -11,7 +11,7 @@ PYTHON ?= $(shell for p in /usr/bin/python3 python3; do \
   >/dev/null 2>&1 && { echo $$p; break; }; done)
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint unit install locks sim sim-bench
+.PHONY: demo demo-real-node test lint unit install locks sim sim-bench node-deps
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || { python="$(PYTHON)"; [ -n "$$python" ] || { echo "make: no python3 3.11+ that can make a venv (Debian/Ubuntu: apt install python3-venv); or make PYTHON=/path/to/python3" >&2; exit 1; }; $$python -m venv $(VENV); }
 	$(BIN)/pip install -q --upgrade pip
@@ -22,6 +22,10 @@ install: $(BIN)/.installed
 
 demo: $(BIN)/.installed
 	$(BIN)/coroner demo
+
+# The same job as Coroner ships: its images, DaemonSet and Deployment on two real kubelets.
+demo-real-node: $(BIN)/.installed node-deps
+	$(BIN)/coroner demo --real-node
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
@@ -37,9 +41,19 @@ lint: $(BIN)/.installed
 	  $$HELM template coroner charts/coroner --namespace coroner-system --include-crds \
 	    --set retireGrant.enabled=true,nodeLoss.enabled=true,monitoring.enabled=true >/dev/null
 
-# Builds the control plane on first use (cached under ~/.cache/coroner), then runs every test.
-test: lint
-	$(BIN)/coroner dev-cluster build
+# The real node's system packages (Debian's): buildah and mmdebstrap build the images, catatonit is
+# the sandbox (pause) process, libseccomp-dev and gcc let runc load seccomp profiles. Installed
+# only where one is missing (root; apt).
+NODE_PACKAGES := buildah mmdebstrap catatonit libseccomp-dev gcc
+node-deps:
+	@missing=$$(for p in $(NODE_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then echo "installing $$missing"; apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
+
+# Builds the control plane, the real node and Coroner's images on first use (cached under
+# ~/.cache/coroner), then runs every test, the real node's (tests/node, marker `node`) included.
+test: lint node-deps
+	$(BIN)/coroner dev-cluster build --node
 	$(BIN)/pytest
 
 unit: $(BIN)/.installed

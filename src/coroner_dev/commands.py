@@ -32,12 +32,20 @@ def _fail(exc: DevClusterError) -> None:
 @dev_cluster.command("up")
 @_dir_option
 @click.option("--no-controller-manager", is_flag=True, help="Do not start kube-controller-manager.")
-def dev_cluster_up(directory: pathlib.Path, no_controller_manager: bool) -> None:
+@click.option(
+    "--node",
+    "nodes",
+    multiple=True,
+    metavar="NAME",
+    help="Also start a real node of this name (repeat for more): kube-scheduler, containerd + runc and a "
+    "kubelet, with Coroner's images built and imported (needs root and cgroup v1; minutes the first time).",
+)
+def dev_cluster_up(directory: pathlib.Path, no_controller_manager: bool, nodes: tuple[str, ...]) -> None:
     """Build (cached) and start the control plane; idempotent; returns once the API is ready."""
     from coroner_dev.devcluster import cluster
 
     try:
-        started = cluster.up(directory, controller_manager=not no_controller_manager, progress=click.echo)
+        started = cluster.up(directory, controller_manager=not no_controller_manager, nodes=nodes, progress=click.echo)
     except DevClusterError as exc:
         _fail(exc)
         return
@@ -46,16 +54,28 @@ def dev_cluster_up(directory: pathlib.Path, no_controller_manager: bool) -> None
 
 
 @dev_cluster.command("build")
-def dev_cluster_build() -> None:
+@click.option(
+    "--node",
+    is_flag=True,
+    help="Also the real node's binaries (kubelet, kube-scheduler, containerd, runc, crictl) and Coroner's images.",
+)
+def dev_cluster_build(node: bool) -> None:
     """Build (or find cached, or take from KUBEBUILDER_ASSETS) the control plane binaries."""
     from coroner_dev.devcluster.binaries import ensure_binaries
 
     try:
         binaries = ensure_binaries(progress=click.echo)
+        click.echo(f"control plane binaries ({binaries.source}): {binaries.directory}")
+        if node:
+            from coroner_dev.devcluster.images import ensure_images
+            from coroner_dev.devcluster.nodebinaries import ensure_node_binaries
+
+            node_binaries = ensure_node_binaries(progress=click.echo)
+            click.echo(f"node binaries: {node_binaries.kubernetes}, {node_binaries.runtime}, {node_binaries.runc_dir}")
+            images = ensure_images(progress=click.echo)
+            click.echo(f"images ({images.source}): {images.directory}")
     except DevClusterError as exc:
         _fail(exc)
-        return
-    click.echo(f"control plane binaries ({binaries.source}): {binaries.directory}")
 
 
 @dev_cluster.command("down")
@@ -124,11 +144,21 @@ def dev_cluster_images(as_json: bool) -> None:
     help="Where the demo's control plane lives.",
 )
 @click.option("--keep", is_flag=True, help="Leave the control plane running afterwards.")
-def demo(directory: pathlib.Path, keep: bool) -> None:
+@click.option(
+    "--real-node",
+    is_flag=True,
+    help="Run Coroner as it ships: its images, DaemonSet and Deployment under real kubelets + containerd, "
+    "workers in Pods (root; the first run builds the node and the images).",
+)
+def demo(directory: pathlib.Path, keep: bool, real_node: bool) -> None:
     """Run the main job on a local control plane, start to finish, and explain what happens."""
     from coroner_dev.demo import run_demo
+    from coroner_dev.demo_node import run_real_node_demo
 
     try:
-        run_demo(directory=directory, keep=keep)
+        if real_node:
+            run_real_node_demo(directory=directory, keep=keep)
+        else:
+            run_demo(directory=directory, keep=keep)
     except DevClusterError as exc:
         _fail(exc)

@@ -26,6 +26,7 @@ from coroner.client.kube import api_client
 from coroner.core import api
 from coroner_dev.devcluster import cluster as cluster_mod
 from coroner_dev.devcluster import identities
+from coroner_dev.realnode import host_pid
 
 NAMESPACE = "demo"
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -326,10 +327,10 @@ class Demo:
         ns_init = self._ns_init_pid(init)
         assert ns_init is not None
         namespace = os.readlink(f"/proc/{ns_init}/ns/pid")
-        victim = _holder(namespace, number)
+        victim = host_pid(namespace, number)
         assert victim is not None, "the worker in the pid namespace is not running"
         os.kill(victim, signal.SIGKILL)
-        self.wait_for("the worker to exit", lambda: _holder(namespace, number) != victim, timeout=10)
+        self.wait_for("the worker to exit", lambda: host_pid(namespace, number) != victim, timeout=10)
         # Inside the namespace the next pid handed out is ns_last_pid + 1: set it, then fork.
         self.spawn(
             [
@@ -344,22 +345,7 @@ class Demo:
             ],
             log="pid-reuser.log",
         )
-        self.wait_for("a stranger to take the number", lambda: _holder(namespace, number) is not None, timeout=10)
-
-
-def _holder(namespace: str, number: int) -> int | None:
-    """The host pid of the process whose pid in `namespace` is `number`, if any."""
-    for entry in pathlib.Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError, StopIteration):
-            if os.readlink(entry / "ns" / "pid") != namespace:
-                continue
-            status = (entry / "status").read_text().splitlines()
-            nspid = next(line.split()[1:] for line in status if line.startswith("NSpid:"))
-            if int(nspid[-1]) == number:
-                return int(entry.name)
-    return None
+        self.wait_for("a stranger to take the number", lambda: host_pid(namespace, number) is not None, timeout=10)
 
 
 def run_demo(*, directory: pathlib.Path, keep: bool) -> None:

@@ -53,6 +53,10 @@ class Cluster:
     etcd_port: int
     binaries: pathlib.Path
     processes: tuple[Started, ...]
+    nodes: tuple[str, ...] = ()
+    """The names of the real nodes (kubelet + containerd each) `up --node` started, if any."""
+    node_cgroups: tuple[str, ...] = ()
+    """The cgroup directories the nodes created, removed again by `down`."""
 
     @property
     def kubeconfig(self) -> pathlib.Path:
@@ -75,6 +79,8 @@ class Cluster:
             "etcdPort": self.etcd_port,
             "binaries": str(self.binaries),
             "processes": [dataclasses.asdict(p) for p in self.processes],
+            "nodes": list(self.nodes),
+            "nodeCgroups": list(self.node_cgroups),
         }
 
     @classmethod
@@ -88,6 +94,8 @@ class Cluster:
                 etcd_port=int(raw["etcdPort"]),
                 binaries=pathlib.Path(raw["binaries"]),
                 processes=tuple(Started(**p) for p in raw["processes"]),
+                nodes=tuple(raw.get("nodes", ())),
+                node_cgroups=tuple(raw.get("nodeCgroups", ())),
             )
         except FileNotFoundError:
             return None
@@ -107,13 +115,13 @@ def _start_time(pid: int) -> int | None:
     return None if stat.state == "Z" else stat.start_time
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
 
-def _spawn(name: str, argv: list[str], *, log: pathlib.Path) -> Started:
+def _spawn(name: str, argv: list[str], *, log: pathlib.Path, env: dict[str, str] | None = None) -> Started:
     # posix_spawn, not Popen: the process must outlive `coroner dev-cluster up`, and a Popen object
     # left behind warns when collected. setsid detaches it from the caller's terminal signals.
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -122,7 +130,7 @@ def _spawn(name: str, argv: list[str], *, log: pathlib.Path) -> Started:
         (os.POSIX_SPAWN_OPEN, 1, str(log), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
         (os.POSIX_SPAWN_DUP2, 1, 2),
     ]
-    pid = os.posix_spawn(argv[0], argv, dict(os.environ), file_actions=actions, setsid=True)
+    pid = os.posix_spawn(argv[0], argv, dict(os.environ) if env is None else env, file_actions=actions, setsid=True)
     for _ in range(100):
         start = _start_time(pid)
         if start is not None:
@@ -137,7 +145,7 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
 
 
-def _stop(process: Started, *, timeout: float = 15.0) -> None:
+def stop_process(process: Started, *, timeout: float = 15.0) -> None:
     if not process.alive():
         _reap(process.pid)
         return
@@ -165,7 +173,7 @@ def _tail(path: pathlib.Path, lines: int = 12) -> str:
         return "(no log)"
 
 
-def _http_get(
+def http_get(
     *, host: str, port: int, path: str, context: ssl.SSLContext | None, timeout: float = 2.0
 ) -> tuple[int, bytes]:
     conn: http.client.HTTPConnection
@@ -220,7 +228,7 @@ def is_ready(cluster: Cluster) -> bool:
     if not all(p.alive() for p in cluster.processes):
         return False
     try:
-        status, _ = _http_get(
+        status, _ = http_get(
             host="127.0.0.1", port=cluster.apiserver_port, path="/readyz", context=admin_ssl_context(cluster)
         )
     except (OSError, http.client.HTTPException):
@@ -262,39 +270,55 @@ def up(
     directory: pathlib.Path,
     *,
     controller_manager: bool = True,
+    nodes: tuple[str, ...] = (),
     progress: Callable[[str], None] | None = None,
 ) -> Cluster:
-    """Starts (or finds running) etcd and kube-apiserver for DIR; returns once the API is ready."""
+    """Starts (or finds running) etcd and kube-apiserver for DIR; returns once the API is ready.
+
+    With `nodes`, also kube-scheduler, every controller a node needs (Deployments, DaemonSets, node
+    lifecycle, the root CA publisher) and one real node of each name: containerd and a kubelet,
+    with Coroner's images built and imported (`coroner_dev.devcluster.node`); returns once every
+    Node is Ready."""
     directory = directory.resolve()
     directory.mkdir(parents=True, exist_ok=True)
     existing = Cluster.load(directory)
     if existing is not None:
-        if is_ready(existing):
+        if is_ready(existing) and existing.nodes == nodes:
             return existing
         # A stale state file: some recorded process is gone or not ready. Stop what is left so
         # nothing half-started lingers, then start afresh.
         down(directory)
 
     binaries = ensure_binaries(progress=progress)
+    say = progress or (lambda message: None)
+    if nodes:
+        from coroner_dev.devcluster import images as images_mod
+        from coroner_dev.devcluster.nodebinaries import ensure_node_binaries
+
+        node_binaries = ensure_node_binaries(progress=say)
+        built = images_mod.ensure_images(progress=say)
     pki = pki_mod.ensure_pki(directory / "pki")
     logs = directory / "logs"
     started: list[Started] = []
+    cgroups: list[str] = []
     try:
-        etcd_port, peer_port = _free_port(), _free_port()
+        etcd_port, peer_port = free_port(), free_port()
         etcd_log = logs / "etcd.log"
         etcd = _spawn("etcd", _etcd_argv(binaries, directory, etcd_port, peer_port), log=etcd_log)
         started.append(etcd)
         _wait(
             "etcd",
-            lambda: _http_get(host="127.0.0.1", port=etcd_port, path="/health", context=None)[0] == 200,
+            lambda: http_get(host="127.0.0.1", port=etcd_port, path="/health", context=None)[0] == 200,
             process=etcd,
             log=etcd_log,
             timeout=60,
         )
-        api_port = _free_port()
+        api_port = free_port()
         api_log = logs / "kube-apiserver.log"
         apiserver = _spawn(
-            "kube-apiserver", _apiserver_argv(binaries, directory, pki, etcd_port, api_port), log=api_log
+            "kube-apiserver",
+            _apiserver_argv(binaries, directory, pki, etcd_port, api_port, node=bool(nodes)),
+            log=api_log,
         )
         started.append(apiserver)
         cluster = Cluster(
@@ -308,8 +332,8 @@ def up(
         _wait(
             "kube-apiserver",
             lambda: (
-                _http_get(host="127.0.0.1", port=api_port, path="/readyz", context=context)[0] == 200
-                and _http_get(host="127.0.0.1", port=api_port, path="/api/v1/namespaces/default", context=context)[0]
+                http_get(host="127.0.0.1", port=api_port, path="/readyz", context=context)[0] == 200
+                and http_get(host="127.0.0.1", port=api_port, path="/api/v1/namespaces/default", context=context)[0]
                 == 200
             ),
             process=apiserver,
@@ -324,18 +348,88 @@ def up(
             cert=pki.client_cert("admin"),
             key=pki.client_key("admin"),
         )
-        if controller_manager and binaries.has_controller_manager:
+        if (controller_manager or nodes) and binaries.has_controller_manager:
             kcm_log = logs / "kube-controller-manager.log"
-            kcm = _spawn("kube-controller-manager", _kcm_argv(binaries, cluster, pki), log=kcm_log)
+            kcm = _spawn("kube-controller-manager", _kcm_argv(binaries, cluster, pki, node=bool(nodes)), log=kcm_log)
             started.append(kcm)
         cluster = dataclasses.replace(cluster, processes=tuple(started))
+        if nodes:
+            from coroner_dev.devcluster import node as node_mod
+
+            scheduler = _spawn(
+                "kube-scheduler",
+                [
+                    str(node_binaries.path("kube-scheduler")),
+                    f"--kubeconfig={cluster.kubeconfig}",
+                    "--leader-elect=false",
+                    "--bind-address=127.0.0.1",
+                    f"--secure-port={free_port()}",
+                    "--v=1",
+                ],
+                log=logs / "kube-scheduler.log",
+            )
+            started.append(scheduler)
+            cluster = dataclasses.replace(cluster, nodes=nodes)
+            for name in nodes:
+                node_processes, created = node_mod.start(
+                    cluster,
+                    name=name,
+                    binaries=node_binaries,
+                    images=[(i.reference, i.archive) for i in (built.pause, built.agent, built.operator, built.worker)],
+                    sandbox_image=built.pause.reference,
+                    spawn=lambda process, argv, log, env: _spawn(process, argv, log=log, env=env),
+                    say=say,
+                )
+                started.extend(node_processes)
+                cgroups.extend(created)
+                cluster = dataclasses.replace(cluster, processes=tuple(started), node_cgroups=tuple(cgroups))
         (directory / STATE_FILE).write_text(json.dumps(cluster.to_json(), indent=2) + "\n")
         return cluster
     except BaseException:
-        # Never leave half-started processes behind.
+        # Never leave half-started processes behind (nor a started node's containers and cgroups).
+        from coroner_dev.devcluster import node as node_mod
+
+        for name in nodes:
+            if any(p.name == node_mod.process_name("containerd", name) for p in started):
+                node_mod.stop(cluster, name=name, binaries=node_binaries, processes=started)
+        node_mod.remove_ancestors(cgroups)
         for process in reversed(started):
-            _stop(process)
+            stop_process(process)
         raise
+
+
+def lose_node(directory: pathlib.Path, name: str) -> None:
+    """Node NAME of the cluster in DIR lost abruptly (`node.lose`): kubelet, containerd and containers
+    SIGKILLed; `down` still cleans everything up."""
+    from coroner_dev.devcluster import node as node_mod
+
+    cluster = _require(directory)
+    node_mod.lose(cluster, name)
+
+
+def restart_kubelet(directory: pathlib.Path, name: str) -> Cluster:
+    """Starts node NAME's kubelet again after it was stopped, and records it for `down`."""
+    from coroner_dev.devcluster import node as node_mod
+    from coroner_dev.devcluster.nodebinaries import ensure_node_binaries
+
+    cluster = _require(directory)
+    kubelet = node_mod.restart_kubelet(
+        cluster,
+        name,
+        binaries=ensure_node_binaries(),
+        spawn=lambda process, argv, log, env: _spawn(process, argv, log=log, env=env),
+    )
+    processes = (*(p for p in cluster.processes if p.name != kubelet.name), kubelet)
+    cluster = dataclasses.replace(cluster, processes=processes)
+    (cluster.directory / STATE_FILE).write_text(json.dumps(cluster.to_json(), indent=2) + "\n")
+    return cluster
+
+
+def _require(directory: pathlib.Path) -> Cluster:
+    cluster = Cluster.load(directory.resolve())
+    if cluster is None:
+        raise DevClusterError(f"no dev cluster in {directory}", fix=f"run `coroner dev-cluster up --dir {directory}`")
+    return cluster
 
 
 def down(directory: pathlib.Path) -> list[str]:
@@ -344,11 +438,17 @@ def down(directory: pathlib.Path) -> list[str]:
     cluster = Cluster.load(directory)
     if cluster is None:
         return []
-    stopped = []
+    stopped = [p.name for p in reversed(cluster.processes) if p.alive()]
+    if cluster.nodes:
+        from coroner_dev.devcluster import node as node_mod
+        from coroner_dev.devcluster.nodebinaries import ensure_node_binaries
+
+        node_binaries = ensure_node_binaries()
+        for name in cluster.nodes:
+            node_mod.stop(cluster, name=name, binaries=node_binaries, processes=list(cluster.processes))
+        node_mod.remove_ancestors(list(cluster.node_cgroups))
     for process in reversed(cluster.processes):
-        if process.alive():
-            _stop(process)
-            stopped.append(process.name)
+        stop_process(process)
     (directory / STATE_FILE).unlink(missing_ok=True)
     return stopped
 
@@ -369,7 +469,7 @@ def _etcd_argv(binaries: Binaries, directory: pathlib.Path, port: int, peer_port
 
 
 def _apiserver_argv(
-    binaries: Binaries, directory: pathlib.Path, pki: pki_mod.Pki, etcd_port: int, port: int
+    binaries: Binaries, directory: pathlib.Path, pki: pki_mod.Pki, etcd_port: int, port: int, *, node: bool = False
 ) -> list[str]:
     return [
         str(binaries.path("kube-apiserver")),
@@ -386,10 +486,22 @@ def _apiserver_argv(
         "--endpoint-reconciler-type=none",
         f"--service-cluster-ip-range={SERVICE_CIDR}",
         "--allow-privileged=true",
-        "--authorization-mode=RBAC",
-        # No kubelet, no token controller for legacy secrets: pods are never run here, so the
-        # ServiceAccount admission plugin (which wants mounted token volumes) stays off.
-        "--disable-admission-plugins=ServiceAccount",
+        *(
+            [
+                # Kubelets run: the Node authorizer and NodeRestriction confine each one's credential
+                # to its own Node and Pods, and the ServiceAccount admission plugin gives every Pod
+                # its projected, Pod-bound token, as on any real cluster.
+                "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NodeRestriction",
+            ]
+            if node
+            else [
+                "--authorization-mode=RBAC",
+                # No kubelet: pods are never run, so the ServiceAccount admission plugin (which
+                # wants mounted token volumes) stays off.
+                "--disable-admission-plugins=ServiceAccount",
+            ]
+        ),
         f"--service-account-issuer=https://127.0.0.1:{port}",
         f"--service-account-key-file={pki.sa_pub}",
         f"--service-account-signing-key-file={pki.sa_key}",
@@ -398,13 +510,20 @@ def _apiserver_argv(
     ]
 
 
-def _kcm_argv(binaries: Binaries, cluster: Cluster, pki: pki_mod.Pki) -> list[str]:
-    # Only the controllers Coroner's tests rely on: namespace deletion, owner-reference garbage
-    # collection, default ServiceAccounts, and aggregated ClusterRoles such as `view`.
+def _kcm_argv(binaries: Binaries, cluster: Cluster, pki: pki_mod.Pki, *, node: bool = False) -> list[str]:
+    # Without a node, only the controllers Coroner's tests rely on: namespace deletion, owner-reference
+    # garbage collection, default ServiceAccounts, and aggregated ClusterRoles such as `view` (the
+    # node lifecycle controller would taint the Node objects tests create without a kubelet). With
+    # a node, every default controller, and a node that stops posting status is NotReady after 20 s.
+    controllers = (
+        ["--controllers=*", "--node-monitor-grace-period=20s", "--allocate-node-cidrs=false"]
+        if node
+        else ["--controllers=namespace,garbagecollector,serviceaccount,clusterrole-aggregation"]
+    )
     return [
         str(binaries.path("kube-controller-manager")),
         f"--kubeconfig={cluster.kubeconfig}",
-        "--controllers=namespace,garbagecollector,serviceaccount,clusterrole-aggregation",
+        *controllers,
         f"--service-account-private-key-file={pki.sa_key}",
         f"--root-ca-file={pki.ca_cert}",
         "--leader-elect=false",

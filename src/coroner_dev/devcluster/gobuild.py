@@ -63,6 +63,8 @@ class GoBuild:
     override_requires: tuple[str, ...] = ()
     """What that directory must hold; () means every binary of `packages`."""
     tags: str = ""
+    cgo: bool = False
+    """Build with cgo (runc links libseccomp); everything else is static, as Kubernetes releases it."""
     renames: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """Name go build gives a binary -> its name here (etcd's main package builds as "server")."""
 
@@ -149,7 +151,7 @@ def _build(build: GoBuild, *, target: pathlib.Path, say: Callable[[str], None]) 
     log_path = target.parent / f"build-{target.name}.log"
     say(f"{build.announce} (log: {log_path})")
     started = time.monotonic()
-    env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-mod=mod"}
+    env = {**os.environ, "CGO_ENABLED": "1" if build.cgo else "0", "GOFLAGS": "-mod=mod"}
     tags = ["-tags", build.tags] if build.tags else []
     command = [
         go,

@@ -1,0 +1,283 @@
+"""Coroner's shipped manifests on the dev cluster's real node: the one test overlay, the install, and
+worker Pods.
+
+The overlay is the shipped one (`manifests/overlays/production` or `plan-only`) plus only what this
+machine's node needs, each said where it is patched:
+- `hostNetwork` and the API server's loopback address for the agent and the operator: the dev node
+  runs no CNI plugin and no kube-proxy, so the `kubernetes` Service's ClusterIP reaches nothing and
+  the API server listens on loopback only (in-cluster config reads KUBERNETES_SERVICE_HOST/PORT,
+  which a container's own env overrides);
+- `imagePullPolicy: Never`: the images are built here and imported, no registry is reachable;
+- the agent's seccomp hostPath: the dev nodes' kubelets resolve profiles under the cluster directory;
+- the operator's metrics port: both replicas share the host's network namespace on one node, so
+  a fixed port would keep the second from binding (and the scheduler from placing it); the test
+  overlay lets each take a free port (`--metrics-port=0`) and drops the port and its probes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pathlib
+import subprocess
+import time
+from typing import Any
+
+from coroner.core import procfs
+from coroner_dev.devcluster.cluster import Cluster
+from coroner_dev.devcluster.errors import DevClusterError
+from coroner_dev.devcluster.node import NodeLayout
+
+SYSTEM_NAMESPACE = "coroner-system"
+CONTROL_PLANE_LABEL = "node-role.kubernetes.io/control-plane"
+WORKER_IMAGE = "localhost/coroner-dev/coroner-worker:dev"
+
+
+def repository() -> pathlib.Path:
+    """The checkout whose manifests are installed."""
+    for parent in pathlib.Path(__file__).resolve().parents:
+        if (parent / "manifests" / "overlays" / "production").is_dir():
+            return parent
+    raise DevClusterError("cannot find manifests/overlays/production", fix="run from a checkout of coroner")
+
+
+def api_env(cluster: Cluster) -> list[dict[str, str]]:
+    return [
+        {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+        {"name": "KUBERNETES_SERVICE_PORT", "value": str(cluster.apiserver_port)},
+    ]
+
+
+def overlay_patches(cluster: Cluster, *, seccomp_root: pathlib.Path) -> list[dict[str, Any]]:
+    """The patches of the test overlay, as kustomize `patches` entries."""
+    agent = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": "coroner-agent", "namespace": SYSTEM_NAMESPACE},
+        "spec": {
+            "template": {
+                "spec": {
+                    "hostNetwork": True,
+                    "initContainers": [{"name": "install-seccomp-profile", "imagePullPolicy": "Never"}],
+                    "containers": [{"name": "agent", "imagePullPolicy": "Never", "env": api_env(cluster)}],
+                    "volumes": [
+                        {
+                            "name": "kubelet-seccomp",
+                            "hostPath": {"path": str(seccomp_root), "type": "DirectoryOrCreate"},
+                        }
+                    ],
+                }
+            }
+        },
+    }
+    operator = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "coroner-operator", "namespace": SYSTEM_NAMESPACE},
+        "spec": {
+            "template": {
+                "spec": {
+                    "hostNetwork": True,
+                    "containers": [
+                        {
+                            "name": "operator",
+                            "imagePullPolicy": "Never",
+                            "env": api_env(cluster),
+                            "ports": None,
+                            "livenessProbe": None,
+                            "readinessProbe": None,
+                        }
+                    ],
+                }
+            }
+        },
+    }
+    # The last --metrics-port wins.
+    metrics = [{"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": "--metrics-port=0"}]
+    return [
+        {"patch": json.dumps(agent)},
+        {"patch": json.dumps(operator)},
+        {"target": {"kind": "Deployment", "name": "coroner-operator"}, "patch": json.dumps(metrics)},
+    ]
+
+
+def write_overlay(
+    cluster: Cluster, *, base: str = "production", components: tuple[str, ...] = (), operator_args: tuple[str, ...] = ()
+) -> pathlib.Path:
+    """Writes the test overlay over `manifests/overlays/BASE` (plus `manifests/components/C` for each of
+    COMPONENTS, as a user's own overlay adds them, and OPERATOR_ARGS appended to the operator's)
+    into the cluster directory."""
+    layout = NodeLayout(directory=cluster.directory, name=cluster.nodes[-1])
+    directory = cluster.directory / "overlays" / "-".join((base, *components))
+    directory.mkdir(parents=True, exist_ok=True)
+    manifests = repository() / "manifests"
+    patches = overlay_patches(cluster, seccomp_root=layout.shared_seccomp_root)
+    if operator_args:
+        appended = [{"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": a} for a in operator_args]
+        patches.append({"target": {"kind": "Deployment", "name": "coroner-operator"}, "patch": json.dumps(appended)})
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [os.path.relpath(manifests / "overlays" / base, directory)],
+        "components": [os.path.relpath(manifests / "components" / c, directory) for c in components],
+        "patches": patches,
+    }
+    (directory / "kustomization.yaml").write_text(json.dumps(kustomization, indent=2) + "\n")
+    return directory
+
+
+def kubectl(cluster: Cluster, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """The real kubectl as the cluster's admin."""
+    result = subprocess.run(
+        [str(cluster.binary("kubectl")), f"--kubeconfig={cluster.kubeconfig}", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if check and result.returncode != 0:
+        raise DevClusterError(
+            f"kubectl {' '.join(args)} failed (exit {result.returncode}): {result.stderr.strip()[-1500:]}",
+            fix=f"read the logs under {cluster.directory / 'logs'}",
+        )
+    return result
+
+
+def install(
+    cluster: Cluster,
+    *,
+    base: str = "production",
+    components: tuple[str, ...] = (),
+    operator_args: tuple[str, ...] = (),
+    timeout: float = 240,
+) -> None:
+    """Applies the overlay and waits until the agent DaemonSet and the operator Deployment are rolled out."""
+    if not cluster.nodes:
+        raise DevClusterError("this cluster has no real node", fix="start it with `coroner dev-cluster up --node NAME`")
+    if len(cluster.nodes) > 1:
+        # Every dev node shares this machine's one network namespace, where only one agent can bind
+        # its metrics port: the first node is the control-plane node the agent's affinity avoids.
+        kubectl(cluster, "label", "node", cluster.nodes[0], f"{CONTROL_PLANE_LABEL}=", "--overwrite")
+    directory = write_overlay(cluster, base=base, components=components, operator_args=operator_args)
+    # The CRD first: the policies and bindings that name its kind are refused until it is served.
+    for attempt in range(30):
+        result = kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-k", str(directory), check=False)
+        if result.returncode == 0:
+            break
+        time.sleep(2)
+        if attempt == 29:
+            raise DevClusterError(f"kubectl apply -k {directory} failed: {result.stderr[-1500:]}", fix="read it")
+    for kind in ("daemonset/coroner-agent", "deployment/coroner-operator"):
+        kubectl(
+            cluster,
+            "-n",
+            SYSTEM_NAMESPACE,
+            "rollout",
+            "status",
+            kind,
+            f"--timeout={int(timeout)}s",
+            timeout=timeout + 10,
+        )
+
+
+def host_pid(namespace: str, number: int) -> int | None:
+    """The host pid of the process numbered NUMBER in pid namespace NAMESPACE (`pid:[inode]`), if any:
+    how a person with root on the node finds a container's process from a registration's incarnation."""
+    for entry in pathlib.Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, StopIteration):
+            if os.readlink(entry / "ns" / "pid") != namespace:
+                continue
+            status = (entry / "status").read_text().splitlines()
+            nspid = next(line.split()[1:] for line in status if line.startswith("NSpid:"))
+            if int(nspid[-1]) == number:
+                return int(entry.name)
+    return None
+
+
+def incarnation_pid(registration: dict[str, Any]) -> int | None:
+    """The host pid of a registration's very incarnation, if it is still running: its (pidNamespace,
+    pid) held by a process with its startTime. A namespace's inode is reused once the namespace is
+    gone (a restarted container's new pid namespace often gets the old inode back), so the pair alone
+    can name a stranger."""
+    incarnation = registration["spec"]["incarnation"]
+    pid = host_pid(f"pid:[{incarnation['pidNamespace']}]", int(incarnation["pid"]))
+    if pid is None:
+        return None
+    try:
+        stat = procfs.parse_stat(pathlib.Path(f"/proc/{pid}/stat").read_bytes())
+    except (OSError, procfs.ParseError):
+        return None
+    return pid if str(stat.start_time) == str(incarnation["startTime"]) else None
+
+
+def worker_pod(
+    name: str,
+    *,
+    namespace: str,
+    node: str,
+    cluster: Cluster,
+    command: list[str],
+    restart_policy: str = "Never",
+    service_account: str = "coroner-worker",
+) -> dict[str, Any]:
+    """A Pod whose container runs `coroner run -- COMMAND` in its own pid namespace (as any worker's
+    Pod does), registering itself on `node` with role NAME: each run of the container is a new
+    incarnation and a new registration (`<role>-<random>`), as when the kubelet restarts it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"app": name}},
+        "spec": {
+            "nodeName": node,
+            "serviceAccountName": service_account,
+            "restartPolicy": restart_policy,
+            "hostNetwork": True,
+            "enableServiceLinks": False,
+            "terminationGracePeriodSeconds": 20,
+            "containers": [
+                {
+                    "name": "worker",
+                    "image": WORKER_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["coroner", "run", "--namespace", namespace, "--role", name, "--", *command],
+                    "env": [
+                        *api_env(cluster),
+                        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                    ],
+                    "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                }
+            ],
+        },
+    }
+
+
+def worker_rbac(namespace: str, *, service_account: str = "coroner-worker") -> list[dict[str, Any]]:
+    """The worker ServiceAccount in NAMESPACE bound to the shipped ClusterRole `coroner-worker`."""
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": service_account, "namespace": namespace}},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": service_account, "namespace": namespace},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "coroner-worker"},
+            "subjects": [{"kind": "ServiceAccount", "name": service_account, "namespace": namespace}],
+        },
+    ]
+
+
+def apply_objects(cluster: Cluster, objects: list[dict[str, Any]]) -> None:
+    """`kubectl apply` of OBJECTS (a List)."""
+    body = json.dumps({"apiVersion": "v1", "kind": "List", "items": objects})
+    result = subprocess.run(
+        [str(cluster.binary("kubectl")), f"--kubeconfig={cluster.kubeconfig}", "apply", "-f", "-"],
+        input=body,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise DevClusterError(f"kubectl apply failed: {result.stderr.strip()[-1500:]}", fix="read the message")

@@ -1,0 +1,108 @@
+"""The agent's confinement, tried from inside the running agent container on the real node: each
+attempt is a process exec'd into that container by containerd (`crictl exec`), so it runs with the
+container's own seccomp filter (the shipped Localhost profile), capabilities (only SYS_PTRACE),
+no_new_privs and root user, against a worker of another Pod (uid 65532, its own pid namespace).
+
+docs/security.md's threat 8 says what each outcome is; this table is what the kernel answered.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import uuid
+
+import pytest
+
+from coroner_dev import realnode
+from coroner_dev.devcluster.cluster import Cluster
+from support.nodes import NODE, container_id, crictl, host_pids, status_field, wait_for
+
+pytestmark = pytest.mark.node
+
+#: Each attempt prints "ok" (the kernel let it through) or the errno it failed with.
+PROBE = r"""
+import ctypes, errno, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+target, action = int(sys.argv[1]), sys.argv[2]
+
+def report(result):
+    print("ok" if result >= 0 else errno.errorcode[ctypes.get_errno()])
+
+def first_mapping():
+    with open(f"/proc/{target}/maps") as maps:
+        return int(maps.readline().split("-")[0], 16)
+
+try:
+    if action == "proc-mem":
+        with open(f"/proc/{target}/mem", "rb", buffering=0) as mem:
+            mem.seek(first_mapping())
+            print("ok" if len(mem.read(8)) == 8 else "short")
+    elif action == "proc-root-token":
+        with open(f"/proc/{target}/root/run/secrets/kubernetes.io/serviceaccount/token") as token:
+            print("ok" if token.read().count(".") == 2 else "not-a-token")
+    elif action == "kill":
+        report(libc.syscall(62, target, 0))  # kill(pid, 0): the permission check of every signal
+    elif action == "tgkill":
+        report(libc.syscall(234, target, target, 0))  # tgkill(tgid, tid, 0)
+    elif action == "ptrace-attach":
+        report(libc.ptrace(16, target, 0, 0))  # PTRACE_ATTACH
+except OSError as exc:
+    print(errno.errorcode[exc.errno])
+"""
+
+#: What docs/security.md says each attempt meets on a node without AppArmor (this machine's kernel
+#: has none, so components/agent-apparmor cannot be loaded): seccomp refuses ptrace and kill;
+#: tgkill is allowed by the profile (the agent's own runtime signals its threads) and then refused
+#: by the kernel's permission check (another user, no CAP_KILL); the /proc paths are not syscalls,
+#: so only AppArmor could refuse them and here nothing does.
+EXPECTED = {
+    "ptrace-attach": "EPERM",
+    "kill": "EPERM",
+    "tgkill": "EPERM",
+    "proc-mem": "ok",
+    "proc-root-token": "ok",
+}
+
+
+@pytest.fixture(scope="module")
+def victim(node_cluster: Cluster) -> int:
+    """The host pid of a worker in a Pod of its own namespace (uid 65532), with its own token."""
+    namespace = f"victim-{uuid.uuid4().hex[:6]}"
+    realnode.kubectl(node_cluster, "create", "namespace", namespace)
+    realnode.apply_objects(node_cluster, realnode.worker_rbac(namespace))
+    marker = f"5{uuid.uuid4().int % 10**6}"
+    pod = realnode.worker_pod("victim", namespace=namespace, node=NODE, cluster=node_cluster, command=["sleep", marker])
+    realnode.apply_objects(node_cluster, [pod])
+    (pid,) = wait_for(lambda: host_pids(marker), timeout=90, what="the victim worker's process")
+    return pid
+
+
+@pytest.mark.parametrize("action", list(EXPECTED))
+def test_an_attempt_from_inside_the_agent_container_meets_what_the_threat_model_says(
+    node_cluster: Cluster, victim: int, action: str
+) -> None:
+    assert status_field(victim, "Uid").split()[0] == "65532"
+    agent = container_id(node_cluster, NODE, name="agent", namespace="coroner-system")
+    result = crictl(node_cluster, NODE, "exec", agent, "python3", "-c", PROBE, str(victim), action, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == EXPECTED[action], (action, result.stdout, result.stderr)
+
+
+def test_the_attempts_run_with_the_agents_own_confinement(node_cluster: Cluster) -> None:
+    """The exec'd probe is confined as the agent is (else the table above would prove nothing)."""
+    agent = container_id(node_cluster, NODE, name="agent", namespace="coroner-system")
+    result = crictl(
+        node_cluster,
+        NODE,
+        "exec",
+        agent,
+        "python3",
+        "-c",
+        "import pathlib; print(pathlib.Path('/proc/self/status').read_text())",
+    )
+    fields = dict(line.split(":", 1) for line in result.stdout.splitlines() if ":" in line)
+    assert fields["Seccomp"].strip() == "2"
+    assert fields["NoNewPrivs"].strip() == "1"
+    assert int(fields["CapEff"].strip(), 16) == 1 << 19
+    assert pathlib.Path("/sys/kernel/security/apparmor").exists() is False
