@@ -480,7 +480,7 @@ class Server:
             att.get("verdict") != "Dead"
             or (att.get("agent") or {}).get("nodeName") != spec.get("nodeName")
             or not same
-            or att.get("hostId") != inc.get("hostId")
+            or (att.get("hostId") != inc.get("hostId") and inc.get("hostId") != spec.get("nodeName"))
             or att.get("evidence") != claimed
         ):
             self._refuse(
