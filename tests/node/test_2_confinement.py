@@ -51,16 +51,18 @@ except OSError as exc:
     print(errno.errorcode[exc.errno])
 """
 
-#: What docs/security.md says each attempt meets on a node without AppArmor (this machine's kernel
-#: has none, so components/agent-apparmor cannot be loaded): seccomp refuses ptrace and kill;
-#: tgkill is allowed by the profile (the agent's own runtime signals its threads) and then refused
-#: by the kernel's permission check (another user, no CAP_KILL); the /proc paths are not syscalls,
-#: so only AppArmor could refuse them and here nothing does.
+#: What each attempt meets on this machine's kernel (6.18, no AppArmor, so
+#: components/agent-apparmor cannot be loaded), as docs/security.md (threat 8) and docs/real-node.md
+#: say: seccomp refuses ptrace and kill; tgkill is allowed by the profile and refused by the kernel's
+#: permission check (another user, no CAP_KILL); opening /proc/<pid>/mem is refused by the kernel
+#: at open (EACCES: neither the profile, which allows openat, nor AppArmor, which is absent), which
+#: a differently configured kernel may not do; /proc/<pid>/root is a path, not a syscall: nothing
+#: here refuses it, and another Pod's token is read.
 EXPECTED = {
     "ptrace-attach": "EPERM",
     "kill": "EPERM",
     "tgkill": "EPERM",
-    "proc-mem": "ok",
+    "proc-mem": "EACCES",
     "proc-root-token": "ok",
 }
 
