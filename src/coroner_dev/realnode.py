@@ -127,6 +127,34 @@ def write_overlay(
     return directory
 
 
+def patch_installed(cluster: Cluster) -> None:
+    """Applies the test overlay's patches to an installation made some other way (`helm install`):
+    what a post-renderer would do, with `kubectl patch`."""
+    layout = NodeLayout(directory=cluster.directory, name=cluster.nodes[-1])
+    agent, operator, metrics = overlay_patches(cluster, seccomp_root=layout.shared_seccomp_root)
+    for kind, name, patch, kind_of_patch in (
+        ("daemonset", "coroner-agent", agent, "strategic"),
+        ("deployment", "coroner-operator", operator, "strategic"),
+        ("deployment", "coroner-operator", metrics, "json"),
+    ):
+        kubectl(cluster, "-n", SYSTEM_NAMESPACE, "patch", kind, name, f"--type={kind_of_patch}", "-p", patch["patch"])
+
+
+def rolled_out(cluster: Cluster, *, timeout: float = 240) -> None:
+    """Waits until the agent DaemonSet and the operator Deployment are rolled out."""
+    for kind in ("daemonset/coroner-agent", "deployment/coroner-operator"):
+        kubectl(
+            cluster,
+            "-n",
+            SYSTEM_NAMESPACE,
+            "rollout",
+            "status",
+            kind,
+            f"--timeout={int(timeout)}s",
+            timeout=timeout + 10,
+        )
+
+
 def kubectl(cluster: Cluster, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """The real kubectl as the cluster's admin."""
     result = subprocess.run(
@@ -168,17 +196,7 @@ def install(
         time.sleep(2)
         if attempt == 29:
             raise DevClusterError(f"kubectl apply -k {directory} failed: {result.stderr[-1500:]}", fix="read it")
-    for kind in ("daemonset/coroner-agent", "deployment/coroner-operator"):
-        kubectl(
-            cluster,
-            "-n",
-            SYSTEM_NAMESPACE,
-            "rollout",
-            "status",
-            kind,
-            f"--timeout={int(timeout)}s",
-            timeout=timeout + 10,
-        )
+    rolled_out(cluster, timeout=timeout)
 
 
 def host_pid(namespace: str, number: int) -> int | None:

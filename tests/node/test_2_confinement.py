@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pathlib
 import uuid
+from collections.abc import Iterator
 
 import pytest
 
@@ -68,7 +69,7 @@ EXPECTED = {
 
 
 @pytest.fixture(scope="module")
-def victim(node_cluster: Cluster) -> int:
+def victim(node_cluster: Cluster) -> Iterator[int]:
     """The host pid of a worker in a Pod of its own namespace (uid 65532), with its own token."""
     namespace = f"victim-{uuid.uuid4().hex[:6]}"
     realnode.kubectl(node_cluster, "create", "namespace", namespace)
@@ -76,8 +77,11 @@ def victim(node_cluster: Cluster) -> int:
     marker = f"5{uuid.uuid4().int % 10**6}"
     pod = realnode.worker_pod("victim", namespace=namespace, node=NODE, cluster=node_cluster, command=["sleep", marker])
     realnode.apply_objects(node_cluster, [pod])
-    (pid,) = wait_for(lambda: host_pids(marker), timeout=90, what="the victim worker's process")
-    return pid
+    try:
+        (pid,) = wait_for(lambda: host_pids(marker), timeout=90, what="the victim worker's process")
+        yield pid
+    finally:
+        realnode.kubectl(node_cluster, "delete", "namespace", namespace, "--wait=false", check=False)
 
 
 @pytest.mark.parametrize("action", list(EXPECTED))

@@ -88,13 +88,15 @@ def host_pids(marker: str, *, launcher: bool = False) -> list[int]:
     return sorted(found)
 
 
-def agent_pids() -> list[int]:
-    """Host pids of the running coroner-agent processes (the DaemonSet's container, seen with hostPID)."""
-    return sorted(
-        int(e.name)
-        for e in pathlib.Path("/proc").iterdir()
-        if e.name.isdigit() and any(a.endswith("coroner-agent") for a in cmdline(int(e.name))[:2])
-    )
+def agent_pids(node: str = NODE) -> list[int]:
+    """Host pids of the coroner-agent processes running for NODE (the DaemonSet's container, seen
+    with hostPID; an agent some other test runs on the host names another node)."""
+    found = []
+    for entry in pathlib.Path("/proc").iterdir():
+        argv = cmdline(int(entry.name)) if entry.name.isdigit() else []
+        if any(a.endswith("coroner-agent") for a in argv[:2]) and f"--node-name={node}" in argv:
+            found.append(int(entry.name))
+    return sorted(found)
 
 
 def status_field(pid: int, field: str) -> str:

@@ -196,7 +196,7 @@ def admin_ssl_context(cluster: Cluster) -> ssl.SSLContext:
     return context
 
 
-def _wait(
+def wait_ready(
     what: str,
     probe: Callable[[], bool],
     *,
@@ -204,6 +204,8 @@ def _wait(
     log: pathlib.Path,
     timeout: float,
 ) -> None:
+    """Returns once `probe()` holds; raises, with the log's last lines, when PROCESS exits first or
+    TIMEOUT passes."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not process.alive():
@@ -306,7 +308,7 @@ def up(
         etcd_log = logs / "etcd.log"
         etcd = _spawn("etcd", _etcd_argv(binaries, directory, etcd_port, peer_port), log=etcd_log)
         started.append(etcd)
-        _wait(
+        wait_ready(
             "etcd",
             lambda: http_get(host="127.0.0.1", port=etcd_port, path="/health", context=None)[0] == 200,
             process=etcd,
@@ -329,7 +331,7 @@ def up(
             processes=tuple(started),
         )
         context = admin_ssl_context(cluster)
-        _wait(
+        wait_ready(
             "kube-apiserver",
             lambda: (
                 http_get(host="127.0.0.1", port=api_port, path="/readyz", context=context)[0] == 200

@@ -42,14 +42,29 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
 
+from coroner.core import procfs
 from coroner_dev.devcluster import pki as pki_mod
+from coroner_dev.devcluster.cluster import (
+    Cluster,
+    Started,
+    admin_ssl_context,
+    free_port,
+    http_get,
+    stop_process,
+    wait_ready,
+    write_kubeconfig,
+)
 from coroner_dev.devcluster.errors import DevClusterError
 from coroner_dev.devcluster.nodebinaries import NodeBinaries
+
+#: How a node's processes are started: (name, argv, log, environment) -> the started process.
+Spawn = Callable[[str, list[str], pathlib.Path, dict[str, str]], Started]
 
 #: The v1 hierarchies the kubelet and runc use (named `systemd` too: runc joins it when present).
 CGROUP_MOUNTS = pathlib.Path("/sys/fs/cgroup")
@@ -300,15 +315,15 @@ def process_name(component: str, node: str) -> str:
 
 
 def start(
-    cluster: Any,
+    cluster: Cluster,
     *,
     name: str,
     binaries: NodeBinaries,
     images: list[tuple[str, pathlib.Path]],
     sandbox_image: str,
-    spawn: Callable[[str, list[str], pathlib.Path, dict[str, str]], Any],
+    spawn: Spawn,
     say: Callable[[str], None],
-) -> tuple[list[Any], list[str]]:
+) -> tuple[list[Started], list[str]]:
     """Starts containerd and the kubelet of node NAME for `cluster`, imports `images`, and waits for
     the Node to be Ready. Returns the processes started (containerd, kubelet) and the cgroups created."""
     layout = NodeLayout(directory=cluster.directory, name=name)
@@ -319,7 +334,7 @@ def start(
     config.write_text(containerd_config(layout, binaries=binaries, sandbox_image=sandbox_image))
     logs = cluster.directory / "logs"
     env = {**os.environ, "PATH": f"{binaries.search_path}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
-    started: list[Any] = []
+    started: list[Started] = []
     cgroup_root = node_cgroup_root(cgroup_parent(pathlib.Path("/proc/self/cgroup").read_text()), name)
     created = ensure_cgroups(cgroup_root, say=say)
     try:
@@ -331,10 +346,10 @@ def start(
             env,
         )
         started.append(containerd)
-        _wait_for(
+        wait_ready(
             f"containerd of {name}",
             lambda: crictl(layout, binaries, "info", check=False).returncode == 0,
-            alive=containerd.alive,
+            process=containerd,
             log=containerd_log,
             timeout=60,
         )
@@ -346,10 +361,10 @@ def start(
             process_name("kubelet", name), kubelet_argv(cluster, layout, binaries, cgroup_root), kubelet_log, env
         )
         started.append(kubelet)
-        _wait_for(
+        wait_ready(
             f"the kubelet's Node {name}",
             lambda: node_ready(cluster, name),
-            alive=kubelet.alive,
+            process=kubelet,
             log=kubelet_log,
             timeout=READY_TIMEOUT,
         )
@@ -360,11 +375,9 @@ def start(
     return started, created
 
 
-def kubelet_argv(cluster: Any, layout: NodeLayout, binaries: NodeBinaries, cgroup_root: str) -> list[str]:
+def kubelet_argv(cluster: Cluster, layout: NodeLayout, binaries: NodeBinaries, cgroup_root: str) -> list[str]:
     pki = cluster.pki
     cert, key = pki_mod.ensure_client_cert(pki, user=f"system:node:{layout.name}", groups=("system:nodes",))
-    from coroner_dev.devcluster.cluster import free_port, write_kubeconfig
-
     kubeconfig = write_kubeconfig(
         layout.root / "kubelet.kubeconfig",
         server=cluster.server,
@@ -398,9 +411,7 @@ def kubelet_argv(cluster: Any, layout: NodeLayout, binaries: NodeBinaries, cgrou
     ]
 
 
-def node_ready(cluster: Any, name: str) -> bool:
-    from coroner_dev.devcluster.cluster import admin_ssl_context, http_get
-
+def node_ready(cluster: Cluster, name: str) -> bool:
     status, body = http_get(
         host="127.0.0.1",
         port=cluster.apiserver_port,
@@ -409,31 +420,11 @@ def node_ready(cluster: Any, name: str) -> bool:
     )
     if status != 200:
         return False
-    conditions = json.loads(body).get("status", {}).get("conditions", [])
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
-def _wait_for(
-    what: str, probe: Callable[[], bool], *, alive: Callable[[], bool], log: pathlib.Path, timeout: float
-) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not alive():
-            raise DevClusterError(f"{what} exited during startup; last log lines:\n{_tail(log)}", fix=f"read {log}")
-        with contextlib.suppress(OSError, ValueError):
-            if probe():
-                return
-        time.sleep(0.5)
-    raise DevClusterError(
-        f"{what} was not ready within {timeout:.0f} s; last log lines:\n{_tail(log)}", fix=f"read {log}"
-    )
-
-
-def _tail(path: pathlib.Path, lines: int = 15) -> str:
     try:
-        return "".join(path.read_text(errors="replace").splitlines(keepends=True)[-lines:])
-    except OSError:
-        return "(no log)"
+        conditions = json.loads(body).get("status", {}).get("conditions", [])
+    except ValueError:
+        return False
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
 def crictl(
@@ -471,11 +462,9 @@ def _run(argv: list[str], *, check: bool, timeout: float) -> subprocess.Complete
     return result
 
 
-def stop(cluster: Any, *, name: str, binaries: NodeBinaries, processes: list[Any]) -> list[str]:
+def stop(cluster: Cluster, *, name: str, binaries: NodeBinaries, processes: list[Started]) -> list[str]:
     """Stops node NAME: the kubelet, then every pod sandbox and container, then containerd; unmounts
     what they left; removes the node's cgroups. Returns what it could not clean (said, not raised)."""
-    from coroner_dev.devcluster.cluster import stop_process
-
     layout = NodeLayout(directory=cluster.directory, name=name)
     by_name = {p.name: p for p in processes}
     kubelet = by_name.get(process_name("kubelet", name))
@@ -498,19 +487,54 @@ def stop(cluster: Any, *, name: str, binaries: NodeBinaries, processes: list[Any
 def kill_node(layout: NodeLayout) -> None:
     """SIGKILLs every task in the node's cgroups and every shim of its containerd: what a node's abrupt
     loss does to its containers, and what makes sure nothing of the node outlives `stop`."""
-    parent = cgroup_parent(pathlib.Path("/proc/self/cgroup").read_text())
-    top = CGROUP_MOUNTS / "memory" / node_cgroup_root(parent, layout.name).lstrip("/")
+    root = node_cgroup_root(cgroup_parent(pathlib.Path("/proc/self/cgroup").read_text()), layout.name)
+    top = CGROUP_MOUNTS / "memory" / root.lstrip("/")
     for _ in range(3):
         pids = sorted({int(pid) for tasks in top.rglob("cgroup.procs") for pid in _read_pids(tasks)})
         if not pids:
             break
         for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, 9)
+            _kill_exactly(pid, lambda pid: f":{root}/" in _read_text(f"/proc/{pid}/cgroup"))
         time.sleep(0.3)
+    needle = str(layout.containerd_socket).encode()
     for pid in _shim_pids(layout):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, 9)
+        _kill_exactly(pid, lambda pid: needle in _read_bytes(f"/proc/{pid}/cmdline"))
+
+
+def _kill_exactly(pid: int, still_ours: Callable[[int], bool]) -> None:
+    """SIGKILL through a pidfd, once the process it pins is confirmed to be the one meant: a pid read
+    a moment ago may already name a stranger."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        if still_ours(pid):
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    finally:
+        os.close(pidfd)
+
+
+def _start_time_of(pid: int) -> int | None:
+    try:
+        return procfs.parse_stat(pathlib.Path(f"/proc/{pid}/stat").read_bytes()).start_time
+    except (OSError, procfs.ParseError):
+        return None
+
+
+def _read_text(path: str) -> str:
+    try:
+        return pathlib.Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def _read_bytes(path: str) -> bytes:
+    try:
+        return pathlib.Path(path).read_bytes()
+    except OSError:
+        return b""
 
 
 def _read_pids(path: pathlib.Path) -> list[str]:
@@ -523,16 +547,14 @@ def _read_pids(path: pathlib.Path) -> list[str]:
 def _shim_pids(layout: NodeLayout) -> list[int]:
     """containerd-shim-runc-v2 processes started for this node's containerd (their command line names
     its socket): they run outside the node's cgroups, next to containerd."""
-    found = []
     needle = str(layout.containerd_socket).encode()
-    for entry in pathlib.Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            cmdline = (entry / "cmdline").read_bytes()
-            if b"containerd-shim-runc-v2" in cmdline and needle in cmdline:
-                found.append(int(entry.name))
-    return found
+    return [
+        int(entry.name)
+        for entry in pathlib.Path("/proc").iterdir()
+        if entry.name.isdigit()
+        and b"containerd-shim-runc-v2" in (cmdline := _read_bytes(f"/proc/{entry.name}/cmdline"))
+        and needle in cmdline
+    ]
 
 
 def unmount_under(roots: list[pathlib.Path]) -> list[str]:
@@ -552,22 +574,21 @@ def unmount_under(roots: list[pathlib.Path]) -> list[str]:
     return problems
 
 
-def lose(cluster: Any, name: str) -> None:
+def lose(cluster: Cluster, name: str) -> None:
     """Node NAME lost abruptly, as by a power cut: SIGKILL to its kubelet, its containerd, every shim
     and every container process at once. Nothing is cleaned (the cluster's `down` does that)."""
-    for process in cluster.processes:
-        if process.name in (process_name("kubelet", name), process_name("containerd", name)) and process.alive():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(process.pid, 9)
+    ours = (process_name("kubelet", name), process_name("containerd", name))
+    for process in [p for p in cluster.processes if p.name in ours and p.alive()]:
+        _kill_exactly(process.pid, lambda pid: _start_time_of(pid) == process.start_time)  # noqa: B023 -- called at once
     kill_node(NodeLayout(directory=cluster.directory, name=name))
 
 
 def restart_kubelet(
-    cluster: Any,
+    cluster: Cluster,
     name: str,
     *,
     binaries: NodeBinaries,
-    spawn: Callable[[str, list[str], pathlib.Path, dict[str, str]], Any],
+    spawn: Spawn,
 ) -> Any:
     """Starts node NAME's kubelet again (after a stop), on its existing containerd; returns it once the
     Node is Ready."""
@@ -576,11 +597,7 @@ def restart_kubelet(
     env = {**os.environ, "PATH": f"{binaries.search_path}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
     log = cluster.directory / "logs" / f"{name}-kubelet.log"
     kubelet = spawn(process_name("kubelet", name), kubelet_argv(cluster, layout, binaries, cgroup_root), log, env)
-    _wait_for(
-        f"the kubelet's Node {name}",
-        lambda: node_ready(cluster, name),
-        alive=kubelet.alive,
-        log=log,
-        timeout=READY_TIMEOUT,
+    wait_ready(
+        f"the kubelet's Node {name}", lambda: node_ready(cluster, name), process=kubelet, log=log, timeout=READY_TIMEOUT
     )
     return kubelet
