@@ -24,13 +24,12 @@ import subprocess
 import time
 from typing import Any
 
-from coroner.core import procfs
+from coroner.core import api, procfs
 from coroner_dev.devcluster.cluster import Cluster
 from coroner_dev.devcluster.errors import DevClusterError
 from coroner_dev.devcluster.node import NodeLayout
 
 SYSTEM_NAMESPACE = "coroner-system"
-CONTROL_PLANE_LABEL = "node-role.kubernetes.io/control-plane"
 WORKER_IMAGE = "localhost/coroner-dev/coroner-worker:dev"
 
 
@@ -186,7 +185,7 @@ def install(
     if len(cluster.nodes) > 1:
         # Every dev node shares this machine's one network namespace, where only one agent can bind
         # its metrics port: the first node is the control-plane node the agent's affinity avoids.
-        kubectl(cluster, "label", "node", cluster.nodes[0], f"{CONTROL_PLANE_LABEL}=", "--overwrite")
+        kubectl(cluster, "label", "node", cluster.nodes[0], f"{api.CONTROL_PLANE_LABEL}=", "--overwrite")
     directory = write_overlay(cluster, base=base, components=components, operator_args=operator_args)
     # The CRD first: the policies and bindings that name its kind are refused until it is served.
     for attempt in range(30):

@@ -431,6 +431,12 @@ class TestNodeLoss:
 # --- agents: nodes with registrations, not only Ready ones ---------------------------------------
 
 
+CONTROL_PLANE = {
+    **node(ready=True),
+    "metadata": {**node(ready=True)["metadata"], "labels": {"node-role.kubernetes.io/control-plane": ""}},
+}
+
+
 class TestAgentsOfNodesWithRegistrations:
     @pytest.mark.parametrize(
         ("nodes", "leases", "registrations", "status", "problem"),
@@ -461,6 +467,12 @@ class TestAgentsOfNodesWithRegistrations:
             ),
             pytest.param([], [LIVE], [worker("a")], doctor.CheckStatus.PASS, None, id="no-node-object-live-agent"),
             pytest.param([], [], [], doctor.CheckStatus.PASS, None, id="empty-cluster"),
+            # The shipped DaemonSet's affinity keeps the agent off control-plane nodes: a Ready one
+            # without an agent is as expected, unless registrations are on it.
+            pytest.param([CONTROL_PLANE], [], [], doctor.CheckStatus.PASS, None, id="control-plane-node-no-agent"),
+            pytest.param(
+                [CONTROL_PLANE], [], [worker("a")], doctor.CheckStatus.FAIL, "no agent", id="control-plane-node-holding"
+            ),
         ],
     )
     def test_agents(

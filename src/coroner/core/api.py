@@ -24,6 +24,9 @@ CLIENT_INSTANCE_PREFIX: Final = "inst-"
 #: Namespace the manifests install into.
 SYSTEM_NAMESPACE: Final = "coroner-system"
 #: Per-node agent Leases live in SYSTEM_NAMESPACE and are named AGENT_LEASE_PREFIX + nodeName.
+#: The node label the agent DaemonSet's affinity avoids (manifests/base/agent.yaml): a node that
+#: carries it runs no agent by design, and needs one only when registrations are on it.
+CONTROL_PLANE_LABEL: Final = "node-role.kubernetes.io/control-plane"
 AGENT_LEASE_PREFIX: Final = "coroner-agent-"
 #: Annotations on the agent Lease that publish the node facts the agent read.
 AGENT_LEASE_BOOT_ID: Final = f"{GROUP}/boot-id"

@@ -25,8 +25,9 @@ def check_agents(
     now: datetime.datetime,
     plan: Plan | Unreadable | None = None,
 ) -> Check:
-    """Every Ready node, and every node with active registrations (whether or not its Node still
-    exists), has a live agent Lease whose boot id is the Node's (where the Node publishes one).
+    """Every Ready node the agent DaemonSet runs on (all but control-plane nodes), and every node with
+    active registrations (whether or not its Node still exists), has a live agent Lease whose boot id
+    is the Node's (where the Node publishes one).
 
     `plan` gives the registrations; Unreadable (or None) means the nodes holding registrations are
     unknown, so a clean result for the Ready nodes alone is UNKNOWN, not PASS.
@@ -39,7 +40,10 @@ def check_agents(
     agents = _agent_leases(leases, system_namespace=system_namespace)
     by_name = {object_name(node): node for node in nodes}
     ready = sorted(
-        node_name for node_name, node in by_name.items() if condition_status(node.get("status"), "Ready") == "True"
+        node_name
+        for node_name, node in by_name.items()
+        if condition_status(node.get("status"), "Ready") == "True"
+        and api.CONTROL_PLANE_LABEL not in ((node.get("metadata") or {}).get("labels") or {})
     )
     holding: dict[str, int] = {}
     if isinstance(plan, Plan):
