@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from coroner.client.rest import ApiError, Rest, registrations_path
+from coroner.client.rest import ApiError, Rest, registrations_path, warming_up
 from coroner.core import api
 from coroner_dev.devcluster import cluster as cluster_mod
 from coroner_dev.devcluster.identities import ensure_node, mint_token
@@ -289,8 +289,27 @@ class Bench:
             self.close()
             raise
         self.admin = client(self.cluster.kubeconfig)
+        self._wait_for_admission()
         self.load = LoadMonitor().start()
         return self
+
+    def _wait_for_admission(self, timeout: float = 180.0) -> None:
+        """Waits until a registration create gets through admission: right after the CRD is created
+        the registrant's mutating policy answers 503 ("Resource kind ... not found") for up to two
+        minutes, and a benchmark's first create would die on it. A server-side dry run goes through
+        admission and stores nothing; any answer but a warming-up one means admission is ready."""
+        probe = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": "admission-probe"}}
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.admin.request("POST", registrations_path("default"), query={"dryRun": "All"}, body=probe)
+                return
+            except ApiError as error:
+                if not warming_up(error):
+                    return
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1.0)
 
     def __exit__(self, *exc: object) -> None:
         self.close()
