@@ -204,7 +204,7 @@ def host_pid(namespace: str, number: int) -> int | None:
     for entry in pathlib.Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
-        with contextlib.suppress(OSError, StopIteration):
+        with contextlib.suppress(OSError, StopIteration, ValueError):
             if os.readlink(entry / "ns" / "pid") != namespace:
                 continue
             status = (entry / "status").read_text().splitlines()

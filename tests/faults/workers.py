@@ -39,6 +39,7 @@ from kubernetes.client.exceptions import ApiException
 from coroner import launcher
 from coroner.client.kube import patch_registration_status
 from coroner.core import api, model
+from coroner_dev.realnode import host_pid
 
 SYSTEM_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 #: A process whose main thread calls pthread_exit while a second thread sleeps: /proc shows `Z`
@@ -112,17 +113,7 @@ class PidNamespace:
 
     def holder(self, number: int) -> int | None:
         """The host pid of the process whose pid in this namespace is `number`, if any."""
-        for entry in pathlib.Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            with contextlib.suppress(OSError, StopIteration, ValueError):
-                if os.readlink(entry / "ns" / "pid") != self.link:
-                    continue
-                status = (entry / "status").read_text().splitlines()
-                nspid = next(line.split()[1:] for line in status if line.startswith("NSpid:"))
-                if int(nspid[-1]) == number:
-                    return int(entry.name)
-        return None
+        return host_pid(self.link, number)
 
     def spawn(self, *command: str) -> tuple[subprocess.Popen[bytes], int]:
         proc = subprocess.Popen(

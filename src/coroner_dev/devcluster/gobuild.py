@@ -123,7 +123,7 @@ def ensure(build: GoBuild, *, say: Callable[[str], None]) -> tuple[pathlib.Path,
     if complete(target, names):
         return target, "cache"
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _build_lock(target.parent / ".build.lock"):
+    with build_lock(target.parent / ".build.lock"):
         # Another process may have finished the build while this one waited for the lock.
         if complete(target, names):
             return target, "cache"
@@ -132,7 +132,8 @@ def ensure(build: GoBuild, *, say: Callable[[str], None]) -> tuple[pathlib.Path,
 
 
 @contextlib.contextmanager
-def _build_lock(path: pathlib.Path) -> Iterator[None]:
+def build_lock(path: pathlib.Path) -> Iterator[None]:
+    """One build at a time per cache directory: an exclusive flock on PATH for the block."""
     with open(path, "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:

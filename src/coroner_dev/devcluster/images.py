@@ -46,10 +46,8 @@ containerd's sandbox image.
 from __future__ import annotations
 
 import configparser
-import contextlib
 import dataclasses
 import datetime
-import fcntl
 import hashlib
 import json
 import os
@@ -62,7 +60,7 @@ import tarfile
 import tempfile
 import time
 import zlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from coroner_dev.devcluster import gobuild
@@ -456,7 +454,7 @@ def ensure_images(*, progress: Callable[[str], None] | None = None) -> Images:
     if cached is not None:
         return cached
     images_dir.mkdir(parents=True, exist_ok=True)
-    with _lock(images_dir / ".build.lock"):
+    with gobuild.build_lock(images_dir / ".build.lock"):
         cached = load(target, source="cache")  # another process may have built it meanwhile
         if cached is not None:
             return cached
@@ -500,16 +498,6 @@ def load(directory: pathlib.Path, *, source: str) -> Images | None:
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
-
-
-@contextlib.contextmanager
-def _lock(path: pathlib.Path) -> Iterator[None]:
-    with open(path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 class _Log:
