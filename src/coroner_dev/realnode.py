@@ -9,9 +9,10 @@ machine's node needs, each said where it is patched:
   which a container's own env overrides);
 - `imagePullPolicy: Never`: the images are built here and imported, no registry is reachable;
 - the agent's seccomp hostPath: the dev nodes' kubelets resolve profiles under the cluster directory;
-- the operator's metrics port: both replicas share the host's network namespace on one node, so
-  a fixed port would keep the second from binding (and the scheduler from placing it); the test
-  overlay lets each take a free port (`--metrics-port=0`) and drops the port and its probes.
+- the operator's metrics port: every dev node shares this machine's network namespace, so a fixed
+  port would keep the second replica from binding (and the scheduler from placing it on the same
+  node); the test overlay lets each take a free port (`--metrics-port=0`) and drops the port and
+  its probes. Why the first node is labeled a control-plane node: `install`.
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ import time
 from typing import Any
 
 from coroner.core import api, procfs
+from coroner_dev.devcluster import images
 from coroner_dev.devcluster.cluster import Cluster
 from coroner_dev.devcluster.errors import DevClusterError
 from coroner_dev.devcluster.node import NodeLayout
 
-SYSTEM_NAMESPACE = "coroner-system"
-WORKER_IMAGE = "localhost/coroner-dev/coroner-worker:dev"
+SYSTEM_NAMESPACE = api.SYSTEM_NAMESPACE
+WORKER_IMAGE = images.WORKER_REFERENCE
 
 
 def repository() -> pathlib.Path:
@@ -154,10 +156,13 @@ def rolled_out(cluster: Cluster, *, timeout: float = 240) -> None:
         )
 
 
-def kubectl(cluster: Cluster, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def kubectl(
+    cluster: Cluster, *args: str, check: bool = True, timeout: float = 120, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
     """The real kubectl as the cluster's admin."""
     result = subprocess.run(
         [str(cluster.binary("kubectl")), f"--kubeconfig={cluster.kubeconfig}", *args],
+        input=stdin,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -187,14 +192,18 @@ def install(
         # its metrics port: the first node is the control-plane node the agent's affinity avoids.
         kubectl(cluster, "label", "node", cluster.nodes[0], f"{api.CONTROL_PLANE_LABEL}=", "--overwrite")
     directory = write_overlay(cluster, base=base, components=components, operator_args=operator_args)
-    # The CRD first: the policies and bindings that name its kind are refused until it is served.
+    # Part of a first apply is refused until the CRD it creates is served (what names its kind):
+    # apply again until all of it lands, as a GitOps tool's next sync would.
     for attempt in range(30):
         result = kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-k", str(directory), check=False)
         if result.returncode == 0:
             break
         time.sleep(2)
         if attempt == 29:
-            raise DevClusterError(f"kubectl apply -k {directory} failed: {result.stderr[-1500:]}", fix="read it")
+            raise DevClusterError(
+                f"kubectl apply -k {directory} failed for a minute: {result.stderr.strip()[-1500:]}",
+                fix=f"read the message; the cluster's logs are under {cluster.directory / 'logs'}",
+            )
     rolled_out(cluster, timeout=timeout)
 
 
@@ -286,15 +295,5 @@ def worker_rbac(namespace: str, *, service_account: str = "coroner-worker") -> l
 
 
 def apply_objects(cluster: Cluster, objects: list[dict[str, Any]]) -> None:
-    """`kubectl apply` of OBJECTS (a List)."""
-    body = json.dumps({"apiVersion": "v1", "kind": "List", "items": objects})
-    result = subprocess.run(
-        [str(cluster.binary("kubectl")), f"--kubeconfig={cluster.kubeconfig}", "apply", "-f", "-"],
-        input=body,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    if result.returncode != 0:
-        raise DevClusterError(f"kubectl apply failed: {result.stderr.strip()[-1500:]}", fix="read the message")
+    """`kubectl apply` of OBJECTS (as one List)."""
+    kubectl(cluster, "apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
