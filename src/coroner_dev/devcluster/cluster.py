@@ -287,8 +287,8 @@ def up(
     if existing is not None:
         if is_ready(existing) and existing.nodes == nodes:
             return existing
-        # A stale state file: some recorded process is gone or not ready. Stop what is left so
-        # nothing half-started lingers, then start afresh.
+        # A stale state file (some recorded process is gone or not ready) or other nodes asked for:
+        # stop what is left so nothing half-started lingers, then start afresh.
         down(directory)
 
     binaries = ensure_binaries(progress=progress)
@@ -297,8 +297,9 @@ def up(
         from coroner_dev.devcluster import images as images_mod
         from coroner_dev.devcluster.nodebinaries import ensure_node_binaries
 
-        node_binaries = ensure_node_binaries(progress=say)
-        built = images_mod.ensure_images(progress=say)
+        # Builds take minutes the first time: said on stderr when the caller passes no progress.
+        node_binaries = ensure_node_binaries(progress=progress)
+        built = images_mod.ensure_images(progress=progress)
     pki = pki_mod.ensure_pki(directory / "pki")
     logs = directory / "logs"
     started: list[Started] = []
