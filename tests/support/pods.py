@@ -1,6 +1,6 @@
 """Tokens as pods really get them: a ServiceAccount token bound to a Pod object on a node.
 
-The dev cluster has no kubelet, so the Pod is only an object (scheduled by setting spec.nodeName,
+Without `up --node` the dev cluster has no kubelet, so the Pod is only an object (scheduled by setting spec.nodeName,
 never run; delete it with `delete_pod`, at once, or its namespace never finishes terminating); the token comes from the real TokenRequest API with a Pod boundObjectRef, exactly as the
 kubelet asks for a projected token. Since Kubernetes 1.30 such a token carries the pod's name and
 uid and the node's name and uid in the user's extra (`authentication.kubernetes.io/pod-name`,

@@ -29,7 +29,7 @@ def _ignore_conflict(call: object) -> None:
 
 
 def ensure_node(cluster: Cluster, *, name: str, boot_id: str | None = None, ready: bool = True) -> k8s.V1Node:
-    """Creates a Node object if missing (there are no kubelets here) and sets its boot id and Ready."""
+    """Creates a Node object if missing (no kubelet runs unless `up --node`) and sets its boot id and Ready."""
     with api_client(cluster.kubeconfig) as api:
         core = k8s.CoreV1Api(api)
         _ignore_conflict(lambda: core.create_node(k8s.V1Node(metadata=k8s.V1ObjectMeta(name=name))))
