@@ -23,6 +23,7 @@ import uuid
 import pytest
 from kubernetes import client as k8s
 
+from coroner.client.kube import api_client
 from coroner_dev.devcluster.cluster import Cluster
 from coroner_dev.devcluster.identities import ensure_node
 from integration.test_kubectl_plugin import apply_args, as_json, coroner, plan_json, reasons
@@ -34,6 +35,8 @@ BOOT = kube.BOOT_ID
 HOST = kube.HOST_ID
 POLICY = "test-refuses-one-retirement"
 SAID = "this registration is kept for an audit"
+#: A registration the test policy also matches, to see that the policy is in effect.
+PROBE = "policy-probe"
 
 
 def _free_port() -> int:
@@ -74,10 +77,14 @@ def _refuse_retiring(cluster: Cluster, namespace: str, name: str, *, reason: str
             "matchConditions": [
                 {
                     "name": "that-one",
-                    "expression": f"object.metadata.namespace == '{namespace}' && object.metadata.name == '{name}'",
+                    "expression": f"object.metadata.namespace == '{namespace}' && "
+                    f"object.metadata.name in ['{name}', '{PROBE}']",
                 }
             ],
-            "validations": [validation],
+            "validations": [
+                validation,
+                {"expression": "!object.status.?conditions.orValue([]).exists(c, c.type == 'PolicyProbe')"},
+            ],
         },
     }
     binding = {
@@ -89,6 +96,23 @@ def _refuse_retiring(cluster: Cluster, namespace: str, name: str, *, reason: str
     kube.kubectl(
         cluster, "apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": [policy, binding]})
     )
+    # A new policy takes effect a moment after it is stored (the API server's policy informer): the
+    # operator, started next, once retired `name` before it did. Wait until a dry-run status write
+    # of a probe registration is refused by this very policy.
+    with api_client(cluster.kubeconfig) as admin:
+        kube.create_registration(admin, namespace, kube.registration_body(name=PROBE))
+    marker = {"status": {"conditions": [{"type": "PolicyProbe", "status": "True", "reason": "Probe", "message": "",
+                                         "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}  # fmt: skip
+    probe = ["-n", namespace, "patch", "workerregistration", PROBE, "--subresource=status", "--type=merge"]
+    kube.wait_for(
+        lambda: (
+            POLICY in kube.kubectl(cluster, *probe, "-p", json.dumps(marker), "--dry-run=server", check=False).stderr
+        ),
+        timeout=30,
+        interval=0.2,
+        what=f"ValidatingAdmissionPolicy {POLICY} in effect",
+    )
+    kube.kubectl(cluster, "-n", namespace, "delete", "workerregistration", PROBE)
 
 
 def _remove_policy(cluster: Cluster) -> None:
