@@ -1,4 +1,4 @@
-"""The dev node's pure parts (coroner_dev.devcluster.node): where its cgroups go, which hierarchies
+"""The dev node's pure parts (coroner_dev.devcluster.node, .cgroups): where its cgroups go, which hierarchies
 it touches, its paths, and the settings this machine needs in containerd's and the kubelet's
 configurations. The node itself runs in tests/node."""
 
@@ -9,7 +9,7 @@ import pathlib
 
 import pytest
 
-from coroner_dev.devcluster import node, pki
+from coroner_dev.devcluster import cgroups, node, pki
 from coroner_dev.devcluster.errors import DevClusterError
 from coroner_dev.devcluster.nodebinaries import NodeBinaries
 
@@ -33,22 +33,22 @@ cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0
     ],
 )
 def test_the_node_nests_under_the_memory_cgroup_this_process_is_in(text: str, parent: str) -> None:
-    assert node.cgroup_parent(text) == parent
-    assert node.node_cgroup_root(parent, "n1") == f"{parent.rstrip('/')}/coroner-node-n1"
+    assert cgroups.cgroup_parent(text) == parent
+    assert cgroups.node_cgroup_root(parent, "n1") == f"{parent.rstrip('/')}/coroner-node-n1"
 
 
 def test_a_machine_without_a_v1_memory_hierarchy_is_said_not_guessed() -> None:
     with pytest.raises(DevClusterError, match="no cgroup v1 memory hierarchy"):
-        node.cgroup_parent("0::/user.slice\n")
+        cgroups.cgroup_parent("0::/user.slice\n")
 
 
 def test_the_hierarchies_are_read_from_the_mounts() -> None:
-    assert node.v1_hierarchies(MOUNTS) == [
+    assert cgroups.v1_hierarchies(MOUNTS) == [
         pathlib.Path("/sys/fs/cgroup/cpu"),
         pathlib.Path("/sys/fs/cgroup/memory"),
         pathlib.Path("/sys/fs/cgroup/systemd"),
     ]
-    assert node.cgroup2_hierarchies(MOUNTS) == [pathlib.Path("/sys/fs/cgroup/unified")]
+    assert cgroups.cgroup2_hierarchies(MOUNTS) == [pathlib.Path("/sys/fs/cgroup/unified")]
 
 
 @pytest.mark.parametrize("directory", ["/tmp/c", "/tmp/pytest-of-root/pytest-123/" + "deep/" * 30 + "cluster"])

@@ -102,7 +102,8 @@ _ABSENCE = {
 
 
 def needs_write(current: model.Attestation | None, new: dict[str, Any], *, last_heartbeat_raw: str | None) -> bool:
-    """Level-based: write only what changes the record — never a periodic refresh (issue 14).
+    """Level-based: write only what changes the record — never a periodic refresh (a write per worker
+    per period would make the cost grow with workers, not nodes).
 
     A verdict is current while the agent's Lease is live on the boot it attested from, so nothing
     is rewritten to keep it fresh: an Alive is written once when the incarnation is pinned, a Dead

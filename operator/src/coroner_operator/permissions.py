@@ -6,7 +6,7 @@ Two facts, each asked for before the first decision that needs it and again ever
 * the ``retire`` verb, per namespace: the first reconcile in a namespace asks (`ensure`), a flip (a
   grant, or a revocation) reconciles that namespace again. The retire protocol asks once more right
   before each write, so a revocation never waits for this loop.
-* the admission policies and bindings (issue 17, item 3): listed, and compared by content with what
+* the admission policies and bindings (the API server's half of every safety rule): listed, and compared by content with what
   the manifests ship (`coroner.core.admission_digest.compare`). While one is missing or differs, or
   they cannot be read (unknown is never intact), every decision that would retire says
   AdmissionPoliciesUnverified instead: the operator fails closed. Any change (what is missing or

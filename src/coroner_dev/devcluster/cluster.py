@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from coroner.core import procfs
+from coroner_dev.devcluster import cgroups as cgroups_mod
 from coroner_dev.devcluster import pki as pki_mod
 from coroner_dev.devcluster.binaries import Binaries, ensure_binaries
 from coroner_dev.devcluster.errors import DevClusterError
@@ -395,7 +396,7 @@ def up(
         for name in nodes:
             if any(p.name == node_mod.process_name("containerd", name) for p in started):
                 node_mod.stop(cluster, name=name, binaries=node_binaries, processes=started)
-        node_mod.remove_ancestors(cgroups)
+        cgroups_mod.remove_ancestors(cgroups)
         for process in reversed(started):
             stop_process(process)
         raise
@@ -449,7 +450,7 @@ def down(directory: pathlib.Path) -> list[str]:
         node_binaries = ensure_node_binaries()
         for name in cluster.nodes:
             node_mod.stop(cluster, name=name, binaries=node_binaries, processes=list(cluster.processes))
-        node_mod.remove_ancestors(list(cluster.node_cgroups))
+        cgroups_mod.remove_ancestors(list(cluster.node_cgroups))
     for process in reversed(cluster.processes):
         stop_process(process)
     (directory / STATE_FILE).unlink(missing_ok=True)
