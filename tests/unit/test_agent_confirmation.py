@@ -65,10 +65,11 @@ async def _run(script: list[tuple[Verdict, Evidence]], *, confirm: float, settle
         identity="agent",
     )
     agent.on_relist([kube.bodies[KEY]])
-    worker = asyncio.create_task(agent.run_worker())
+    workers = agent.workers()
     await asyncio.sleep(settle)
-    worker.cancel()
-    await asyncio.gather(worker, return_exceptions=True)
+    for worker in workers:
+        worker.cancel()
+    await asyncio.gather(*workers, return_exceptions=True)
     return kube
 
 
@@ -122,7 +123,7 @@ def test_a_reused_sighting_is_the_first_look_at_the_absence() -> None:
                 await asyncio.sleep(0.01)
 
         agent.on_relist([kube.bodies[KEY]])
-        worker = asyncio.create_task(agent.run_worker())
+        workers = agent.workers()
         await probed(1)
         await asyncio.sleep(0.35)  # the confirmation window (0.3 s) has passed since the first look
         agent.enqueue(KEY)  # the holder of the number exits (its pidfd event): still Reused here
@@ -135,8 +136,9 @@ def test_a_reused_sighting_is_the_first_look_at_the_absence() -> None:
             await asyncio.sleep(0.01)
         # At once: on the third look itself, not on a later one after a confirmation window.
         assert prober.probes == 3
-        worker.cancel()
-        await asyncio.gather(worker, return_exceptions=True)
+        for worker in workers:
+            worker.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
         return kube
 
     kube = asyncio.run(scenario())

@@ -107,9 +107,12 @@ class FakeKube:
         self.renewals: list[float] = []
         self.watch_stopped = threading.Event()
 
-    def write_attestation(self, body: dict[str, Any], attestation: dict[str, Any]) -> dict[str, Any]:
-        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+    def patch_status(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
+        """The attestation patch (`wire.attestation_ops`): its last op sets it."""
+        key = (namespace, name)
         stored = copy.deepcopy(self.bodies[key])
+        last = ops[-1]
+        attestation = last["value"]["attestation"] if last["path"] == "/status" else last["value"]
         stored["status"]["attestation"] = attestation
         stored["metadata"]["resourceVersion"] = str(int(stored["metadata"]["resourceVersion"]) + 1)
         self.bodies[key] = stored
@@ -119,7 +122,7 @@ class FakeKube:
     def get_registration(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.bodies.get((namespace, name))
 
-    def renew_lease(self, *, holder: str, duration: int, annotations: dict[str, str]) -> None:
+    def renew_lease(self, *, holder: str, duration: int, annotations: dict[str, str], now: Any = None) -> None:
         self.renewals.append(time.monotonic())
 
     def watch_registrations(
@@ -304,7 +307,7 @@ def test_the_report_accounts_for_every_registration_waited_for(plan: list[tuple[
         agent, kube, _ = make_agent(workers, shutdown_grace_seconds=0.4, shutdown_resync_seconds=0.05)
         agent._stop_watch.set()  # no watch thread: the list is delivered by hand
         agent.on_relist([copy.deepcopy(b) for b in kube.bodies.values()])
-        runners = [asyncio.create_task(agent.run_worker()) for _ in range(2)]
+        runners = agent.workers()
         try:
 
             async def exit_later(name: str, delay: float) -> None:
@@ -358,7 +361,7 @@ def test_a_mass_death_costs_the_wait_o_of_changes_not_o_of_registrations_per_cha
         agent, kube, _ = make_agent(workers, shutdown_grace_seconds=10.0)
         agent._stop_watch.set()
         agent.on_relist([copy.deepcopy(b) for b in kube.bodies.values()])
-        runners = [asyncio.create_task(agent.run_worker()) for _ in range(4)]
+        runners = agent.workers()
         try:
             while len(kube.writes) < count:
                 await asyncio.sleep(0.01)
