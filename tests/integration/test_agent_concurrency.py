@@ -14,6 +14,8 @@ import asyncio
 import contextlib
 import copy
 import pathlib
+import signal
+import subprocess
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -23,7 +25,7 @@ from coroner.core.model import Key
 from coroner.core.procfs import IncarnationKey
 from coroner_agent.prober import ProcProber
 from coroner_agent.service import Agent, AgentSettings
-from integration.test_probe_real import REAL_BOOT, Node, record, spawn  # noqa: F401 (spawn is a fixture)
+from integration.test_probe_real import REAL_BOOT, Node, record
 
 pytestmark = [pytest.mark.procs, pytest.mark.timeout(120)]
 
@@ -100,6 +102,25 @@ def registration(name: str, incarnation: IncarnationKey, node: Node) -> dict[str
         },
         "status": {},
     }  # fmt: skip
+
+
+@pytest.fixture
+def spawn() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    """Processes that are always killed and reaped afterwards."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(*argv: str) -> subprocess.Popen[bytes]:
+        process = subprocess.Popen(argv, start_new_session=True)
+        started.append(process)
+        return process
+
+    try:
+        yield start
+    finally:
+        for process in started:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGKILL)
+            process.wait(timeout=10)
 
 
 @pytest.fixture

@@ -108,18 +108,46 @@ BOOT_LOOK = FirstLook(look="boot-over", at=NOW - 11 * SECOND)
         pytest.param(ALIVE, LOOK, BOOT, ("Alive", "PidfdPinned"), None, None, id="alive after a look: starts over"),
         pytest.param(EXITED, None, BOOT, ("Dead", "PidfdExited"), None, None, id="pidfd death: at once"),
         pytest.param(UNPINNED, LOOK, BOOT, ("Unknown", "PidfdUnavailable"), None, None, id="unknown: starts over"),
-        pytest.param(ABSENT, None, BOOT, None, NOW + 10 * SECOND, FirstLook(look="absent", at=NOW),
-                     id="first absence: remembered, back when the window ends"),  # fmt: skip
+        pytest.param(
+            ABSENT,
+            None,
+            BOOT,
+            None,
+            NOW + 10 * SECOND,
+            FirstLook(look="absent", at=NOW),
+            id="first absence: remembered, back when the window ends",
+        ),
         pytest.param(ABSENT, RECENT, BOOT, None, RECENT.at + 10 * SECOND, RECENT, id="absence inside the window: wait"),
         pytest.param(ABSENT, LOOK, BOOT, ("Dead", "ProcAbsent"), None, LOOK, id="absence seen again: written"),
-        pytest.param(BOOT_OVER, LOOK, BOOT, None, NOW + 10 * SECOND, FirstLook(look="boot-over", at=NOW),
-                     id="a boot boundary is another look than an absence"),  # fmt: skip
+        pytest.param(
+            BOOT_OVER,
+            LOOK,
+            BOOT,
+            None,
+            NOW + 10 * SECOND,
+            FirstLook(look="boot-over", at=NOW),
+            id="a boot boundary is another look than an absence",
+        ),
         pytest.param(BOOT_OVER, BOOT_LOOK, BOOT, ("Dead", "BootBoundary"), None, BOOT_LOOK, id="boot over twice"),
-        pytest.param(REUSED, None, BOOT, ("Reused", "StartTimeDiffers"), None, FirstLook(look="absent", at=NOW),
-                     id="reused: written, and the first look at the absence"),  # fmt: skip
+        pytest.param(
+            REUSED,
+            None,
+            BOOT,
+            ("Reused", "StartTimeDiffers"),
+            None,
+            FirstLook(look="absent", at=NOW),
+            id="reused: written, and the first look at the absence",
+        ),
         pytest.param(REUSED, LOOK, BOOT, ("Reused", "StartTimeDiffers"), None, LOOK, id="reused keeps the look"),
-        pytest.param(ABSENT, LOOK, None, ("Unknown", "BootIdUnreadable"), None, None,
-                     id="no boot id: Unknown whatever the probe said"),  # fmt: skip
+        pytest.param(
+            ABSENT,
+            LOOK,
+            None,
+            ("Unknown", "BootIdUnreadable"),
+            None,
+            None,
+            id="no boot id: Unknown whatever the probe said",
+        ),
     ],
 )
 def test_one_look_at_an_active_registration(
