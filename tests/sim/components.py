@@ -9,7 +9,8 @@ bumps it, and every callback scheduled by an older epoch is a no-op).
   gather and pure step, its executor over `SimAgentPort`, its clock injected), the production probe
   (`coroner_agent.probe.probe`, `PidIndex`, `PidfdTable`, `LocalNode.read`) over a `SimProcReader`.
   What is the sim's own: the scheduling (the API latency between the step and the executor), the
-  prober's bookkeeping (`ProcProber` opens a real /proc), and the Lease body.
+  prober's bookkeeping (`ProcProber` opens a real /proc), and its port's Lease upsert (the
+  transport of `coroner.client.rest.upsert_lease`).
 - `SimOperator`: the production `World` cache, `decide`, `status.desired_conditions`,
   `conditions_ops`, `retirement_ops`; the reconcile flow around them mirrors
   `coroner_operator.reconciler.Reconciler.reconcile` (the effects-as-data step of issue 15 will
@@ -215,8 +216,20 @@ class SimAgentPort:
                 return None
             raise ApiError(exc.status, exc.reason, exc.message) from exc
 
-    async def renew_lease(self, **_: Any) -> None:
-        raise NotImplementedError("the simulation renews the agent Lease in SimAgent.renew")
+    async def renew_lease(
+        self, *, holder: str, duration: int, annotations: dict[str, str], now: datetime.datetime
+    ) -> None:
+        """As `coroner.client.rest.upsert_lease`: create it, or the Lease as read renewed now."""
+        server, name = self.agent.trial.server, f"{api.AGENT_LEASE_PREFIX}{self.agent.node.name}"
+        current = server.objects.get(("lease", api.SYSTEM_NAMESPACE, name))
+        if current is None:
+            body = wire.lease_body(
+                namespace=api.SYSTEM_NAMESPACE, name=name, holder=holder, duration=duration,
+                annotations=annotations, now=now,
+            )  # fmt: skip
+        else:
+            body = wire.lease_renewal(current, holder=holder, duration=duration, annotations=annotations, now=now)
+        server.upsert(self.agent.identity, "lease", body)
 
 
 class SimAgent:
@@ -330,27 +343,10 @@ class SimAgent:
         self.later(0.001, run)
 
     def renew(self) -> None:
-        """The Lease renewal of `AgentApi.renew_lease`: create, or the Lease as read renewed now."""
-        name = f"{api.AGENT_LEASE_PREFIX}{self.node.name}"
-        annotations = {
-            api.AGENT_LEASE_BOOT_ID: self.prober.boot_id() or "",
-            api.AGENT_LEASE_HOST_ID: self.prober.host_id(),
-        }
-        holder = f"coroner-agent-{self.node.name}-{self.epoch}"
+        """The production Lease renewal (`Agent.renew_lease_once`: holder, duration, this boot's and
+        host's ids, `clock()`), through `SimAgentPort.renew_lease`, unless the agent is cut off."""
         if not self.trial.partitioned(self):
-            server = self.trial.server
-            current = server.objects.get(("lease", api.SYSTEM_NAMESPACE, name))
-            now = dt(self.now())
-            if current is None:
-                body = wire.lease_body(
-                    namespace=api.SYSTEM_NAMESPACE, name=name, holder=holder, duration=LEASE_SECONDS,
-                    annotations=annotations, now=now,
-                )  # fmt: skip
-            else:
-                body = wire.lease_renewal(
-                    current, holder=holder, duration=LEASE_SECONDS, annotations=annotations, now=now
-                )
-            server.upsert(self.identity, "lease", body)
+            run_now(self.agent.renew_lease_once())
         self.later(RENEW_SECONDS, self.renew)
 
     def resync(self) -> None:

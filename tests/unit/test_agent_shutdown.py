@@ -105,6 +105,7 @@ class FakeKube:
         self.bodies = {(b["metadata"]["namespace"], b["metadata"]["name"]): b for b in bodies}
         self.writes: list[tuple[str, str, float]] = []
         self.renewals: list[float] = []
+        self.renewed_at: list[Any] = []
         self.watch_stopped = threading.Event()
 
     def patch_status(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
@@ -124,6 +125,7 @@ class FakeKube:
 
     def renew_lease(self, *, holder: str, duration: int, annotations: dict[str, str], now: Any = None) -> None:
         self.renewals.append(time.monotonic())
+        self.renewed_at.append(now)
 
     def watch_registrations(
         self, *, loop: asyncio.AbstractEventLoop, on_event: Any, on_relist: Any, stop: Any, **_: Any
