@@ -1,8 +1,7 @@
 """Virtual time: seconds (a float) since a fixed epoch; each component reads it through its own skew.
 
-The production code reads the wall clock in two places the simulation drives (the agent's
-attestation time, and its confirmation timer): `installed()` points those at the component whose
-code is running (`CURRENT`), for the duration of a batch, and puts the real ones back after.
+The agent takes its clock as a parameter (`SimAgent.clock`) and asks for its timers as data
+(`AgentEffects.requeue_at`): nothing of it is patched here.
 """
 
 from __future__ import annotations
@@ -11,11 +10,11 @@ import asyncio
 import contextlib
 import datetime
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from sim import memo
-from sim.prod import agent_service, model, retire_protocol
+from sim.prod import model, retire_protocol
 
 EPOCH = datetime.datetime(2026, 12, 1, 12, 0, 0, tzinfo=datetime.UTC)
 
@@ -37,40 +36,11 @@ def iso(t: float, *, fraction: bool = True) -> str:
     return model.format_time(dt(t), fraction=fraction)
 
 
-class _Current:
-    """The clock and timer of the component whose production code is running right now."""
-
-    now: Callable[[], float] = staticmethod(lambda: 0.0)
-    call_later: Callable[[float, Callable[..., None], Any], None] = staticmethod(lambda d, f, *a: None)
-
-
-CURRENT = _Current()
-
-
-class _SimDatetime(datetime.datetime):
-    @classmethod
-    def now(cls, tz: datetime.tzinfo | None = None) -> datetime.datetime:  # type: ignore[override]
-        return dt(CURRENT.now())
-
-
-class _SimLoop:
-    def call_later(self, delay: float, callback: Callable[..., None], *args: Any) -> None:
-        CURRENT.call_later(delay, callback, *args)
-
-
-_datetime_module = types.SimpleNamespace(
-    datetime=_SimDatetime, timedelta=datetime.timedelta, UTC=datetime.UTC, timezone=datetime.timezone
-)
-
-
 class _SimAsyncio(types.SimpleNamespace):
-    """asyncio, but `get_running_loop()` is the simulation's timer (everything else is the real one)."""
+    """asyncio with some names replaced (everything else is the real module)."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(asyncio, name)
-
-
-_asyncio_module = _SimAsyncio(get_running_loop=lambda: _SimLoop())
 
 
 async def _gather_in_order(*awaitables: Any, return_exceptions: bool = False) -> list[Any]:
@@ -119,21 +89,17 @@ def _memo_parse(obj: object) -> Any:
 
 @contextlib.contextmanager
 def installed(*, memos: bool = True) -> Iterator[None]:
-    """Point the agent service's clock and timer at the simulation (restored on exit).
-
-    Also memoizes `model.parse_registration` by the identity of the body: the model API server's
+    """Memoizes `model.parse_registration` by the identity of the body: the model API server's
     bodies are immutable, the parse is pure, and the agent, the operator and the oracles parse
     the very same objects (the trial clears the memo, which also keeps each body alive while its
     id is a key). With `memos`, the pure functions of `sim.memo` are memoized by value too; the
     retire protocol's `asyncio.gather` answers without an event loop (`run_now`)."""
-    saved = agent_service.datetime, agent_service.asyncio, retire_protocol.asyncio, model.parse_registration
-    agent_service.datetime = _datetime_module  # type: ignore[assignment]
-    agent_service.asyncio = _asyncio_module  # type: ignore[assignment]
+    saved = retire_protocol.asyncio, model.parse_registration
     retire_protocol.asyncio = _retire_asyncio  # type: ignore[assignment]
     model.parse_registration = _memo_parse  # type: ignore[assignment]
     try:
         with memo.installed() if memos else contextlib.nullcontext():
             yield
     finally:
-        agent_service.datetime, agent_service.asyncio, retire_protocol.asyncio, model.parse_registration = saved
+        retire_protocol.asyncio, model.parse_registration = saved
         PARSED.clear()

@@ -5,11 +5,12 @@ I/O around it — which in the simulation is a call on the model API server, del
 latency, and dropped if the component crashed meanwhile (each component has an `epoch`; a crash
 bumps it, and every callback scheduled by an older epoch is a no-op).
 
-- `SimAgent`: the production `coroner_agent.service.Agent` (its watch handlers, `attestation_for`,
-  `_confirmed` and `needs_write`), the production probe (`coroner_agent.probe.probe`, `PidIndex`,
-  `PidfdTable`, `LocalNode.read`) over a `SimProcReader`, and the production `attestation_ops`.
-  What is the sim's own: `Agent.attest`'s four lines of I/O (it is async and calls the network
-  inline), the prober's bookkeeping (`ProcProber` opens a real /proc), and the Lease body.
+- `SimAgent`: the production `coroner_agent.service.Agent` (its watch handlers, its reconciler's
+  gather and pure step, its executor over `SimAgentPort`, its clock injected), the production probe
+  (`coroner_agent.probe.probe`, `PidIndex`, `PidfdTable`, `LocalNode.read`) over a `SimProcReader`.
+  What is the sim's own: the scheduling (the API latency between the step and the executor), the
+  prober's bookkeeping (`ProcProber` opens a real /proc), and its port's Lease upsert (the
+  transport of `coroner.client.rest.upsert_lease`).
 - `SimOperator`: the production `World` cache, `decide`, `status.desired_conditions`,
   `conditions_ops`, `retirement_ops`; the reconcile flow around them mirrors
   `coroner_operator.reconciler.Reconciler.reconcile` (the effects-as-data step of issue 15 will
@@ -31,8 +32,10 @@ from typing import TYPE_CHECKING, Any
 
 from sim import kernel
 from sim.apiserver import SimApiError, Watcher
-from sim.clock import CURRENT, dt, run_now
+from sim.clock import dt, run_now
 from sim.prod import (
+    AgentEffects,
+    ApiError,
     Policy,
     World,
     agent_probe,
@@ -192,6 +195,43 @@ class SimProber:
         return sorted(k for k, inc in [*self.incarnation_of.items(), *self.reuser_of.items()] if inc in fired)
 
 
+class SimAgentPort:
+    """`coroner_agent.executor.AgentPort` on the model API server: answers at once (the latency is
+    the SimAgent's scheduling), refusals as the production client raises them."""
+
+    def __init__(self, agent: SimAgent) -> None:
+        self.agent = agent
+
+    async def patch_status(self, *, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
+        try:
+            return self.agent.trial.server.patch(self.agent.identity, "wreg", namespace, name, ops)
+        except SimApiError as exc:
+            raise ApiError(exc.status, exc.reason, exc.message) from exc
+
+    async def get_registration(self, *, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self.agent.trial.server.get("wreg", namespace, name)
+        except SimApiError as exc:
+            if exc.status == 404:
+                return None
+            raise ApiError(exc.status, exc.reason, exc.message) from exc
+
+    async def renew_lease(
+        self, *, holder: str, duration: int, annotations: dict[str, str], now: datetime.datetime
+    ) -> None:
+        """As `coroner.client.rest.upsert_lease`: create it, or the Lease as read renewed now."""
+        server, name = self.agent.trial.server, f"{api.AGENT_LEASE_PREFIX}{self.agent.node.name}"
+        current = server.objects.get(("lease", api.SYSTEM_NAMESPACE, name))
+        if current is None:
+            body = wire.lease_body(
+                namespace=api.SYSTEM_NAMESPACE, name=name, holder=holder, duration=duration,
+                annotations=annotations, now=now,
+            )  # fmt: skip
+        else:
+            body = wire.lease_renewal(current, holder=holder, duration=duration, annotations=annotations, now=now)
+        server.upsert(self.agent.identity, "lease", body)
+
+
 class SimAgent:
     def __init__(self, trial: Trial, node: kernel.SimNode, *, skew: float = 0.0, lag: float = 0.05) -> None:
         self.trial = trial
@@ -216,14 +256,13 @@ class SimAgent:
 
         def run() -> None:
             if self.up and self.epoch == epoch:
-                self._as_me(fn)
+                fn()
 
         self.trial.at(self.trial.now + delay, run)
 
-    def _as_me(self, fn: Callable[[], Any]) -> Any:
-        CURRENT.now = self.now
-        CURRENT.call_later = lambda delay, callback, *args: self.later(delay, lambda: callback(*args))
-        return fn()
+    def clock(self) -> datetime.datetime:
+        """The agent's injected clock: virtual time through this agent's skew."""
+        return dt(self.now())
 
     def start(self, *, cap: int | None = None) -> None:
         self.epoch += 1
@@ -245,7 +284,14 @@ class SimAgent:
             resync_seconds=RESYNC_SECONDS,
             absence_confirm_seconds=CONFIRM_SECONDS,
         )
-        self.agent = agent_service.Agent(kube=None, prober=self.prober, settings=settings, identity=AGENT_IDENTITY)  # type: ignore[arg-type]
+        self.agent = agent_service.Agent(
+            kube=None,  # type: ignore[arg-type]  # the watch is the sim's Watcher below
+            prober=self.prober,
+            settings=settings,
+            identity=AGENT_IDENTITY,
+            clock=self.clock,
+            port=SimAgentPort(self),
+        )
         self.agent.enqueue = self.enqueue  # type: ignore[method-assign]
         self.queued: set[tuple[str, str]] = set()
         node = self.node.name
@@ -256,11 +302,11 @@ class SimAgent:
             selector=lambda b: ((b.get("metadata") or {}).get("labels") or {}).get(api.NODE_LABEL) == node,
             lag=self.lag,
             on_event=self._on_event,
-            on_relist=lambda items: self._as_me(lambda: self.agent.on_relist(items)),
+            on_relist=lambda items: self.agent.on_relist(items),
         )
         self.watch.cap = cap
         self.trial.server.watchers.append(self.watch)
-        self._as_me(self.watch.start)
+        self.watch.start()
         self.renew()
         self.later(RESYNC_SECONDS, self.resync)
 
@@ -273,7 +319,7 @@ class SimAgent:
         rv = _rv(body)
         if travel is not None and travel[0] is self and self.trial.labels.get(rv) == travel[1]:
             self.trial.at(self.trial.now, lambda: self.trial.time_travel(rv))
-        self._as_me(lambda: self.agent.on_event(etype, body))
+        self.agent.on_event(etype, body)
 
     def crash(self) -> None:
         if not self.up:
@@ -297,27 +343,10 @@ class SimAgent:
         self.later(0.001, run)
 
     def renew(self) -> None:
-        """The Lease renewal of `AgentApi.renew_lease`: create, or the Lease as read renewed now."""
-        name = f"{api.AGENT_LEASE_PREFIX}{self.node.name}"
-        annotations = {
-            api.AGENT_LEASE_BOOT_ID: self.prober.boot_id() or "",
-            api.AGENT_LEASE_HOST_ID: self.prober.host_id(),
-        }
-        holder = f"coroner-agent-{self.node.name}-{self.epoch}"
+        """The production Lease renewal (`Agent.renew_lease_once`: holder, duration, this boot's and
+        host's ids, `clock()`), through `SimAgentPort.renew_lease`, unless the agent is cut off."""
         if not self.trial.partitioned(self):
-            server = self.trial.server
-            current = server.objects.get(("lease", api.SYSTEM_NAMESPACE, name))
-            now = dt(self.now())
-            if current is None:
-                body = wire.lease_body(
-                    namespace=api.SYSTEM_NAMESPACE, name=name, holder=holder, duration=LEASE_SECONDS,
-                    annotations=annotations, now=now,
-                )  # fmt: skip
-            else:
-                body = wire.lease_renewal(
-                    current, holder=holder, duration=LEASE_SECONDS, annotations=annotations, now=now
-                )
-            server.upsert(self.identity, "lease", body)
+            run_now(self.agent.renew_lease_once())
         self.later(RENEW_SECONDS, self.renew)
 
     def resync(self) -> None:
@@ -334,47 +363,30 @@ class SimAgent:
             self.later(0.0005, lambda key=key: self.agent.on_pidfd(key))
 
     def attest(self, key: tuple[str, str]) -> None:
-        """`Agent.attest` without its I/O: production attestation_for, _confirmed, needs_write, ops."""
-        agent = self.agent
-        body = agent.bodies.get(key)
-        if body is None:
+        """The production gather and step now; the production executor after the API latency."""
+        effects = self.agent.reconciler.effects(key)
+        if effects is None:
             return
-        prepared = agent.attestation_for(key, body)
-        if prepared is None:
+        if effects.requeue_at is not None:
+            self.later((effects.requeue_at - self.clock()).total_seconds(), lambda: self.enqueue(key))
+        if effects.write is None:
             return
-        registration, attestation = prepared
-        if not agent._confirmed(key, attestation):
-            return
-        if not agent_service.needs_write(
-            registration.attestation, attestation, last_heartbeat_raw=registration.last_heartbeat_raw
-        ):
-            return
-        ops = wire.attestation_ops(body, attestation)
         self.trial.stats["attest_sent"] += 1
-        self.later(self.trial.latency(), lambda: self._write(key, ops))
+        self.later(self.trial.latency(), lambda: self._write(effects))
 
-    def _write(self, key: tuple[str, str], ops: list[dict[str, Any]]) -> None:
+    def _write(self, effects: AgentEffects) -> None:
         if self.trial.partitioned(self):
-            self.later(1.0, lambda: self.enqueue(key))
+            self.later(1.0, lambda: self.enqueue(effects.key))
             return
+        executor = self.agent.executor
+        before = executor.attestations_written
         try:
-            written = self.trial.server.patch(self.identity, "wreg", key[0], key[1], ops)
-        except SimApiError as exc:
-            if exc.status in (409, 422):
-                try:
-                    fresh = self.trial.server.get("wreg", key[0], key[1])
-                except SimApiError:
-                    self.agent._forget(key)
-                    return
-                self.agent.bodies[key] = fresh
-                self.enqueue(key)
-                return
-            if exc.status == 404:
-                self.agent._forget(key)
-                return
-            self.trial.stats["agent_refused"] += 1
+            run_now(executor.run(effects))
+        except ApiError:
+            self.trial.stats["agent_refused"] += 1  # production retries it with backoff; a resync does here
             return
-        self.agent.bodies[key] = written
+        if executor.attestations_written == before:
+            return  # refused for moving (re-read, attested again) or gone
         self.writes += 1
         if self.crash_after_write is not None and self.writes == self.crash_after_write:
             self.trial.sieve_crash(self)

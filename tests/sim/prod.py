@@ -12,6 +12,9 @@ from coroner import retire as retire_protocol
 # `kubectl coroner apply`: the human's compare-and-swap retirement.
 from coroner.cli import plan as cli_plan
 
+# The production client's error (what a port raises for an API server's refusal).
+from coroner.client.rest import ApiError
+
 # The pure core: vocabulary, model, decision, conditions, /proc parsers, the operator's cache.
 from coroner.core import api, conditions, decision, fingerprint, model, procfs, wire
 from coroner.core.decision import AgentFacts, Decision, Facts, Policy, decide, lease_expiry
@@ -19,14 +22,18 @@ from coroner.core.decision import facts as decision_facts
 from coroner.core.reasons import ConditionType, Evidence, Reason, Verdict
 from coroner.core.world import World, lease_facts
 
-# The agent: the probe over a ProcReader, the attestation's building, confirmation and write rule.
+# The agent: the probe over a ProcReader; the service, whose reconciler gathers and calls the pure
+# step and whose executor writes through a port.
 from coroner_agent import probe as agent_probe
 from coroner_agent import service as agent_service
+from coroner_agent.effects import AgentEffects
 from coroner_operator import inputs as operator_inputs
 from coroner_operator import step as operator_step
 
 __all__ = [
+    "AgentEffects",
     "AgentFacts",
+    "ApiError",
     "ConditionType",
     "Decision",
     "Evidence",

@@ -9,6 +9,7 @@ happen. A pidfd death is the kernel's word and is written at once.
 from __future__ import annotations
 
 import asyncio
+import datetime
 from typing import Any
 
 import pytest
@@ -65,10 +66,11 @@ async def _run(script: list[tuple[Verdict, Evidence]], *, confirm: float, settle
         identity="agent",
     )
     agent.on_relist([kube.bodies[KEY]])
-    worker = asyncio.create_task(agent.run_worker())
+    workers = agent.workers()
     await asyncio.sleep(settle)
-    worker.cancel()
-    await asyncio.gather(worker, return_exceptions=True)
+    for worker in workers:
+        worker.cancel()
+    await asyncio.gather(*workers, return_exceptions=True)
     return kube
 
 
@@ -122,7 +124,7 @@ def test_a_reused_sighting_is_the_first_look_at_the_absence() -> None:
                 await asyncio.sleep(0.01)
 
         agent.on_relist([kube.bodies[KEY]])
-        worker = asyncio.create_task(agent.run_worker())
+        workers = agent.workers()
         await probed(1)
         await asyncio.sleep(0.35)  # the confirmation window (0.3 s) has passed since the first look
         agent.enqueue(KEY)  # the holder of the number exits (its pidfd event): still Reused here
@@ -135,8 +137,9 @@ def test_a_reused_sighting_is_the_first_look_at_the_absence() -> None:
             await asyncio.sleep(0.01)
         # At once: on the third look itself, not on a later one after a confirmation window.
         assert prober.probes == 3
-        worker.cancel()
-        await asyncio.gather(worker, return_exceptions=True)
+        for worker in workers:
+            worker.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
         return kube
 
     kube = asyncio.run(scenario())
@@ -145,3 +148,33 @@ def test_a_reused_sighting_is_the_first_look_at_the_absence() -> None:
     first = model.parse_time(written["firstObservedTime"])
     last = model.parse_time(written["observedTime"])
     assert first is not None and last is not None and (last - first).total_seconds() >= 0.3
+
+
+def test_the_confirmation_window_runs_on_the_injected_clock() -> None:
+    """No sleeps and nothing patched: the agent's clock is a parameter and its timer is data
+    (`Result.requeue_at`), so a test (or the simulation) moves time by hand."""
+    moments = [datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.UTC)]
+
+    async def scenario() -> tuple[FakeKube, list[Any]]:
+        kube = FakeKube([registration("w", pid=42)])
+        agent = Agent(
+            kube=kube,  # type: ignore[arg-type]
+            prober=ScriptedProber([ABSENT]),
+            settings=AgentSettings(node_name=NODE, absence_confirm_seconds=10.0),
+            identity="agent",
+            clock=lambda: moments[-1],
+        )
+        agent.on_relist([kube.bodies[KEY]])
+        first = await agent.reconciler.reconcile(KEY)
+        moments.append(moments[0] + datetime.timedelta(seconds=10))
+        second = await agent.reconciler.reconcile(KEY)
+        await agent.renew_lease_once()
+        return kube, [first.requeue_at, second.requeue_at]
+
+    kube, requeues = asyncio.run(scenario())
+    assert requeues == [moments[1], None], "back exactly when the window ends, then done"
+    written = _attestation(kube)
+    assert (written["verdict"], written["evidence"]) == ("Dead", "ProcAbsent")
+    assert model.parse_time(written["firstObservedTime"]) == moments[0]
+    assert model.parse_time(written["observedTime"]) == moments[1]
+    assert kube.renewed_at == [moments[1]], "the Lease's renewTime is the same clock's"

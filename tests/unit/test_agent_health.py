@@ -123,10 +123,11 @@ async def _attest(script: list[tuple[Verdict, Evidence]], metrics: AgentMetrics,
     )
     agent.on_relist([kube.bodies[KEY]])
     assert agent.health.synced
-    worker = asyncio.create_task(agent.run_worker())
+    workers = agent.workers()
     await asyncio.sleep(settle)
-    worker.cancel()
-    await asyncio.gather(worker, return_exceptions=True)
+    for worker in workers:
+        worker.cancel()
+    await asyncio.gather(*workers, return_exceptions=True)
     return kube
 
 
@@ -160,10 +161,10 @@ class FlakyKube(FakeKube):
 
     down = False
 
-    def renew_lease(self, *, holder: str, duration: int, annotations: dict[str, str]) -> None:
+    def renew_lease(self, *, holder: str, duration: int, annotations: dict[str, str], now: Any = None) -> None:
         if self.down:
             raise ConnectionRefusedError("API server down")
-        super().renew_lease(holder=holder, duration=duration, annotations=annotations)
+        super().renew_lease(holder=holder, duration=duration, annotations=annotations, now=now)
 
 
 def test_lease_renewals_failures_and_readiness_follow_the_api_server_while_liveness_stays() -> None:

@@ -105,11 +105,15 @@ class FakeKube:
         self.bodies = {(b["metadata"]["namespace"], b["metadata"]["name"]): b for b in bodies}
         self.writes: list[tuple[str, str, float]] = []
         self.renewals: list[float] = []
+        self.renewed_at: list[Any] = []
         self.watch_stopped = threading.Event()
 
-    def write_attestation(self, body: dict[str, Any], attestation: dict[str, Any]) -> dict[str, Any]:
-        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+    def patch_status(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
+        """The attestation patch (`wire.attestation_ops`): its last op sets it."""
+        key = (namespace, name)
         stored = copy.deepcopy(self.bodies[key])
+        last = ops[-1]
+        attestation = last["value"]["attestation"] if last["path"] == "/status" else last["value"]
         stored["status"]["attestation"] = attestation
         stored["metadata"]["resourceVersion"] = str(int(stored["metadata"]["resourceVersion"]) + 1)
         self.bodies[key] = stored
@@ -119,8 +123,9 @@ class FakeKube:
     def get_registration(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.bodies.get((namespace, name))
 
-    def renew_lease(self, *, holder: str, duration: int, annotations: dict[str, str]) -> None:
+    def renew_lease(self, *, holder: str, duration: int, annotations: dict[str, str], now: Any = None) -> None:
         self.renewals.append(time.monotonic())
+        self.renewed_at.append(now)
 
     def watch_registrations(
         self, *, loop: asyncio.AbstractEventLoop, on_event: Any, on_relist: Any, stop: Any, **_: Any
@@ -304,7 +309,7 @@ def test_the_report_accounts_for_every_registration_waited_for(plan: list[tuple[
         agent, kube, _ = make_agent(workers, shutdown_grace_seconds=0.4, shutdown_resync_seconds=0.05)
         agent._stop_watch.set()  # no watch thread: the list is delivered by hand
         agent.on_relist([copy.deepcopy(b) for b in kube.bodies.values()])
-        runners = [asyncio.create_task(agent.run_worker()) for _ in range(2)]
+        runners = agent.workers()
         try:
 
             async def exit_later(name: str, delay: float) -> None:
@@ -358,7 +363,7 @@ def test_a_mass_death_costs_the_wait_o_of_changes_not_o_of_registrations_per_cha
         agent, kube, _ = make_agent(workers, shutdown_grace_seconds=10.0)
         agent._stop_watch.set()
         agent.on_relist([copy.deepcopy(b) for b in kube.bodies.values()])
-        runners = [asyncio.create_task(agent.run_worker()) for _ in range(4)]
+        runners = agent.workers()
         try:
             while len(kube.writes) < count:
                 await asyncio.sleep(0.01)

@@ -7,7 +7,7 @@ import datetime
 import pytest
 
 from coroner.core.model import parse_registration
-from coroner_agent.service import needs_write
+from coroner_agent.step import needs_write
 from unit.builders import NOW, make_registration
 
 pytestmark = pytest.mark.unit

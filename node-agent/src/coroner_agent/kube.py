@@ -8,7 +8,9 @@ produces one (unknown is never dead).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import datetime
 import json
 import logging
 import random
@@ -19,7 +21,7 @@ from typing import Any
 
 from coroner.client.rest import ApiError, Rest, busy_or_unavailable, registrations_path, upsert_lease
 from coroner.core import api, wire
-from coroner.core.wire import JSON_PATCH, attestation_ops
+from coroner.core.wire import JSON_PATCH
 from coroner.runtime.controller import decorrelated_jitter
 
 logger = logging.getLogger("coroner.agent")
@@ -94,21 +96,20 @@ class AgentApi:
                 return None
             raise
 
-    def write_attestation(self, body: dict[str, Any], attestation: dict[str, Any]) -> dict[str, Any]:
-        meta = body["metadata"]
+    def patch_status(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
+        """The attestation's JSON patch (`wire.attestation_ops`, built by the attest step)."""
         return self.rest.request(
-            "PATCH",
-            registrations_path(meta["namespace"], meta["name"]) + "/status",
-            body=attestation_ops(body, attestation),
-            content_type=JSON_PATCH,
+            "PATCH", registrations_path(namespace, name) + "/status", body=ops, content_type=JSON_PATCH
         )
 
-    def renew_lease(self, *, holder: str, duration: int, annotations: dict[str, str]) -> None:
+    def renew_lease(
+        self, *, holder: str, duration: int, annotations: dict[str, str], now: datetime.datetime | None = None
+    ) -> None:
         """Creates or renews coroner-agent-<node>: agent liveness is observable, never assumed."""
         name = f"{api.AGENT_LEASE_PREFIX}{self.node_name}"
         upsert_lease(
             self.rest, namespace=self.system_namespace, name=name, holder=holder, duration=duration,
-            annotations=annotations,
+            annotations=annotations, now=now,
         )  # fmt: skip
 
     def watch_registrations(
@@ -170,3 +171,33 @@ class AgentApi:
                 logger.warning("%s failed node=%s error=%r; relisting in %.1fs", call, self.node_name, exc, backoff)
                 with contextlib.suppress(Exception):
                     stop.wait(backoff)
+
+
+class ThreadedPort:
+    """`coroner_agent.executor.AgentPort` over an `AgentApi`: each blocking call in a thread of its own
+    pool, sized for the agent's concurrent attestations plus its Lease renewal (the event loop's
+    default pool is min(32, CPUs + 4) threads: on a 2-core node it would cap the attestations in
+    flight at 6, whatever the agent's --workers say)."""
+
+    def __init__(self, api: AgentApi, *, threads: int) -> None:
+        self.api = api
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="coroner-agent-api")
+
+    async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+
+    async def patch_status(self, *, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
+        result: dict[str, Any] = await self._call(self.api.patch_status, namespace, name, ops)
+        return result
+
+    async def get_registration(self, *, namespace: str, name: str) -> dict[str, Any] | None:
+        result: dict[str, Any] | None = await self._call(self.api.get_registration, namespace, name)
+        return result
+
+    async def renew_lease(
+        self, *, holder: str, duration: int, annotations: dict[str, str], now: datetime.datetime
+    ) -> None:
+        await self._call(self.api.renew_lease, holder=holder, duration=duration, annotations=annotations, now=now)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

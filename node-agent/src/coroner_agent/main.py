@@ -36,6 +36,14 @@ logger = logging.getLogger("coroner.agent")
 @click.option("--resync-seconds", type=float, default=30.0, show_default=True)
 @click.option("--lease-duration-seconds", type=int, default=30, show_default=True)
 @click.option("--renew-seconds", type=float, default=10.0, show_default=True)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    help="Registrations attested at once (probe + attestation write), like the operator's --workers: a mass "
+    "death on this node is attested in about one API round-trip per this many deaths.",
+)
 @click.option("--no-pidfd", is_flag=True, help="Do not pin incarnations with pidfds (resync path only; benchmarks).")
 @click.option("--max-pidfds", type=int, default=20000, show_default=True)
 @click.option(
@@ -87,6 +95,7 @@ def main(
     resync_seconds: float,
     lease_duration_seconds: int,
     renew_seconds: float,
+    workers: int,
     no_pidfd: bool,
     max_pidfds: int,
     shutdown_grace_seconds: float,
@@ -107,6 +116,7 @@ def main(
         lease_duration_seconds=lease_duration_seconds,
         renew_seconds=renew_seconds,
         resync_seconds=resync_seconds,
+        workers=workers,
         shutdown_grace_seconds=shutdown_grace_seconds,
         shutdown_sweep_seconds=shutdown_sweep_seconds,
         absence_confirm_seconds=absence_confirm_seconds,
@@ -205,9 +215,9 @@ async def _serve(
     server: HealthServer | None,
 ) -> None:
     node_name = settings.node_name
-    kube = AgentApi(
-        Rest.default(kubeconfig, user_agent="coroner-agent"), node_name=node_name, system_namespace=system_namespace
-    )
+    # Connections for every attestation in flight, the Lease renewal and the watch.
+    rest = Rest.default(kubeconfig, user_agent="coroner-agent", pool_size=settings.workers + 2)
+    kube = AgentApi(rest, node_name=node_name, system_namespace=system_namespace)
     identity = await asyncio.to_thread(kube.whoami)
     loop = asyncio.get_running_loop()
     agent_ref: list[Agent] = []
@@ -229,13 +239,14 @@ async def _serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     logger.info(
-        "agent started node=%s identity=%s bootId=%s rootPidNamespace=%s pidfd=%s maxPidfds=%s",
+        "agent started node=%s identity=%s bootId=%s rootPidNamespace=%s pidfd=%s maxPidfds=%s workers=%s",
         node_name,
         identity,
         prober.boot_id(),
         prober.in_root_pid_namespace,
         prober_options["use_pidfd"],
         prober_options["max_pidfds"],
+        settings.workers,
     )
     try:
         await agent.run(stop=stop)

@@ -36,7 +36,7 @@ REUSER_RETRY_MAX_SECONDS = 5.0
 
 
 class ProcProber:
-    """Implements `coroner_agent.service.Prober` against a real /proc."""
+    """Implements `coroner_agent.reconciler.Prober` against a real /proc."""
 
     def __init__(
         self,

@@ -1,8 +1,24 @@
-"""The agent's loop: watch this node's registrations, probe each incarnation, attest what it finds.
+"""The agent's process: watch this node's registrations, attest each incarnation, renew the Lease,
+and drain on SIGTERM — around the controller runtime, in the operator's shape.
+
+```
+watch thread ──> Agent.on_event / on_relist ──> AgentCache (bodies, first looks)
+pidfd readable ──> Agent.on_pidfd ─┐                 └──> runtime.Controller (keyed queue, timers,
+resync (every resync_seconds) ─────┴────────────────────>   backoff, `workers` at once)
+Controller ──> AgentReconciler.reconcile(key):
+                 1. gather   the cached body, a probe (ProcProber), boot/host ids, the first look, now
+                 2. decide   step.attest(...) -> AgentEffects   (pure)
+                 3. execute  AgentExecutor.run(effects)        (the only writer; also the Lease)
+```
 
 Event-driven: a watched worker's pidfd becoming readable re-probes that registration at once; a
 periodic resync re-probes everything as a safety net (and is the only path for incarnations the
-agent could not pin). An API error delays an attestation; it never invents one.
+agent could not pin). Up to `workers` registrations are attested at once (a mass death is probed
+and written concurrently, as the operator's workers reconcile); one key is never attested twice at
+once. An API error delays an attestation; it never invents one.
+
+Time comes from `clock` (UTC; default the wall clock): every attestation's observedTime, the
+confirmation window and the Lease's renewTime read it, and the runtime's timers fire by it.
 
 On SIGTERM (the node is draining or shutting down, or the pod is replaced) the agent does not stop
 at once: it keeps serving exactly as before — registration watch, pidfd events, Lease renewal,
@@ -21,33 +37,27 @@ import datetime
 import logging
 import random
 import threading
-import time
-from collections.abc import Mapping
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 from coroner.client.rest import ApiError
-from coroner.core import api, model, wire
+from coroner.core import model
 from coroner.core.model import Key
-from coroner.core.reasons import Evidence, Verdict
-from coroner.core.world import slim
-from coroner.runtime.controller import decorrelated_jitter
-from coroner.runtime.workqueue import KeyedQueue
+from coroner.core.reasons import Verdict
+from coroner.runtime.controller import Controller, decorrelated_jitter, utcnow
+from coroner_agent import step
+from coroner_agent.cache import AgentCache
+from coroner_agent.executor import AgentExecutor, AgentPort
 from coroner_agent.health import AgentMetrics, HealthState
-from coroner_agent.kube import AgentApi
-from coroner_agent.verdict import ProbeResult
+from coroner_agent.kube import AgentApi, ThreadedPort
+from coroner_agent.reconciler import AgentReconciler, Prober
 
 logger = logging.getLogger("coroner.agent")
 
+__all__ = ["Agent", "AgentSettings", "DrainReport", "Prober"]
 
-class Prober(Protocol):
-    """The probes, injected so every branch of the loop is testable without real processes."""
-
-    def boot_id(self) -> str | None: ...
-    def host_id(self) -> str: ...
-    def rescan(self) -> None: ...
-    def probe(self, *, key: Key, registration: model.Registration) -> ProbeResult: ...
-    def forget(self, *, key: Key) -> None: ...
-    def pidfds_held(self) -> int: ...
+#: Retry delays of a failed attest (decorrelated jitter between the first and the last).
+ATTEST_BACKOFF = (0.5, 30.0)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,7 +73,9 @@ class AgentSettings:
     """A death read from /proc (ProcAbsent, BootBoundary) is attested only once it is seen again this
     long after it was first seen; the attestation records both looks (firstObservedTime,
     observedTime). Must be at least the operator's Policy.absence_confirm_seconds."""
-    workers: int = 4
+    workers: int = 8
+    """Registrations attested at once (probe + attestation write): a mass death on this node costs
+    about one API round-trip per `workers` deaths, not one per death."""
     shutdown_grace_seconds: float = 40.0
     """On SIGTERM, how long to keep serving while waiting for this node's registrations that are not
     attested Dead (nor terminal) to be resolved. With `shutdown_sweep_seconds` it must fit in the
@@ -90,49 +102,12 @@ class DrainReport:
     seconds: float
 
 
-#: Deaths read from /proc: attested only once seen twice, `absence_confirm_seconds` apart.
-CONFIRMED_EVIDENCE = frozenset({Evidence.PROC_ABSENT.value, Evidence.BOOT_BOUNDARY.value})
-#: What each look says of the incarnation: a pid number held by another process (StartTimeDiffers)
-#: and a number held by nobody (ProcAbsent) are both looks at an incarnation that is not there.
-_ABSENCE = {
-    Evidence.PROC_ABSENT.value: "absent",
-    Evidence.START_TIME_DIFFERS.value: "absent",
-    Evidence.BOOT_BOUNDARY.value: "boot-over",
-}
-
-
-def needs_write(current: model.Attestation | None, new: dict[str, Any], *, last_heartbeat_raw: str | None) -> bool:
-    """Level-based: write only what changes the record — never a periodic refresh (a write per worker
-    per period would make the cost grow with workers, not nodes).
-
-    A verdict is current while the agent's Lease is live on the boot it attested from, so nothing
-    is rewritten to keep it fresh: an Alive is written once when the incarnation is pinned, a Dead
-    once when it is seen."""
-    if current is None:
-        return True
-    if (
-        str(current.verdict) != new["verdict"]
-        or str(current.evidence) != new["evidence"]
-        or current.boot_id != new["bootId"]
-        or current.host_id != new["hostId"]
-        or current.agent_node != new["agent"]["nodeName"]
-        or _recorded_incarnation(current) != new["incarnation"]
-    ):
-        return True
-    if new["verdict"] == Verdict.DEAD.value and current.heartbeat_seen != (last_heartbeat_raw or ""):
-        return True  # an opted-in heartbeat landed after the Dead attestation: confirm with what is seen now
-    # A confirmed death over one recorded without its first look (an older agent's): say both.
-    return "firstObservedTime" in new and current.first_observed_time is None
-
-
-def _recorded_incarnation(attestation: model.Attestation) -> dict[str, object]:
-    """The incarnation an attestation recorded, exactly as stored."""
-    recorded = attestation.raw.get("incarnation")
-    return dict(recorded) if isinstance(recorded, Mapping) else {}
-
-
 class Agent:
-    """One node's agent."""
+    """One node's agent.
+
+    `kube` is the watch's source (its thread runs `kube.watch_registrations`); the writes go through
+    `port` (default: `kube`'s calls in a thread pool, `ThreadedPort`). `clock` is the one source of
+    time of the attestations, the confirmation window, the Lease and the runtime's timers."""
 
     def __init__(
         self,
@@ -143,34 +118,63 @@ class Agent:
         identity: str,
         metrics: AgentMetrics | None = None,
         health: HealthState | None = None,
+        clock: Callable[[], datetime.datetime] = utcnow,
+        port: AgentPort | None = None,
+        rng: random.Random | None = None,
     ) -> None:
+        if settings.workers < 1:
+            raise ValueError("the agent needs at least one worker")
         self.kube = kube
         self.metrics = metrics if metrics is not None else _unexported_metrics()
         self.health = health if health is not None else HealthState(lease_duration=settings.lease_duration_seconds)
         self.prober = prober
         self.settings = settings
         self.identity = identity
-        self.bodies: dict[Key, dict[str, Any]] = {}
-        self._queue: KeyedQueue[Key] = KeyedQueue()
-        self._failures: dict[Key, int] = {}
+        self.clock = clock
+        self._rng = rng if rng is not None else random.Random()
+        self._owned_port = ThreadedPort(kube, threads=settings.workers + 1) if port is None else None
+        self.port: AgentPort = port if port is not None else self._owned_port  # type: ignore[assignment]
+        self.cache = AgentCache(release=lambda key: prober.forget(key=key))
+        self.executor = AgentExecutor(
+            port=self.port,
+            cache=self.cache,
+            metrics=self.metrics,
+            enqueue=lambda key: self.enqueue(key),
+            clock=clock,
+            node_name=settings.node_name,
+        )
+        self.reconciler = AgentReconciler(
+            cache=self.cache,
+            prober=prober,
+            attester=step.Attester(
+                node_name=settings.node_name,
+                pod_name=settings.pod_name,
+                identity=identity,
+                absence_confirm_seconds=settings.absence_confirm_seconds,
+            ),
+            executor=self.executor,
+            metrics=self.metrics,
+            clock=clock,
+        )
+        self.controller: Controller[Key] = Controller(
+            self.reconciler.reconcile, backoff=ATTEST_BACKOFF, on_failure=self._failed, clock=clock, rng=self._rng
+        )
         self._stop_watch = threading.Event()
-        self.attestations_written = 0
         self.synced = asyncio.Event()
-        self._changed = asyncio.Event()
-        """Set whenever a registration body changes or goes: what the shutdown wait waits on."""
-        self._dirty: set[Key] | None = None
-        """During the shutdown wait: the keys changed since it last looked (None: not waiting)."""
-        self._first_seen: dict[Key, tuple[str, datetime.datetime]] = {}
-        """Deaths read from /proc awaiting their confirming look: key -> (evidence, first seen)."""
-        self._built: dict[Key, dict[str, Any]] = {}
-        """What `attestation_for` built a key's attestation from, until `_confirmed` (called right after
-        it) takes it to rebuild the attestation with its first look (wire.attestation_body(first_observed=))."""
-        self._rng = random.Random()
+
+    @property
+    def bodies(self) -> dict[Key, dict[str, Any]]:
+        """This node's registrations as last seen."""
+        return self.cache.bodies
+
+    @property
+    def attestations_written(self) -> int:
+        return self.executor.attestations_written
 
     # --- inputs --------------------------------------------------------------------------------
 
     def enqueue(self, key: Key) -> None:
-        self._queue.put(key)
+        self.controller.enqueue(key)
 
     def on_pidfd(self, key: Key) -> None:
         """A watched incarnation's pidfd became readable: its whole thread group exited."""
@@ -181,191 +185,45 @@ class Agent:
         for body in items:
             key = model.key_of(body)
             seen.add(key)
-            self.bodies[key] = slim(body)
+            self.cache.observe(key, body)
             self.enqueue(key)
-        for key in set(self.bodies) - seen:
-            self._forget(key)
+        for key in set(self.cache.bodies) - seen:
+            self.cache.forget(key)
         self.synced.set()
         self.health.synced = True
-        self._touched(*seen)
 
     def on_event(self, event_type: str, body: dict[str, Any]) -> None:
         key = model.key_of(body)
         if event_type == "DELETED":
-            self._forget(key)
+            self.cache.forget(key)
             return
-        self.bodies[key] = slim(body)
+        self.cache.observe(key, body)
         self.enqueue(key)
-        self._touched(key)
 
-    def _forget(self, key: Key) -> None:
-        self.bodies.pop(key, None)
-        self._first_seen.pop(key, None)
-        self._built.pop(key, None)
-        self.prober.forget(key=key)
-        self._touched(key)
-
-    def _touched(self, *keys: Key) -> None:
-        if self._dirty is not None:
-            self._dirty.update(keys)
-        self._changed.set()
-
-    # --- the attest step -----------------------------------------------------------------------
-
-    def attestation_for(self, key: Key, body: dict[str, Any]) -> tuple[model.Registration, dict[str, Any]] | None:
-        registration = model.parse_registration(body)
-        if registration.terminal:
-            self.prober.forget(key=key)
-            self._first_seen.pop(key, None)
-            return None
-        if registration.node_name != self.settings.node_name:
-            # The label selector said this node; the spec disagrees. Never speak for another node.
-            outcome = ProbeResult(
-                verdict=Verdict.UNKNOWN,
-                evidence=Evidence.FOREIGN_NODE,
-                detail=f"spec.nodeName is {registration.node_name!r}, this agent serves {self.settings.node_name!r}",
-            )
-        else:
-            started = time.perf_counter()
-            outcome = self.prober.probe(key=key, registration=registration)
-            self.metrics.probe_seconds.observe(time.perf_counter() - started)
-        built: dict[str, Any] = {
-            "registration": registration,
-            "verdict": outcome.verdict,
-            "evidence": outcome.evidence,
-            "detail": outcome.detail,
-            "boot_id": self.prober.boot_id(),
-            "host_id": self.prober.host_id(),
-            "now": datetime.datetime.now(datetime.UTC),
-            "agent_node": self.settings.node_name,
-            "agent_pod": self.settings.pod_name,
-            "agent_identity": self.identity,
-        }
-        self._built[key] = built
-        return registration, wire.attestation_body(**built)
-
-    async def attest(self, key: Key) -> None:
-        body = self.bodies.get(key)
-        if body is None:
-            return
-        prepared = self.attestation_for(key, body)
-        if prepared is None:
-            return
-        registration, attestation = prepared
-        if not self._confirmed(key, attestation):
-            return
-        if not needs_write(registration.attestation, attestation, last_heartbeat_raw=registration.last_heartbeat_raw):
-            return
-        try:
-            written = await asyncio.to_thread(self.kube.write_attestation, body, attestation)
-        except Exception as exc:
-            self.metrics.api_error("attestation", exc)
-            if not isinstance(exc, ApiError):
-                raise
-            if exc.status in (409, 422):
-                # What the probe relied on moved (a heartbeat landed): read again, probe again.
-                try:
-                    fresh = await asyncio.to_thread(self.kube.get_registration, key[0], key[1])
-                except Exception as read_exc:
-                    self.metrics.api_error("read", read_exc)
-                    raise
-                if fresh is None:
-                    self._forget(key)
-                else:
-                    self.bodies[key] = slim(fresh)
-                    self.enqueue(key)
-                return
-            if exc.status == 404:
-                self._forget(key)
-                return
-            raise
-        self.bodies[key] = slim(written)
-        self.attestations_written += 1
-        self.metrics.attestations.labels(attestation["verdict"], attestation["evidence"]).inc()
-        self._touched(key)
-        logger.info(
-            "attested workerregistration=%s/%s verdict=%s evidence=%s pid=%s node=%s",
-            key[0],
-            key[1],
-            attestation["verdict"],
-            attestation["evidence"],
-            registration.incarnation.pid,
-            self.settings.node_name,
-        )
-
-    def _confirmed(self, key: Key, attestation: dict[str, Any]) -> bool:
-        """Whether `attestation` may be written now; a death read from /proc needs a second look.
-
-        The first sighting is only remembered and the registration re-probed after the window; if
-        it is still Dead by the same evidence then, the attestation carries both looks. A Reused
-        sighting counts as a first look at the same absence (the number was held by another
-        process, so this incarnation was already gone), which keeps a reuser's exit as fast as a
-        death. Anything else seen in between starts over. A pidfd's readability is the kernel's
-        word: no wait."""
-        built = self._built.pop(key, None)
-        evidence = attestation["evidence"]
-        look = _ABSENCE.get(evidence) if attestation["verdict"] in (Verdict.DEAD.value, Verdict.REUSED.value) else None
-        if look is None:
-            self._first_seen.pop(key, None)
-            return True
-        now = model.parse_time(attestation["observedTime"])
-        assert now is not None
-        seen = self._first_seen.get(key)
-        if seen is None or seen[0] != look:
-            seen = self._first_seen[key] = (look, now)
-        if evidence not in CONFIRMED_EVIDENCE:
-            return True  # Reused is written as it is seen; it is only the first look at an absence
-        window = datetime.timedelta(seconds=self.settings.absence_confirm_seconds)
-        remaining = (seen[1] + window - now).total_seconds()
-        if remaining > 0:
-            asyncio.get_running_loop().call_later(remaining, self.enqueue, key)
-            return False
-        if built is None:
-            raise RuntimeError("_confirmed follows attestation_for of the same key")
-        attestation.update(wire.attestation_body(**built, first_observed=seen[1]))
-        return True
-
-    async def run_worker(self) -> None:
-        while True:
-            key = await self._queue.get()
-            try:
-                await self.attest(key)
-                self._failures.pop(key, None)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                attempt = self._failures.get(key, 0)
-                self._failures[key] = attempt + 1
-                delay = min(30.0, 0.5 * 2**attempt)
-                logger.warning(
-                    "attest failed workerregistration=%s/%s error=%r retry_in=%.1fs", key[0], key[1], exc, delay
-                )
-                asyncio.get_running_loop().call_later(delay, self.enqueue, key)
-            finally:
-                self._queue.done(key)
+    def _failed(self, key: Key, exc: Exception, delay: float) -> None:
+        logger.warning("attest failed workerregistration=%s/%s error=%r retry_in=%.1fs", key[0], key[1], exc, delay)
 
     # --- background loops ----------------------------------------------------------------------
 
     def scrape(self) -> None:
         """Brings the gauges read from state up to date (the metrics server calls it before a scrape)."""
-        self.metrics.registrations.set(len(self.bodies))
+        self.metrics.registrations.set(len(self.cache.bodies))
         self.metrics.pidfds.set(self.prober.pidfds_held())
+
+    async def renew_lease_once(self) -> None:
+        """One renewal of the node's Lease, with this boot's and host's ids (raises on failure)."""
+        await self.executor.renew_lease(
+            holder=self.settings.pod_name or self.identity,
+            duration=self.settings.lease_duration_seconds,
+            boot_id=self.prober.boot_id(),
+            host_id=self.prober.host_id(),
+        )
 
     async def run_lease(self) -> None:
         backoff: float | None = None
         while True:
-            boot_id = self.prober.boot_id()
-            annotations = {
-                api.AGENT_LEASE_BOOT_ID: boot_id or "",
-                api.AGENT_LEASE_HOST_ID: self.prober.host_id(),
-            }
             try:
-                await asyncio.to_thread(
-                    self.kube.renew_lease,
-                    holder=self.settings.pod_name or self.identity,
-                    duration=self.settings.lease_duration_seconds,
-                    annotations=annotations,
-                )
+                await self.renew_lease_once()
             except Exception as exc:
                 self.metrics.lease_renewal_failures.inc()
                 self.metrics.api_error("lease", exc)
@@ -385,16 +243,20 @@ class Agent:
                 continue
             backoff = None
             self.metrics.lease_renewals.inc()
-            self.metrics.lease_renewed.set(time.time())
+            self.metrics.lease_renewed.set(self.clock().timestamp())
             self.health.renewed()
             await asyncio.sleep(self.settings.renew_seconds)
+
+    async def resync(self, keys: set[Key] | None = None) -> None:
+        """A fresh look at the node (one /proc listing, its boot id) and a re-probe of `keys` (all)."""
+        await asyncio.to_thread(self.prober.rescan)
+        for key in list(self.cache.bodies) if keys is None else keys:
+            self.enqueue(key)
 
     async def run_resync(self) -> None:
         while True:
             await asyncio.sleep(self.settings.resync_seconds)
-            await asyncio.to_thread(self.prober.rescan)
-            for key in list(self.bodies):
-                self.enqueue(key)
+            await self.resync()
 
     def start_watch(self, loop: asyncio.AbstractEventLoop) -> threading.Thread:
         thread = threading.Thread(
@@ -412,16 +274,21 @@ class Agent:
         thread.start()
         return thread
 
+    def workers(self) -> list[asyncio.Task[None]]:
+        """The runtime's timers and `settings.workers` attest workers, started."""
+        loops = [self.controller.run_timers(), *(self.controller.run_worker() for _ in range(self.settings.workers))]
+        return [asyncio.create_task(loop) for loop in loops]
+
     # --- shutdown ------------------------------------------------------------------------------
 
     def awaited(self) -> set[Key]:
         """This node's registrations that are neither terminal nor attested Dead: what a shutdown
         waits for. An unattested one counts (its first probe may be Dead or Alive); a registration
         whose spec names another node does not (this agent never speaks for it)."""
-        return {key for key in self.bodies if self._is_awaited(key)}
+        return {key for key in self.cache.bodies if self._is_awaited(key)}
 
     def _is_awaited(self, key: Key) -> bool:
-        body = self.bodies.get(key)
+        body = self.cache.bodies.get(key)
         if body is None:
             return False
         registration = model.parse_registration(body)
@@ -431,7 +298,7 @@ class Agent:
         return attestation is None or attestation.verdict != Verdict.DEAD
 
     def _attested_dead(self, key: Key) -> bool:
-        body = self.bodies.get(key)
+        body = self.cache.bodies.get(key)
         if body is None:
             return False
         attestation = model.parse_registration(body).attestation
@@ -452,7 +319,8 @@ class Agent:
             # Not listed yet: nothing is known to wait for. Wait for the list within the grace.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.synced.wait(), timeout=max(0.0, deadline - loop.time()))
-        self._dirty = set()
+        cache = self.cache
+        cache.dirty = set()
         try:
             pending = self.awaited()
             waited = set(pending)
@@ -462,15 +330,13 @@ class Agent:
                 if not pending or now >= deadline:
                     break
                 if now >= next_resync:
-                    await asyncio.to_thread(self.prober.rescan)
-                    for key in pending:
-                        self.enqueue(key)
+                    await self.resync(set(pending))
                     next_resync = loop.time() + self.settings.shutdown_resync_seconds
                 else:
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._changed.wait(), timeout=min(deadline, next_resync) - now)
-                self._changed.clear()
-                dirty, self._dirty = self._dirty, set()
+                        await asyncio.wait_for(cache.changed.wait(), timeout=min(deadline, next_resync) - now)
+                cache.changed.clear()
+                dirty, cache.dirty = cache.dirty, set()
                 for key in dirty:
                     if self._is_awaited(key):
                         pending.add(key)
@@ -478,7 +344,7 @@ class Agent:
                     else:
                         pending.discard(key)
         finally:
-            self._dirty = None
+            cache.dirty = None
         attested = sum(1 for key in waited - pending if self._attested_dead(key))
         return DrainReport(
             waited=len(waited),
@@ -491,43 +357,47 @@ class Agent:
     async def shutdown_sweep(self, *, timeout: float) -> int:
         """Before the node goes: re-probe everything and attest what can be confirmed."""
         self._stop_watch.set()
-        await asyncio.to_thread(self.prober.rescan)
         before = self.attestations_written
-        for key in list(self.bodies):
-            self.enqueue(key)
+        await self.resync()
         try:
-            await asyncio.wait_for(self._queue.join(), timeout=timeout)
+            await asyncio.wait_for(self.controller.drain(), timeout=timeout)
         except TimeoutError:
-            logger.warning("shutdown sweep timed out node=%s pending=%s", self.settings.node_name, self._queue.pending)
+            logger.warning(
+                "shutdown sweep timed out node=%s pending=%s", self.settings.node_name, self.controller.queue.pending
+            )
         return self.attestations_written - before
 
     async def run(self, *, stop: asyncio.Event) -> None:
         loop = asyncio.get_running_loop()
         self.start_watch(loop)
-        tasks = [asyncio.create_task(self.run_lease()), asyncio.create_task(self.run_resync())]
-        tasks += [asyncio.create_task(self.run_worker()) for _ in range(self.settings.workers)]
-        await stop.wait()
-        # Everything keeps running through the wait and the sweep; the lease is renewed until the end.
-        logger.info(
-            "shutdown: waiting for this node's live incarnations node=%s grace=%.1fs",
-            self.settings.node_name,
-            self.settings.shutdown_grace_seconds,
-        )
-        report = await self.drain(grace=self.settings.shutdown_grace_seconds)
-        logger.info(
-            "shutdown wait done node=%s waited=%d attested=%d resolvedOtherwise=%d stillAlive=%d seconds=%.2f",
-            self.settings.node_name,
-            report.waited,
-            report.attested,
-            report.resolved_otherwise,
-            report.still_alive,
-            report.seconds,
-        )
-        written = await self.shutdown_sweep(timeout=self.settings.shutdown_sweep_seconds)
-        logger.info("shutdown sweep done node=%s attestations=%s", self.settings.node_name, written)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        tasks = [asyncio.create_task(self.run_lease()), asyncio.create_task(self.run_resync()), *self.workers()]
+        try:
+            await stop.wait()
+            # Everything keeps running through the wait and the sweep; the lease is renewed until the end.
+            logger.info(
+                "shutdown: waiting for this node's live incarnations node=%s grace=%.1fs",
+                self.settings.node_name,
+                self.settings.shutdown_grace_seconds,
+            )
+            report = await self.drain(grace=self.settings.shutdown_grace_seconds)
+            logger.info(
+                "shutdown wait done node=%s waited=%d attested=%d resolvedOtherwise=%d stillAlive=%d seconds=%.2f",
+                self.settings.node_name,
+                report.waited,
+                report.attested,
+                report.resolved_otherwise,
+                report.still_alive,
+                report.seconds,
+            )
+            written = await self.shutdown_sweep(timeout=self.settings.shutdown_sweep_seconds)
+            logger.info("shutdown sweep done node=%s attestations=%s", self.settings.node_name, written)
+        finally:
+            self._stop_watch.set()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if self._owned_port is not None:
+                self._owned_port.close()
 
 
 _UNEXPORTED: list[AgentMetrics] = []

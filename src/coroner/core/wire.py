@@ -7,7 +7,8 @@ which parses the same shapes back (tests/unit/test_wire.py round-trips each buil
   (`attestation_ops`);
 - the operator: its conditions (`desired_conditions`, `conditions_ops`);
 - the operator and ``kubectl coroner apply``: the one retirement patch (`retirement_ops`);
-- Events (`event_body`) and Leases, the agent's and the operator's (`lease_body`, `lease_renewal`).
+- Events (`event_body`) and Leases, the agent's and the operator's (`lease_body`, `lease_renewal`,
+  `agent_lease_annotations`).
 
 Every status write the operator and `apply` make is a JSON patch that first `test`s the
 resourceVersion it decided from (and, for a retirement, the attestation it relied on, verbatim):
@@ -552,6 +553,12 @@ def attestation_ops(body: Mapping[str, Any], attestation: Mapping[str, Any]) -> 
 
 
 # --- Leases ------------------------------------------------------------------------------------------
+
+
+def agent_lease_annotations(*, boot_id: str | None, host_id: str) -> dict[str, str]:
+    """The agent Lease's annotations: the boot and the host its attestations come from (the operator
+    reads them back in `coroner.core.world.lease_facts`)."""
+    return {api.AGENT_LEASE_BOOT_ID: boot_id or "", api.AGENT_LEASE_HOST_ID: host_id}
 
 
 def lease_body(
