@@ -16,7 +16,6 @@ import pytest
 from kubernetes import client as k8s
 
 from coroner_dev.devcluster.cluster import Cluster
-from coroner_dev.devcluster.identities import ensure_node
 from support import components, kube
 from support.fleet import Node, Worker, attestation, worker_kubeconfig
 from support.fleet import launch as launch_worker
@@ -119,9 +118,7 @@ def test_boot_id_change_is_a_boot_boundary(
     kube.wait_for(lambda: kube.exists(admin, namespace, "rebooted"), what="registration")
     worker.kill()
     # The simulated node "reboots": a new boot id, the Node object agrees, the agent restarts.
-    node.boot_id = str(uuid.uuid4())
-    node.boot_file.write_text(node.boot_id + "\n")
-    ensure_node(node.cluster, name=node.name, boot_id=node.boot_id)
+    node.reboot()
     node.start_agent()
     kube.wait_for(lambda: components.retired(admin, namespace, "rebooted"), timeout=40, what="retirement")
     assert kube.get_registration(admin, namespace, "rebooted")["status"]["retirement"]["reason"] == "BootBoundary"
