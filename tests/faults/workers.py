@@ -21,7 +21,6 @@ import contextlib
 import dataclasses
 import datetime
 import functools
-import inspect
 import os
 import pathlib
 import select
@@ -38,6 +37,7 @@ from kubernetes.client.exceptions import ApiException
 
 from coroner import launcher
 from coroner.client.kube import patch_registration_status
+from coroner.client.rest import Rest
 from coroner.core import api, model
 from coroner_dev.realnode import host_pid
 
@@ -300,13 +300,8 @@ def spawn(worker: Worker, *, pidns: PidNamespace | None = None) -> None:
 
 
 @functools.cache
-def _launcher_client(client: k8s.ApiClient) -> Any:
-    """The client `coroner.launcher.register` takes: a `kubernetes` ApiClient, or (issue 15 step 4,
-    one client for resident processes) a `coroner.client.rest.Rest` for the same identity."""
-    if "Rest" not in str(inspect.signature(launcher.register).parameters["client"].annotation):
-        return client
-    from coroner.client.rest import Rest
-
+def _launcher_client(client: k8s.ApiClient) -> Rest:
+    """The client `coroner.launcher.register` takes (Coroner's own), for the identity of `client`."""
     config = client.configuration
     keys = config.api_key or {}
     header = keys.get("BearerToken") or keys.get("authorization") or ""
