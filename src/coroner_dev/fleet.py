@@ -18,6 +18,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import os
 import pathlib
 import shutil
@@ -282,6 +283,12 @@ def _in_lasting_thread(call: Callable[[], _T]) -> _T:
     return _forker.submit(call).result()
 
 
+@functools.cache
+def _setpriv() -> str | None:
+    """util-linux `setpriv`, which sets the parent-death signal and execs (None: not installed)."""
+    return shutil.which("setpriv")
+
+
 def spawn(
     argv: Sequence[str],
     *,
@@ -293,7 +300,7 @@ def spawn(
     """Starts `argv` in its own session (or in `process_group`), stdout and stderr appended to `log`
     (discarded if None), with `parent_death` sent to it if this process dies first. setpriv execs the
     command, so the Popen's pid is the command's."""
-    setpriv = shutil.which("setpriv")
+    setpriv = _setpriv()
     name = parent_death.name.removeprefix("SIG")
     full = [setpriv, f"--pdeathsig={name}", "--", *argv] if setpriv else list(argv)
 
@@ -310,7 +317,7 @@ def spawn(
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,
-                env={**os.environ, **(env or {})},
+                env=None if env is None else {**os.environ, **env},
                 start_new_session=process_group is None,
                 process_group=process_group,
             )
