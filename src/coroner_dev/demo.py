@@ -23,7 +23,6 @@ from coroner.client.kube import api_client
 from coroner.core import api
 from coroner_dev import fleet
 from coroner_dev.devcluster import cluster as cluster_mod
-from coroner_dev.realnode import host_pid
 
 NAMESPACE = "demo"
 
@@ -44,6 +43,7 @@ class Demo:
         self.work = self.directory / "demo"
         self.processes = fleet.Processes()
         self.cluster: cluster_mod.Cluster | None = None
+        self.pidns: fleet.PidNamespace | None = None
 
     # --- plumbing ------------------------------------------------------------------------------
 
@@ -56,11 +56,10 @@ class Demo:
             print(result.stdout.rstrip(), flush=True)  # kubectl's own table, unwrapped
         return result.stdout
 
-    def spawn(self, argv: list[str], *, log: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        return self.processes.add(fleet.spawn(argv, log=self.work / log, env=env))
-
     def stop_all(self) -> None:
         self.processes.stop_all()
+        if self.pidns is not None:
+            self.pidns.close()
 
     def registrations(self) -> list[dict[str, Any]]:
         assert self.cluster is not None
@@ -106,11 +105,12 @@ class Demo:
             console.print(f"    {name}: boot id {member.boot_id[:8]}…, agent started with a token bound to Node {name}")
 
         say("Starting the operator (its ServiceAccount holds the retire verb through the retire-grant component)")
-        self.spawn(
-            fleet.operator_argv(
-                kubeconfig=fleet.operator_kubeconfig(self.cluster), extra=("--permission-refresh-seconds=2",)
-            ),
-            log="operator.log",
+        self.processes.add(
+            fleet.start_operator(
+                kubeconfig=fleet.operator_kubeconfig(self.cluster),
+                log=self.work / "operator.log",
+                extra=("--permission-refresh-seconds=2",),
+            )
         )
 
         say("Launching real workers with `coroner run` (each registers its own process incarnation)")
@@ -134,7 +134,7 @@ class Demo:
                     command=command,
                 )
             )
-        reuse_init = self._start_pid_namespace_worker(worker_config, self.nodes["node-2"].boot_file)
+        pidns = self._start_pid_namespace_worker(worker_config, self.nodes["node-2"].boot_file)
         self.wait_for("every worker to be registered and attested Alive", lambda: self._all_alive(6), timeout=30)
         self.wait_for(
             "the operator's first decisions",
@@ -149,7 +149,7 @@ class Demo:
         say("pid reuse while node-2's agent restarts: reused-worker (in its own pid namespace) is killed")
         console.print("    and a stranger takes its pid number before the agent is back to see the exit")
         fleet.stop(self.agents["node-2"], timeout=30)
-        self._force_pid_reuse(reuse_init)
+        self._force_pid_reuse(pidns)
         self._start_agent(self.nodes["node-2"])
         self.wait_for(
             "the pid reuse to be detected", lambda: self._reason("reused-worker") == "PidReuseDetected", timeout=30
@@ -217,17 +217,12 @@ class Demo:
         )
 
     def _kill_worker_child(self, launcher: subprocess.Popen[bytes]) -> None:
-        children = pathlib.Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read_text().split()
-        for child in children:
-            os.kill(int(child), signal.SIGKILL)
+        for child in fleet.children(launcher.pid):
+            os.kill(child, signal.SIGKILL)
 
-    def _start_pid_namespace_worker(
-        self, worker_config: pathlib.Path, boot_file: pathlib.Path
-    ) -> subprocess.Popen[bytes]:
+    def _start_pid_namespace_worker(self, worker_config: pathlib.Path, boot_file: pathlib.Path) -> fleet.PidNamespace:
         """A pid namespace whose init just waits; the worker runs inside it via nsenter."""
-        init = self.spawn(["unshare", "--pid", "--fork", "--mount-proc", "sleep", "3600"], log="pidns-init.log")
-        self.wait_for("the pid namespace", lambda: self._ns_init_pid(init) is not None, timeout=10)
-        ns_pid = self._ns_init_pid(init)
+        self.pidns = fleet.PidNamespace()
         run = fleet.run_argv(
             namespace=NAMESPACE,
             node="node-2",
@@ -236,41 +231,16 @@ class Demo:
             boot_id_file=boot_file,
             command=("sleep", "3600"),
         )
-        self.spawn(["nsenter", f"--target={ns_pid}", "--pid", "--mount", "--", *run], log="worker-reused-worker.log")
-        return init
+        self.pidns.spawn(*run, log=self.work / "worker-reused-worker.log")
+        return self.pidns
 
-    @staticmethod
-    def _ns_init_pid(init: subprocess.Popen[bytes]) -> int | None:
-        try:
-            children = pathlib.Path(f"/proc/{init.pid}/task/{init.pid}/children").read_text().split()
-        except OSError:
-            return None
-        return int(children[0]) if children else None
-
-    def _force_pid_reuse(self, init: subprocess.Popen[bytes]) -> None:
+    def _force_pid_reuse(self, pidns: fleet.PidNamespace) -> None:
         number = int(self.by_name("reused-worker")["spec"]["incarnation"]["pid"])
-        ns_init = self._ns_init_pid(init)
-        assert ns_init is not None
-        namespace = os.readlink(f"/proc/{ns_init}/ns/pid")
-        victim = host_pid(namespace, number)
+        victim = pidns.holder(number)
         assert victim is not None, "the worker in the pid namespace is not running"
         os.kill(victim, signal.SIGKILL)
-        self.wait_for("the worker to exit", lambda: host_pid(namespace, number) != victim, timeout=10)
-        # Inside the namespace the next pid handed out is ns_last_pid + 1: set it, then fork.
-        self.spawn(
-            [
-                "nsenter",
-                f"--target={ns_init}",
-                "--pid",
-                "--mount",
-                "--",
-                "sh",
-                "-c",
-                f"echo {number - 1} > /proc/sys/kernel/ns_last_pid; sleep 3600 & wait",
-            ],
-            log="pid-reuser.log",
-        )
-        self.wait_for("a stranger to take the number", lambda: host_pid(namespace, number) is not None, timeout=10)
+        self.wait_for("the worker to exit", lambda: pidns.holder(number) != victim, timeout=10)
+        pidns.reuse(number)
 
 
 def run_demo(*, directory: pathlib.Path, keep: bool) -> None:

@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import typing
 import uuid
 from collections.abc import Callable, Sequence
@@ -39,6 +40,7 @@ from coroner.core import api
 from coroner_dev.devcluster import cluster as cluster_mod
 from coroner_dev.devcluster.cluster import Cluster
 from coroner_dev.devcluster.identities import ensure_node, mint_token
+from coroner_dev.realnode import host_pid
 
 #: The console scripts of the environment this module runs in: the code the harness ships with.
 BIN = pathlib.Path(sys.executable).parent
@@ -423,3 +425,84 @@ class Processes:
         for proc in reversed(self.started):
             stop(proc, timeout=timeout)
         self.started.clear()
+
+
+# --- pid namespaces ---------------------------------------------------------------------------------
+
+
+def children(pid: int) -> list[int]:
+    """The pids of `pid`'s children (none if it is gone)."""
+    try:
+        return [int(c) for c in pathlib.Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def wait_child(pid: int, *, timeout: float = 10.0) -> int:
+    """`pid`'s first child, once it has one (a launcher's worker, nsenter's command)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        kids = children(pid)
+        if kids:
+            return kids[0]
+        time.sleep(0.005)
+    raise FleetError(f"process {pid} started no child within {timeout} s")
+
+
+class PidNamespace:
+    """A pid namespace whose init just sleeps; workers enter it with nsenter, and a number in it can
+    be handed out again on purpose (`reuse`), as a container's pids are: the pid-reuse case made real.
+    Needs root and util-linux `unshare` and `nsenter`."""
+
+    def __init__(self) -> None:
+        self.init = spawn(
+            ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "sleep", "3600"],
+            log=None,
+            parent_death=signal.SIGKILL,
+        )
+        self.init_pid = wait_child(self.init.pid)
+        self.link = os.readlink(f"/proc/{self.init_pid}/ns/pid")
+        self.lock = threading.Lock()
+        self.extra: list[subprocess.Popen[bytes]] = []
+
+    def holder(self, number: int) -> int | None:
+        """The host pid of the process whose pid in this namespace is `number`, if any."""
+        return host_pid(self.link, number)
+
+    def enter(self, *command: str) -> list[str]:
+        """`command`, run inside this namespace."""
+        return ["nsenter", f"--target={self.init_pid}", "--pid", "--mount", "--", *command]
+
+    def spawn(self, *command: str, log: pathlib.Path | None = None) -> tuple[subprocess.Popen[bytes], int]:
+        """Runs `command` in the namespace; returns nsenter's process and the command's host pid."""
+        proc = spawn(self.enter(*command), log=log, parent_death=signal.SIGKILL)
+        self.extra.append(proc)
+        return proc, wait_child(proc.pid)
+
+    def reuse(self, number: int, *, attempts: int = 5) -> tuple[subprocess.Popen[bytes], int]:
+        """Forks a `sleep` that gets namespaced pid `number` (ns_last_pid = number - 1, then fork);
+        returns its shell's process and the sleep's host pid."""
+        with self.lock:
+            for _ in range(attempts):
+                shell = f"echo {number - 1} > /proc/sys/kernel/ns_last_pid; sleep 3600 & wait"
+                proc = spawn(self.enter("sh", "-c", shell), log=None, parent_death=signal.SIGKILL)
+                self.extra.append(proc)
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline:
+                    holder = self.holder(number)
+                    if holder is not None:
+                        with contextlib.suppress(OSError):
+                            if pathlib.Path(f"/proc/{holder}/comm").read_text().strip() == "sleep":
+                                return proc, holder
+                    time.sleep(0.01)
+                kill(proc)
+        raise FleetError(f"could not force pid {number} in {self.link}")
+
+    def close(self) -> None:
+        """SIGKILLs everything in and around the namespace; reaps it."""
+        for proc in [*self.extra, self.init]:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        for proc in [*self.extra, self.init]:
+            with contextlib.suppress(Exception):
+                proc.wait(timeout=10)

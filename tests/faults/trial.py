@@ -37,11 +37,12 @@ from kubernetes.client.exceptions import ApiException
 
 from coroner.core import api
 from coroner_dev import fleet
+from coroner_dev.fleet import PidNamespace, wait_child
 from faults import invariants
 from faults.catalogue import FAULTS, Fault
 from faults.invariants import BOUND, COUNTERS, MASS_BOUND, SAFETY, provenance_problems
 from faults.plane import Plane, proxied_kubeconfig
-from faults.workers import Heartbeater, PidNamespace, Worker, read_stat, register, spawn, wait_child
+from faults.workers import Heartbeater, Worker, read_stat, register, spawn
 from support import kube
 
 MASS_COUNT = 500
