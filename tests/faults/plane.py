@@ -82,7 +82,7 @@ class Agent:
         self.plane = plane
         self.name = name
         self.node = fleet.node(plane.cluster, name=name, directory=plane.work, boot_id=boot_id)
-        self.token = self.node.kubeconfig
+        self.token, self.boot_file = self.node.kubeconfig, self.node.boot_file
         self.proxy = plane.new_proxy(f"agent-{name}")
         self.kubeconfig = proxied_kubeconfig(self.token, self.proxy.port, plane.work / f"agent-{name}.kubeconfig")
         self.log = plane.work / f"agent-{name}.log"
@@ -93,11 +93,8 @@ class Agent:
 
     @property
     def boot_id(self) -> str:
+        """The simulated node's boot id (`reboot` changes it)."""
         return self.node.boot_id
-
-    @property
-    def boot_file(self) -> pathlib.Path:
-        return self.node.boot_file
 
     @property
     def running(self) -> bool:

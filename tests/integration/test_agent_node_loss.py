@@ -26,6 +26,7 @@ from coroner_dev import fleet
 from coroner_dev.devcluster.cluster import Cluster
 from integration.test_probe_real import NAMESPACE_HELPER, PidNamespace
 from support import components, kube
+from support import fleet as fleet_support
 
 pytestmark = [pytest.mark.integration, pytest.mark.procs, pytest.mark.timeout(180)]
 
@@ -81,11 +82,7 @@ def agent(installed: Cluster, tmp_path: pathlib.Path) -> Iterator[AgentProcess]:
             made.proc.wait()
 
 
-class Worker:
-    def __init__(self, launcher: subprocess.Popen[bytes], name: str) -> None:
-        self.launcher = launcher
-        self.name = name
-
+class Worker(fleet_support.Worker):
     @property
     def child(self) -> int:
         """The worker process itself (the launcher's child; through nsenter when in a namespace)."""

@@ -7,10 +7,12 @@ abrupt loss can kill both at once, as a vanished machine would.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import signal
 import subprocess
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from kubernetes import client as k8s
@@ -27,24 +29,14 @@ class Node:
         self.cluster = cluster
         self.directory = directory
         self.node = fleet.node(cluster, name=name, directory=directory, boot_id=boot_id)
+        self.name, self.boot_file, self.kubeconfig = name, self.node.boot_file, self.node.kubeconfig
         self.log = directory / f"agent-{name}.log"
         self.agent: subprocess.Popen[bytes] | None = None
 
     @property
-    def name(self) -> str:
-        return self.node.name
-
-    @property
     def boot_id(self) -> str:
+        """The node's boot id (a reboot changes it)."""
         return self.node.boot_id
-
-    @property
-    def boot_file(self) -> pathlib.Path:
-        return self.node.boot_file
-
-    @property
-    def kubeconfig(self) -> pathlib.Path:
-        return self.node.kubeconfig
 
     def reboot(self) -> str:
         """A new boot id in the boot-id file and on the Node (restarting the agent is the test's)."""
@@ -113,6 +105,35 @@ def launch(
         heartbeat=heartbeat,
     )
     return Worker(proc, name)
+
+
+@contextlib.contextmanager
+def launcher(
+    *, namespace: str, kubeconfig: pathlib.Path, directory: pathlib.Path, heartbeat: tuple[int, int] | None = None
+) -> Iterator[Callable[..., Worker]]:
+    """`launch` for one test: `start(name, node, *command)` (default `sleep 600`) in `namespace` under
+    `kubeconfig`, with `heartbeat`; every worker still running at the end vanishes with its launcher."""
+    started: list[Worker] = []
+
+    def start(name: str, node: Node, *command: str) -> Worker:
+        worker = launch(
+            namespace=namespace,
+            kubeconfig=kubeconfig,
+            directory=directory,
+            name=name,
+            node=node,
+            command=command or ("sleep", "600"),
+            heartbeat=heartbeat,
+        )
+        started.append(worker)
+        return worker
+
+    try:
+        yield start
+    finally:
+        for worker in started:
+            if worker.launcher.poll() is None:
+                worker.vanish()
 
 
 def worker_kubeconfig(cluster: Cluster, namespace: str) -> pathlib.Path:
