@@ -39,10 +39,9 @@ from coroner import launcher  # noqa: E402
 from coroner.client.kube import api_client  # noqa: E402
 from coroner.client.rest import Rest  # noqa: E402
 from coroner.core import api  # noqa: E402
+from coroner_dev import fleet  # noqa: E402
 from coroner_dev.devcluster import cluster as cluster_mod  # noqa: E402
-from coroner_dev.devcluster.identities import ensure_node, mint_token  # noqa: E402
 
-BIN = pathlib.Path(sys.executable).parent
 NODE = "bench-node"
 NAMESPACE = "bench"
 
@@ -65,22 +64,15 @@ def main() -> None:
     sleepers: list[subprocess.Popen[bytes]] = []
     agent: subprocess.Popen[bytes] | None = None
     try:
-        cluster = cluster_mod.up(workdir / "cluster", controller_manager=False)
-        kubectl = [str(cluster.binary("kubectl")), f"--kubeconfig={cluster.kubeconfig}"]
-        subprocess.run(
-            [*kubectl, "apply", "-k", str(REPO / "manifests/overlays/plan-only")], check=True, capture_output=True
-        )
-        subprocess.run(
-            [*kubectl, "wait", "--for=condition=Established", f"crd/{api.CRD_NAME}"], check=True, capture_output=True
-        )
-        subprocess.run([*kubectl, "create", "namespace", NAMESPACE], check=True, capture_output=True)
-        boot = pathlib.Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-        ensure_node(cluster, name=NODE, boot_id=boot)
+        cluster = fleet.up(directory=workdir / "cluster", controller_manager=False)
+        fleet.install(cluster, grant=False)
+        fleet.kubectl_ok(cluster, "create", "namespace", NAMESPACE)
+        node = fleet.node(cluster, name=NODE, directory=workdir, boot_id=fleet.real_boot_id())
         admin = api_client(cluster.kubeconfig)
         worker = Rest.from_kubeconfig(cluster.kubeconfig)  # the launcher's own client
         registrations: dict[str, subprocess.Popen[bytes]] = {}
         for index in range(args.workers):
-            proc = subprocess.Popen(["sleep", "3600"])
+            proc = fleet.spawn(["sleep", "3600"], log=None, parent_death=signal.SIGKILL)
             sleepers.append(proc)
             incarnation = launcher.probe_incarnation(proc.pid, node_name=NODE)
             name = f"w{index:05d}"
@@ -94,21 +86,7 @@ def main() -> None:
                 ttl_seconds=30,
             )
             registrations[name] = proc
-        agent_config = mint_token(cluster, service_account=f"{api.SYSTEM_NAMESPACE}/coroner-agent", node=NODE)
-        boot_file = workdir / "boot_id"
-        boot_file.write_text(boot + "\n")
-        with open(workdir / "agent.log", "ab") as log:
-            agent = subprocess.Popen(
-                [
-                    str(BIN / "coroner-agent"),
-                    f"--node-name={NODE}",
-                    f"--kubeconfig={agent_config}",
-                    f"--boot-id-file={boot_file}",
-                    "--resync-seconds=300",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+        agent = fleet.start_agent(node=node, log=workdir / "agent.log", extra=("--resync-seconds=300",))
         custom = k8s.CustomObjectsApi(admin)
 
         def alive_count() -> int:
@@ -192,12 +170,7 @@ def main() -> None:
         out.write_text(json.dumps(result, indent=2) + "\n")
         print(json.dumps(result, indent=2))
     finally:
-        if agent is not None and agent.poll() is None:
-            agent.send_signal(signal.SIGTERM)
-            try:
-                agent.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                agent.kill()
+        fleet.stop(agent, timeout=60)
         for proc in sleepers:
             if proc.poll() is None:
                 proc.kill()

@@ -319,26 +319,11 @@ def main() -> int:
         args.spec_interval, args.spec_ttl, heartbeat_info = c.heartbeat_spec(args.heartbeat_seconds, args.ttl)
     else:
         args.spec_interval, args.spec_ttl, heartbeat_info = c.heartbeat_spec(None, None)
-    # Issue 14: the agent re-confirms a /proc absence (or a boot boundary) after this many seconds
-    # before it attests Dead. A build without the flag corroborates ProcAbsent with 2 heartbeat
-    # intervals of silence instead, which needs heartbeats.
-    absence_supported = c.agent_supports("--absence-confirm-seconds")
-    agent_extra = [f"--absence-confirm-seconds={args.absence_confirm_seconds:g}"] if absence_supported else []
-    skipped: dict[str, str] = {}
-    if "proc_resync" in variants and not absence_supported and not args.heartbeat:
-        variants.remove("proc_resync")
-        skipped["coroner_proc_resync"] = (
-            "this build's coroner-agent has no --absence-confirm-seconds and the workers do not heartbeat: "
-            "ProcAbsent would wait for 2 x the stand-in heartbeat interval; run with --heartbeat, or on a build "
-            "with issue 14's agent"
-        )
-        c.log(f"skipping coroner_proc_resync: {skipped['coroner_proc_resync']}")
-    if absence_supported:
-        proc_window = args.absence_confirm_seconds
-        proc_window_how = "the agent's --absence-confirm-seconds (re-confirmation before it attests Dead)"
-    else:
-        proc_window = 2 * args.heartbeat_seconds if args.heartbeat else None
-        proc_window_how = "2 x the heartbeat interval of silence (this build's agent has no --absence-confirm-seconds)"
+    # The agent re-confirms a /proc absence (or a boot boundary) after this many seconds before it
+    # attests Dead.
+    agent_extra = [f"--absence-confirm-seconds={args.absence_confirm_seconds:g}"]
+    proc_window = args.absence_confirm_seconds
+    proc_window_how = "the agent's --absence-confirm-seconds (re-confirmation before it attests Dead)"
     rng = random.Random(args.seed)
     random.seed(args.seed)
     c.raise_nofile()
@@ -357,7 +342,7 @@ def main() -> int:
             "heartbeat_interval_seconds": args.heartbeat_seconds if args.heartbeat else None,
             "heartbeat_ttl_seconds": args.ttl,
             "baseline_heartbeat_interval_seconds": args.heartbeat_seconds,
-            "absence_confirm_seconds": args.absence_confirm_seconds if absence_supported else None,
+            "absence_confirm_seconds": args.absence_confirm_seconds,
             "proc_absent_window_seconds": proc_window,
             "proc_absent_window_how": proc_window_how,
             "agent_resync_seconds_proc_variant": args.resync_seconds,
@@ -370,8 +355,6 @@ def main() -> int:
             f"--no-pidfd --resync-seconds {args.resync_seconds:g} {' '.join(agent_extra)} for coroner_proc_resync",
         },
     }
-    if skipped:
-        result["skipped"] = skipped
     raw: dict[str, list[float]] = {}
     with c.Bench("latency", keep=args.keep) as bench:
         for ns in (NS, NS_TTL, NS_FLOOR):

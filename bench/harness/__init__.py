@@ -23,7 +23,6 @@ from harness.cluster import Component as Component
 from harness.cluster import Node as Node
 from harness.cluster import RequestKey as RequestKey
 from harness.cluster import Watch as Watch
-from harness.cluster import agent_supports as agent_supports
 from harness.cluster import apiserver_requests as apiserver_requests
 from harness.cluster import client as client
 from harness.cluster import create as create
@@ -60,11 +59,9 @@ from harness.results import stages as stages
 from harness.results import stamp_to_monotonic as stamp_to_monotonic
 from harness.results import summarize as summarize
 from harness.results import write_result as write_result
-from harness.workers import STAND_IN_HEARTBEAT as STAND_IN_HEARTBEAT
 from harness.workers import WORKER_SECONDS as WORKER_SECONDS
 from harness.workers import Heartbeater as Heartbeater
 from harness.workers import Workers as Workers
 from harness.workers import heartbeat_spec as heartbeat_spec
-from harness.workers import heartbeats_optional as heartbeats_optional
 from harness.workers import now_text as now_text
 from harness.workers import register_all as register_all

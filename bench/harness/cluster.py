@@ -6,28 +6,24 @@ from __future__ import annotations
 
 import contextlib
 import http.client
-import os
 import pathlib
 import re
-import shlex
 import shutil
 import signal
-import subprocess
 import tempfile
 import threading
 import time
 import urllib.parse
 import urllib.request
-import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from coroner.client.rest import ApiError, Rest, registrations_path, warming_up
 from coroner.core import api
+from coroner_dev import fleet
 from coroner_dev.devcluster import cluster as cluster_mod
-from coroner_dev.devcluster.identities import ensure_node, mint_token
-from harness.machine import BIN, MANIFESTS, REAL_BOOT_ID_FILE, SYSTEM, LoadMonitor, _pdeathsig, log, tail
+from harness.machine import LoadMonitor, log, tail
 from harness.workers import Workers
 
 # --- API clients ---------------------------------------------------------------------------------------
@@ -217,48 +213,33 @@ def operator_status_writes(metrics: dict[str, float]) -> dict[str, float]:
 
 
 class Component:
-    """A Coroner process (operator or agent) in its own session, logging to a file."""
+    """A Coroner process (operator or agent) started by `coroner_dev.fleet`, logging to a file."""
 
     def __init__(self, name: str, argv: list[str], *, log_path: pathlib.Path) -> None:
         self.name = name
         self.argv = argv
         self.log_path = log_path
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as out:
-            self.proc = subprocess.Popen(
-                _pdeathsig(argv, "TERM"),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        self.pid = self.proc.pid  # setpriv execs the component: same pid
+        self.proc = fleet.spawn(argv, log=log_path)
+        self.pid = self.proc.pid
 
     def running(self) -> bool:
         return self.proc.poll() is None
 
     def stop(self, timeout: float = 60.0) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
+        fleet.stop(self.proc, timeout=timeout)
 
 
 class Node:
-    """A simulated node: its name, its boot id file, its agent's node-bound token."""
+    """A simulated node (`coroner_dev.fleet.Node`: its boot id file, its agent's node-bound token)
+    and the agent the benchmark runs for it."""
 
     def __init__(self, bench: Bench, name: str, *, real_boot: bool) -> None:
+        boot_id = fleet.real_boot_id() if real_boot else None
+        self.node = fleet.node(bench.cluster, name=name, directory=bench.dir, boot_id=boot_id)
         self.name = name
-        self.boot_id = REAL_BOOT_ID_FILE.read_text().strip() if real_boot else str(uuid.uuid4())
-        self.boot_file = bench.dir / f"{name}.boot_id"
-        self.boot_file.write_text(self.boot_id + "\n")
-        ensure_node(bench.cluster, name=name, boot_id=self.boot_id)
-        self.kubeconfig = mint_token(bench.cluster, service_account=f"{SYSTEM}/coroner-agent", node=name)
+        self.boot_id = self.node.boot_id
+        self.boot_file = self.node.boot_file
+        self.kubeconfig = self.node.kubeconfig
         self.agent: Component | None = None
 
 
@@ -282,9 +263,8 @@ class Bench:
         try:
             # No kube-controller-manager: nothing here needs it, and its own requests would blur the
             # API server's request counts that the benchmarks attribute to Coroner.
-            self.cluster = cluster_mod.up(self.dir / "cluster", controller_manager=False)
-            self.kubectl("apply", "-k", str(MANIFESTS / "overlays" / "production"))
-            self.kubectl("wait", "--for=condition=Established", f"crd/{api.CRD_NAME}", "--timeout=60s")
+            self.cluster = fleet.up(directory=self.dir / "cluster", controller_manager=False)
+            fleet.install(self.cluster, grant=True)
         except BaseException:
             self.close()
             raise
@@ -348,29 +328,14 @@ class Bench:
     # --- the cluster -------------------------------------------------------------------------
 
     def kubectl(self, *args: str) -> str:
-        command = [str(self.cluster.binary("kubectl")), f"--kubeconfig={self.cluster.kubeconfig}", *args]
-        result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
-        if result.returncode != 0:
-            raise RuntimeError(f"{shlex.join(command)} failed:\n{result.stdout}\n{result.stderr}")
-        return result.stdout
+        return fleet.kubectl_ok(self.cluster, *args)
 
     def namespace(self, name: str) -> None:
         create(self.admin, "/api/v1/namespaces", {"metadata": {"name": name}})
 
     def worker_identity(self, namespaces: Sequence[str]) -> pathlib.Path:
         """A worker ServiceAccount (in the first namespace) bound to coroner-worker in every one."""
-        home = namespaces[0]
-        for ns in namespaces:
-            self.namespace(ns)
-            body = {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "RoleBinding",
-                "metadata": {"name": "bench-worker", "namespace": ns},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "coroner-worker"},
-                "subjects": [{"kind": "ServiceAccount", "name": "worker", "namespace": home}],
-            }
-            create(self.admin, f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings", body)
-        return mint_token(self.cluster, service_account=f"{home}/worker")
+        return fleet.worker_kubeconfig(self.cluster, namespaces=namespaces, binding="bench-worker")
 
     def nodes(self, count: int) -> list[Node]:
         """node-1 uses this machine's real boot id, the others a random one (simulated nodes)."""
@@ -379,14 +344,10 @@ class Bench:
     # --- Coroner's processes -----------------------------------------------------------------
 
     def start_operator(self, *extra: str, metrics_port: int) -> Component:
-        token = mint_token(self.cluster, service_account=f"{SYSTEM}/coroner-operator")
-        argv = [
-            str(BIN / "coroner-operator"),
-            f"--kubeconfig={token}",
-            f"--metrics-port={metrics_port}",
-            "--metrics-bind-address=127.0.0.1",
-            *extra,
-        ]
+        argv = fleet.operator_argv(
+            kubeconfig=fleet.operator_kubeconfig(self.cluster),
+            extra=(f"--metrics-port={metrics_port}", "--metrics-bind-address=127.0.0.1", *extra),
+        )
         component = Component("operator", argv, log_path=self.dir / "logs" / "operator.log")
         self.components.append(component)
         deadline = time.monotonic() + 60
@@ -400,16 +361,14 @@ class Bench:
         raise RuntimeError(f"the operator did not serve /metrics within 60 s; see {component.log_path}")
 
     def start_agent(self, node: Node, *extra: str) -> Component:
-        argv = [
-            str(BIN / "coroner-agent"),
-            f"--node-name={node.name}",
-            f"--kubeconfig={node.kubeconfig}",
-            f"--boot-id-file={node.boot_file}",
+        argv = fleet.agent_argv(
+            kubeconfig=node.kubeconfig,
+            node=node.name,
+            boot_id_file=node.boot_file,
             # A benchmark's agents are stopped among live workers (restarts, phase changes, cleanup):
             # a restart, not a node drain, so no waiting for the node's workers to exit on SIGTERM.
-            *(["--shutdown-grace-seconds=0"] if agent_supports("--shutdown-grace-seconds") else []),
-            *extra,
-        ]
+            extra=("--shutdown-grace-seconds=0", *extra),
+        )
         component = Component(f"agent-{node.name}", argv, log_path=self.dir / "logs" / f"agent-{node.name}.log")
         self.components.append(component)
         node.agent = component
@@ -428,20 +387,6 @@ class Bench:
 
 def _raise_interrupt(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
-
-
-_AGENT_HELP: str | None = None
-
-
-def agent_supports(flag: str) -> bool:
-    """Whether this build's coroner-agent accepts `flag` (from its --help, read once)."""
-    global _AGENT_HELP
-    if _AGENT_HELP is None:
-        result = subprocess.run(
-            [str(BIN / "coroner-agent"), "--help"], capture_output=True, text=True, timeout=60, check=False
-        )
-        _AGENT_HELP = result.stdout + result.stderr
-    return re.search(rf"(^|\s){re.escape(flag)}([\s=,]|$)", _AGENT_HELP, re.MULTILINE) is not None
 
 
 # --- watching registrations ------------------------------------------------------------------------

@@ -10,7 +10,6 @@ import pathlib
 import platform
 import resource
 import shlex
-import shutil
 import socket
 import statistics
 import subprocess
@@ -111,12 +110,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def _pdeathsig(argv: list[str], sig: str) -> list[str]:
-    """Prefix with setpriv so the child gets `sig` if the benchmark dies without cleaning up."""
-    setpriv = shutil.which("setpriv")
-    return [setpriv, f"--pdeathsig={sig}", "--", *argv] if setpriv else argv
 
 
 def tail(path: pathlib.Path, lines: int = 20) -> str:

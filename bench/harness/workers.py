@@ -20,7 +20,7 @@ from typing import Any
 
 from coroner.client.rest import Rest, registrations_path
 from coroner.core import model, wire
-from harness.machine import _pdeathsig, log
+from coroner_dev import fleet
 from harness.results import percentiles
 
 #: Longest any sleep worker lives even if everything else fails: workers are bounded too.
@@ -40,19 +40,17 @@ class Workers:
     """
 
     def __init__(self) -> None:
-        self._holder = subprocess.Popen(_pdeathsig(["sleep", str(WORKER_SECONDS)], "KILL"), process_group=0)
+        self._holder = fleet.spawn(
+            ["sleep", str(WORKER_SECONDS)], log=None, parent_death=signal.SIGKILL, process_group=0
+        )
         self.pgid = self._holder.pid
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
 
     def spawn(self, count: int) -> list[int]:
         pids = []
         for _ in range(count):
-            proc = subprocess.Popen(
-                _pdeathsig(["sleep", str(WORKER_SECONDS)], "KILL"),
-                process_group=self.pgid,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
+            proc = fleet.spawn(
+                ["sleep", str(WORKER_SECONDS)], log=None, parent_death=signal.SIGKILL, process_group=self.pgid
             )
             self.procs[proc.pid] = proc
             pids.append(proc.pid)
@@ -106,47 +104,12 @@ class Workers:
 # --- registering workers ---------------------------------------------------------------------------
 
 
-#: What the benchmarks register without `--heartbeat` while the product still requires
-#: spec.heartbeat (before issue 14's opt-in heartbeats land): a spec no benchmark outlives, and
-#: no heartbeat is ever sent. Once `coroner.launcher.register` takes `interval_seconds=None`, no
-#: spec.heartbeat is written at all.
-STAND_IN_HEARTBEAT = (3600, 10800)
-
-
-def heartbeats_optional() -> bool:
-    """Whether this build's launcher registers without a heartbeat (issue 14: `interval_seconds`
-    and `ttl_seconds` default to None, and spec.heartbeat is written only when both are given)."""
-    import inspect
-
-    from coroner.launcher import register
-
-    params = inspect.signature(register).parameters
-    return "interval_seconds" in params and params["interval_seconds"].default is None
-
-
 def heartbeat_spec(interval: int | None, ttl: int | None) -> tuple[int | None, int | None, dict[str, Any]]:
     """What to pass `register` for a benchmark that wants heartbeats (both given) or none (both
-    None), and a description for the result file's parameters."""
+    None: no spec.heartbeat is written), and a description for the result file's parameters."""
     if interval is not None and ttl is not None:
         return interval, ttl, {"mode": "heartbeats", "interval_seconds": interval, "ttl_seconds": ttl}
-    if heartbeats_optional():
-        return None, None, {"mode": "none", "spec_heartbeat_written": False}
-    stand_in_interval, stand_in_ttl = STAND_IN_HEARTBEAT
-    log(
-        "this build's launcher still requires a heartbeat spec (issue 14 not landed): registering with "
-        f"intervalSeconds={stand_in_interval}, ttlSeconds={stand_in_ttl} and sending no heartbeats"
-    )
-    return (
-        stand_in_interval,
-        stand_in_ttl,
-        {
-            "mode": "none",
-            "spec_heartbeat_written": True,
-            "stand_in_spec": {"intervalSeconds": stand_in_interval, "ttlSeconds": stand_in_ttl},
-            "note": "this build's launcher and CRD still require spec.heartbeat; no heartbeat was sent after "
-            "the one register() sends on creation",
-        },
-    )
+    return None, None, {"mode": "none", "spec_heartbeat_written": False}
 
 
 def register_all(
@@ -159,15 +122,13 @@ def register_all(
 ) -> list[tuple[str, str]]:
     """Registers each (namespace, node, pid, boot_id_file) exactly as a launcher does:
     `coroner.launcher.probe_incarnation` + `coroner.launcher.register`, with a client for the
-    worker ServiceAccount, `threads` requests in flight. interval/ttl None: no heartbeat spec (see
-    `heartbeat_spec`; resolve them with it first). Returns (namespace, name) in input order."""
+    worker ServiceAccount, `threads` requests in flight. interval/ttl None: no heartbeat spec.
+    Returns (namespace, name) in input order."""
     from concurrent.futures import ThreadPoolExecutor
 
     from coroner.launcher import probe_incarnation, register
 
     client = Rest.from_kubeconfig(kubeconfig, pool_size=threads, user_agent="coroner-launcher")
-    if (interval is None or ttl is None) and not heartbeats_optional():
-        raise ValueError("this build's launcher requires a heartbeat spec: resolve it with heartbeat_spec() first")
     heartbeat = {"interval_seconds": interval, "ttl_seconds": ttl}
 
     def one(item: tuple[str, str, int, pathlib.Path]) -> tuple[str, str]:

@@ -8,15 +8,12 @@ stops everything it started.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pathlib
 import shutil
 import signal
 import subprocess
-import sys
 import time
-import uuid
 from typing import Any
 
 from kubernetes import client as k8s
@@ -24,13 +21,10 @@ from rich.console import Console
 
 from coroner.client.kube import api_client
 from coroner.core import api
+from coroner_dev import fleet
 from coroner_dev.devcluster import cluster as cluster_mod
-from coroner_dev.devcluster import identities
-from coroner_dev.realnode import host_pid
 
 NAMESPACE = "demo"
-REPO = pathlib.Path(__file__).resolve().parents[2]
-BIN = pathlib.Path(sys.executable).parent
 
 console = Console(highlight=False, width=max(100, shutil.get_terminal_size((120, 40)).columns))
 
@@ -47,47 +41,25 @@ class Demo:
     def __init__(self, *, directory: pathlib.Path) -> None:
         self.directory = directory.resolve()
         self.work = self.directory / "demo"
-        self.processes: list[subprocess.Popen[bytes]] = []
+        self.processes = fleet.Processes()
         self.cluster: cluster_mod.Cluster | None = None
+        self.pidns: fleet.PidNamespace | None = None
 
     # --- plumbing ------------------------------------------------------------------------------
 
-    def kubectl(self, *args: str, kubeconfig: pathlib.Path | None = None, show: bool = False) -> str:
+    def kubectl(self, *args: str, show: bool = False) -> str:
         assert self.cluster is not None
-        result = subprocess.run(
-            [str(self.cluster.binary("kubectl")), f"--kubeconfig={kubeconfig or self.cluster.kubeconfig}", *args],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
+        result = fleet.kubectl(self.cluster, *args)
         if result.returncode != 0:
             raise DemoError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
         if show:
             print(result.stdout.rstrip(), flush=True)  # kubectl's own table, unwrapped
         return result.stdout
 
-    def spawn(self, argv: list[str], *, log: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        self.work.mkdir(parents=True, exist_ok=True)
-        with open(self.work / log, "ab") as out:
-            proc = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True
-            )
-        self.processes.append(proc)
-        return proc
-
     def stop_all(self) -> None:
-        for proc in reversed(self.processes):
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 20
-        for proc in self.processes:
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        self.processes.stop_all()
+        if self.pidns is not None:
+            self.pidns.close()
 
     def registrations(self) -> list[dict[str, Any]]:
         assert self.cluster is not None
@@ -114,68 +86,35 @@ class Demo:
         started = time.monotonic()
         say("Starting a real control plane: etcd + kube-apiserver + kube-controller-manager on loopback")
         with console.status("building (first time only) and starting the control plane ..."):
-            self.cluster = cluster_mod.up(self.directory, progress=lambda m: console.print(f"    {m}"))
+            self.cluster = fleet.up(directory=self.directory, progress=lambda m: console.print(f"    {m}"))
         console.print(f"    API server ready at {self.cluster.server} (Kubernetes v1.37.2, RBAC and admission on)")
 
         say(
             "Installing Coroner: kubectl apply -k manifests/overlays/production (CRD, RBAC, admission policies, retire grant)"
         )
-        self.kubectl("apply", "-k", str(REPO / "manifests/overlays/production"))
-        self.kubectl("wait", "--for=condition=Established", f"crd/{api.CRD_NAME}", "--timeout=60s")
-        # kubectl caches discovery; refresh it so the new `registrations` category resolves.
-        self.kubectl("api-resources", f"--api-group={api.GROUP}")
-        with contextlib.suppress(DemoError):
-            self.kubectl("create", "namespace", NAMESPACE)
-        with contextlib.suppress(DemoError):
-            self.kubectl(
-                "create",
-                "rolebinding",
-                "workers",
-                "--clusterrole=coroner-worker",
-                f"--serviceaccount={NAMESPACE}:worker",
-                "-n",
-                NAMESPACE,
-            )
+        fleet.install(self.cluster, grant=True)
 
         say("Simulating two nodes on this machine, each with its own boot id, each with its own agent")
-        real_boot = pathlib.Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-        boots = {"node-1": real_boot, "node-2": str(uuid.uuid4())}
-        boot_files: dict[str, pathlib.Path] = {}
-        self.agent_argv: dict[str, list[str]] = {}
+        boots = {"node-1": fleet.real_boot_id(), "node-2": None}
+        self.nodes = {
+            node: fleet.node(self.cluster, name=node, directory=self.work, boot_id=boot) for node, boot in boots.items()
+        }
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
-        for node, boot in boots.items():
-            boot_files[node] = self.work / f"{node}.boot_id"
-            boot_files[node].parent.mkdir(parents=True, exist_ok=True)
-            boot_files[node].write_text(boot + "\n")
-            identities.ensure_node(self.cluster, name=node, boot_id=boot)
-            agent_config = identities.mint_token(
-                self.cluster, service_account=f"{api.SYSTEM_NAMESPACE}/coroner-agent", node=node
-            )
-            self.agent_argv[node] = [
-                str(BIN / "coroner-agent"),
-                f"--node-name={node}",
-                f"--kubeconfig={agent_config}",
-                f"--boot-id-file={boot_files[node]}",
-                "--resync-seconds=5",
-                # The demo restarts node-2's agent while its workers live on: no drain wait.
-                "--shutdown-grace-seconds=0",
-            ]
-            self.agents[node] = self.spawn(
-                self.agent_argv[node], log=f"agent-{node}.log", env={"POD_NAME": f"coroner-agent-{node}"}
-            )
-            console.print(f"    {node}: boot id {boot[:8]}…, agent started with a token bound to Node {node}")
+        for name, member in self.nodes.items():
+            self._start_agent(member)
+            console.print(f"    {name}: boot id {member.boot_id[:8]}…, agent started with a token bound to Node {name}")
 
         say("Starting the operator (its ServiceAccount holds the retire verb through the retire-grant component)")
-        operator_config = identities.mint_token(
-            self.cluster, service_account=f"{api.SYSTEM_NAMESPACE}/coroner-operator"
-        )
-        self.spawn(
-            [str(BIN / "coroner-operator"), f"--kubeconfig={operator_config}", "--permission-refresh-seconds=2"],
-            log="operator.log",
+        self.processes.add(
+            fleet.start_operator(
+                kubeconfig=fleet.operator_kubeconfig(self.cluster),
+                log=self.work / "operator.log",
+                extra=("--permission-refresh-seconds=2",),
+            )
         )
 
         say("Launching real workers with `coroner run` (each registers its own process incarnation)")
-        worker_config = identities.mint_token(self.cluster, service_account=f"{NAMESPACE}/worker")
+        worker_config = fleet.worker_kubeconfig(self.cluster, namespaces=[NAMESPACE])
         launchers: dict[str, subprocess.Popen[bytes]] = {}
         plan = [
             ("consumer-a", "node-1", ["sleep", "3600"]),
@@ -185,22 +124,17 @@ class Demo:
             ("batch-job", "node-1", ["sleep", "4"]),
         ]
         for name, node, command in plan:
-            launchers[name] = self.spawn(
-                [
-                    str(BIN / "coroner"),
-                    "run",
-                    "-n",
-                    NAMESPACE,
-                    f"--node-name={node}",
-                    f"--name={name}",
-                    f"--kubeconfig={worker_config}",
-                    f"--boot-id-file={boot_files[node]}",
-                    "--",
-                    *command,
-                ],
-                log=f"worker-{name}.log",
+            launchers[name] = self.processes.add(
+                fleet.run_worker(
+                    namespace=NAMESPACE,
+                    node=self.nodes[node],
+                    name=name,
+                    kubeconfig=worker_config,
+                    log=self.work / f"worker-{name}.log",
+                    command=command,
+                )
             )
-        reuse_init = self._start_pid_namespace_worker(worker_config, boot_files["node-2"])
+        pidns = self._start_pid_namespace_worker(worker_config, self.nodes["node-2"].boot_file)
         self.wait_for("every worker to be registered and attested Alive", lambda: self._all_alive(6), timeout=30)
         self.wait_for(
             "the operator's first decisions",
@@ -214,11 +148,9 @@ class Demo:
 
         say("pid reuse while node-2's agent restarts: reused-worker (in its own pid namespace) is killed")
         console.print("    and a stranger takes its pid number before the agent is back to see the exit")
-        self._stop(self.agents["node-2"])
-        self._force_pid_reuse(reuse_init)
-        self.agents["node-2"] = self.spawn(
-            self.agent_argv["node-2"], log="agent-node-2.log", env={"POD_NAME": "coroner-agent-node-2"}
-        )
+        fleet.stop(self.agents["node-2"], timeout=30)
+        self._force_pid_reuse(pidns)
+        self._start_agent(self.nodes["node-2"])
         self.wait_for(
             "the pid reuse to be detected", lambda: self._reason("reused-worker") == "PidReuseDetected", timeout=30
         )
@@ -247,7 +179,7 @@ class Demo:
         console.print()
         say("kubectl coroner doctor")
         doctor = subprocess.run(
-            [str(BIN / "kubectl-coroner"), "doctor", f"--kubeconfig={self.cluster.kubeconfig}"],
+            [str(fleet.BIN / "kubectl-coroner"), "doctor", f"--kubeconfig={self.cluster.kubeconfig}"],
             capture_output=True,
             text=True,
             check=False,
@@ -273,79 +205,42 @@ class Demo:
         conditions = (self.by_name(name).get("status") or {}).get("conditions") or []
         return next((c["reason"] for c in conditions if c["type"] == "Retirable"), None)
 
-    @staticmethod
-    def _stop(proc: subprocess.Popen[bytes]) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
+    def _start_agent(self, node: fleet.Node) -> None:
+        self.agents[node.name] = self.processes.add(
+            fleet.start_agent(
+                node=node,
+                log=self.work / f"agent-{node.name}.log",
+                # The demo restarts node-2's agent while its workers live on: no drain wait.
+                extra=("--resync-seconds=5", "--shutdown-grace-seconds=0"),
+                env={"POD_NAME": f"coroner-agent-{node.name}"},
+            )
+        )
 
     def _kill_worker_child(self, launcher: subprocess.Popen[bytes]) -> None:
-        children = pathlib.Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read_text().split()
-        for child in children:
-            os.kill(int(child), signal.SIGKILL)
+        for child in fleet.children(launcher.pid):
+            os.kill(child, signal.SIGKILL)
 
-    def _start_pid_namespace_worker(
-        self, worker_config: pathlib.Path, boot_file: pathlib.Path
-    ) -> subprocess.Popen[bytes]:
+    def _start_pid_namespace_worker(self, worker_config: pathlib.Path, boot_file: pathlib.Path) -> fleet.PidNamespace:
         """A pid namespace whose init just waits; the worker runs inside it via nsenter."""
-        init = self.spawn(["unshare", "--pid", "--fork", "--mount-proc", "sleep", "3600"], log="pidns-init.log")
-        self.wait_for("the pid namespace", lambda: self._ns_init_pid(init) is not None, timeout=10)
-        ns_pid = self._ns_init_pid(init)
-        self.spawn(
-            [
-                "nsenter",
-                f"--target={ns_pid}",
-                "--pid",
-                "--mount",
-                "--",
-                str(BIN / "coroner"),
-                "run",
-                "-n",
-                NAMESPACE,
-                "--node-name=node-2",
-                "--name=reused-worker",
-                f"--kubeconfig={worker_config}",
-                f"--boot-id-file={boot_file}",
-                "--",
-                "sleep",
-                "3600",
-            ],
-            log="worker-reused-worker.log",
+        self.pidns = fleet.PidNamespace()
+        run = fleet.run_argv(
+            namespace=NAMESPACE,
+            node="node-2",
+            name="reused-worker",
+            kubeconfig=worker_config,
+            boot_id_file=boot_file,
+            command=("sleep", "3600"),
         )
-        return init
+        self.pidns.spawn(*run, log=self.work / "worker-reused-worker.log")
+        return self.pidns
 
-    @staticmethod
-    def _ns_init_pid(init: subprocess.Popen[bytes]) -> int | None:
-        try:
-            children = pathlib.Path(f"/proc/{init.pid}/task/{init.pid}/children").read_text().split()
-        except OSError:
-            return None
-        return int(children[0]) if children else None
-
-    def _force_pid_reuse(self, init: subprocess.Popen[bytes]) -> None:
+    def _force_pid_reuse(self, pidns: fleet.PidNamespace) -> None:
         number = int(self.by_name("reused-worker")["spec"]["incarnation"]["pid"])
-        ns_init = self._ns_init_pid(init)
-        assert ns_init is not None
-        namespace = os.readlink(f"/proc/{ns_init}/ns/pid")
-        victim = host_pid(namespace, number)
+        victim = pidns.holder(number)
         assert victim is not None, "the worker in the pid namespace is not running"
         os.kill(victim, signal.SIGKILL)
-        self.wait_for("the worker to exit", lambda: host_pid(namespace, number) != victim, timeout=10)
-        # Inside the namespace the next pid handed out is ns_last_pid + 1: set it, then fork.
-        self.spawn(
-            [
-                "nsenter",
-                f"--target={ns_init}",
-                "--pid",
-                "--mount",
-                "--",
-                "sh",
-                "-c",
-                f"echo {number - 1} > /proc/sys/kernel/ns_last_pid; sleep 3600 & wait",
-            ],
-            log="pid-reuser.log",
-        )
-        self.wait_for("a stranger to take the number", lambda: host_pid(namespace, number) is not None, timeout=10)
+        self.wait_for("the worker to exit", lambda: pidns.holder(number) != victim, timeout=10)
+        pidns.reuse(number)
 
 
 def run_demo(*, directory: pathlib.Path, keep: bool) -> None:

@@ -22,7 +22,6 @@ import pathlib
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -33,20 +32,19 @@ from kubernetes.client.exceptions import ApiException
 
 from coroner.client.kube import api_client
 from coroner.core import api
+from coroner_dev import fleet
 from coroner_dev.devcluster import cluster as cluster_mod
 from coroner_dev.devcluster.cluster import Cluster
-from coroner_dev.devcluster.identities import ensure_node, mint_token
 from faults.proxy import ApiProxy
-from support import components, kube
+from support import kube
 
-BIN = pathlib.Path(sys.executable).parent
+BIN = fleet.BIN
 SKEW_PATH = pathlib.Path(__file__).resolve().parent / "skew"
-REAL_BOOT = pathlib.Path("/proc/sys/kernel/random/boot_id").read_text().strip()
 WORKER_NAMESPACE = "coroner-faults"
 WORKER_SA = "worker"
 OPERATOR_SA = f"system:serviceaccount:{api.SYSTEM_NAMESPACE}:coroner-operator"
 AGENT_SA = f"system:serviceaccount:{api.SYSTEM_NAMESPACE}:coroner-agent"
-RETIRE_BINDING = "coroner-operator-retire"
+RETIRE_BINDING = fleet.RETIRE_BINDING
 
 #: Agent Lease timing used by the harness (short, so that "agent gone" is observable in seconds).
 LEASE_SECONDS = 5
@@ -77,39 +75,14 @@ def _port_bindable(port: int) -> bool:
         return True
 
 
-def _spawn(argv: list[str], *, log: pathlib.Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "ab") as out:
-        return subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True
-        )
-
-
-def _terminate(proc: subprocess.Popen[bytes] | None, *, timeout: float = 30.0) -> None:
-    """SIGCONT (a frozen process cannot handle SIGTERM), SIGTERM, then SIGKILL; always reaped."""
-    if proc is None or proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(proc.pid, signal.SIGCONT)
-        os.kill(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=30)
-
-
 class Agent:
     """One simulated node: its boot-id file, its Node object, its proxy, its agent process."""
 
-    def __init__(self, plane: Plane, name: str, boot_id: str) -> None:
+    def __init__(self, plane: Plane, name: str, boot_id: str | None) -> None:
         self.plane = plane
         self.name = name
-        self.boot_id = boot_id
-        self.boot_file = plane.work / f"{name}.boot_id"
-        self.boot_file.write_text(boot_id + "\n")
-        ensure_node(plane.cluster, name=name, boot_id=boot_id)
-        self.token = components.agent_kubeconfig(plane.cluster, name)
+        self.node = fleet.node(plane.cluster, name=name, directory=plane.work, boot_id=boot_id)
+        self.token, self.boot_file = self.node.kubeconfig, self.node.boot_file
         self.proxy = plane.new_proxy(f"agent-{name}")
         self.kubeconfig = proxied_kubeconfig(self.token, self.proxy.port, plane.work / f"agent-{name}.kubeconfig")
         self.log = plane.work / f"agent-{name}.log"
@@ -117,6 +90,11 @@ class Agent:
         self.frozen = False
         self.skew: float = 0.0
         self.incarnations = 0
+
+    @property
+    def boot_id(self) -> str:
+        """The simulated node's boot id (`reboot` changes it)."""
+        return self.node.boot_id
 
     @property
     def running(self) -> bool:
@@ -135,10 +113,11 @@ class Agent:
             # Prepended: a run from a copy of the tree puts its own sources on PYTHONPATH too.
             path = os.pathsep.join(filter(None, (str(SKEW_PATH), os.environ.get("PYTHONPATH"))))
             env |= {"PYTHONPATH": path, "CORONER_FAULTS_CLOCK_SKEW_SECONDS": str(skew)}
-        argv = components.agent_argv(
-            self.kubeconfig,
-            node=self.name,
-            boot_id_file=self.boot_file,
+        self.proc = fleet.start_agent(
+            node=self.node,
+            kubeconfig=self.kubeconfig,
+            log=self.log,
+            env=env,
             extra=(
                 f"--resync-seconds={RESYNC_SECONDS}",
                 f"--lease-duration-seconds={LEASE_SECONDS}",
@@ -147,7 +126,6 @@ class Agent:
                 "--shutdown-grace-seconds=0",
             ),
         )
-        self.proc = _spawn(argv, log=self.log, env=env)
         self.frozen = False
 
     def wait_started(self, timeout: float = 60.0) -> None:
@@ -160,14 +138,13 @@ class Agent:
 
     def stop(self) -> None:
         """SIGTERM: the agent runs its shutdown sweep, then exits."""
-        _terminate(self.proc)
+        fleet.stop(self.proc, timeout=30)
         self.proc = None
         self.frozen = False
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
+        if self.proc is not None:
+            fleet.kill(self.proc)
         self.proc = None
         self.frozen = False
 
@@ -195,9 +172,8 @@ class Agent:
         """A simulated reboot: a new boot id in the boot-id file and on the Node; restarts the agent."""
         was_running = self.running
         self.stop()
-        self.boot_id = str(uuid.uuid4())
-        self.boot_file.write_text(self.boot_id + "\n")
-        self.plane.retry(lambda: ensure_node(self.plane.cluster, name=self.name, boot_id=self.boot_id))
+        boot_id = str(uuid.uuid4())
+        self.plane.retry(lambda: self.node.reboot(self.plane.cluster, boot_id=boot_id))
         if was_running:
             self.start()
         return self.boot_id
@@ -219,8 +195,12 @@ class Operator:
         self.identity = f"operator-{plane.suffix}-{index}"
         self.log = plane.work / f"{self.identity}.log"
         extra = LEADER_ELECTION if leader_elect else ()
-        argv = components.operator_argv(plane.operator_kubeconfig, *extra)
-        self.proc = _spawn(argv, log=self.log, env={"POD_NAME": self.identity})
+        self.proc = fleet.start_operator(
+            kubeconfig=plane.operator_kubeconfig,
+            log=self.log,
+            extra=("--permission-refresh-seconds=1", *extra),
+            env={"POD_NAME": self.identity},
+        )
 
     @property
     def leads(self) -> bool:
@@ -233,12 +213,10 @@ class Operator:
         return self.proc.poll() is None
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
+        fleet.kill(self.proc)
 
     def stop(self) -> None:
-        _terminate(self.proc)
+        fleet.stop(self.proc, timeout=30)
 
 
 @dataclasses.dataclass
@@ -266,22 +244,24 @@ class Plane:
     # --- lifecycle -------------------------------------------------------------------------------
 
     def start(self) -> Plane:
-        self.cluster = cluster_mod.up(self.directory / "cluster")
+        self.cluster = fleet.up(directory=self.directory / "cluster")
         self.admin = api_client(self.cluster.kubeconfig)
-        components.install(self.cluster, grant=True)
+        fleet.install(self.cluster, grant=True)
         self.retire_binding = k8s.RbacAuthorizationV1Api(self.admin).read_cluster_role_binding(RETIRE_BINDING).to_dict()
         core = k8s.CoreV1Api(self.admin)
         with contextlib.suppress(ApiException):
             core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=WORKER_NAMESPACE)))
-        self.worker_kubeconfig = mint_token(self.cluster, service_account=f"{WORKER_NAMESPACE}/{WORKER_SA}")
+        self.worker_kubeconfig = fleet.worker_kubeconfig(
+            self.cluster, namespaces=[WORKER_NAMESPACE], service_account=WORKER_SA
+        )
         self.worker_client = api_client(self.worker_kubeconfig)
         self.operator_proxy = self.new_proxy("operator")
         self.operator_kubeconfig = proxied_kubeconfig(
-            components.operator_kubeconfig(self.cluster), self.operator_proxy.port, self.work / "operator.kubeconfig"
+            fleet.operator_kubeconfig(self.cluster), self.operator_proxy.port, self.work / "operator.kubeconfig"
         )
         for index in range(self.node_count):
             name = f"fnode-{self.suffix}-{index}"
-            self.agents[name] = Agent(self, name, REAL_BOOT if index == 0 else str(uuid.uuid4()))
+            self.agents[name] = Agent(self, name, fleet.real_boot_id() if index == 0 else None)
             self.agents[name].start()
         self.start_operator()
         self.wait_ready()
@@ -554,12 +534,9 @@ class Plane:
     def create_trial_namespace(self, name: str) -> None:
         core = k8s.CoreV1Api(self.admin)
         self.retry(lambda: core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name))))
-        binding = {
-            "metadata": {"name": "worker"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "coroner-worker"},
-            "subjects": [{"kind": "ServiceAccount", "name": WORKER_SA, "namespace": WORKER_NAMESPACE}],
-        }
-        self.retry(lambda: k8s.RbacAuthorizationV1Api(self.admin).create_namespaced_role_binding(name, binding))
+        self.retry(
+            lambda: fleet.bind_worker(self.cluster, namespace=name, service_account=f"{WORKER_NAMESPACE}/{WORKER_SA}")
+        )
         # The authorizer's RBAC cache learns of the binding a moment later: until it has, the worker's
         # first create is a 403 (seen as a flake of the findings tests, which register without retry).
         deadline = time.monotonic() + 30
@@ -582,7 +559,7 @@ class Plane:
     def operator_client(self) -> k8s.ApiClient:
         """The operator's identity, straight to the API server (the detector self-tests' mutants)."""
         if getattr(self, "_operator_client", None) is None:
-            self._operator_client = api_client(components.operator_kubeconfig(self.cluster))
+            self._operator_client = api_client(fleet.operator_kubeconfig(self.cluster))
         return self._operator_client
 
     def agent_client(self, node: str) -> k8s.ApiClient:

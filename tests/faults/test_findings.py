@@ -19,8 +19,9 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from coroner.core import api, wire
+from coroner_dev import fleet
 from faults import runner
-from faults.plane import AGENT_SA, BIN, Plane, proxied_kubeconfig
+from faults.plane import AGENT_SA, Plane, proxied_kubeconfig
 from faults.trial import BOUND, Trial
 from faults.workers import Worker, register, spawn
 from support import kube
@@ -202,8 +203,8 @@ def test_the_launcher_outlasts_an_api_server_warming_up(plane: Plane, write: str
     plane.revoke_grant()
     try:
         result = subprocess.run(
-            [str(BIN / "coroner"), "run", "-n", namespace, f"--node-name={node}", "--name=w",
-             f"--kubeconfig={kubeconfig}", f"--boot-id-file={plane.agents[node].boot_file}", "--", "true"],
+            fleet.run_argv(namespace=namespace, node=node, name="w", kubeconfig=kubeconfig,
+                           boot_id_file=plane.agents[node].boot_file, command=("true",)),
             capture_output=True, text=True, timeout=120, check=False,
         )  # fmt: skip
         assert answered[0] == 2, f"the proxy did not answer the launcher's {write}s"

@@ -27,7 +27,6 @@ import dataclasses
 import json
 import os
 import random
-import subprocess
 import threading
 import time
 from collections import Counter
@@ -37,12 +36,13 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from coroner.core import api
+from coroner_dev import fleet
+from coroner_dev.fleet import PidNamespace, wait_child
 from faults import invariants
-from faults import plane as plane_mod
 from faults.catalogue import FAULTS, Fault
 from faults.invariants import BOUND, COUNTERS, MASS_BOUND, SAFETY, provenance_problems
 from faults.plane import Plane, proxied_kubeconfig
-from faults.workers import Heartbeater, PidNamespace, Worker, read_stat, register, spawn, wait_child
+from faults.workers import Heartbeater, Worker, read_stat, register, spawn
 from support import kube
 
 MASS_COUNT = 500
@@ -420,23 +420,15 @@ class Trial:
 
     def _launch(self, w: Worker) -> None:
         plane = self.plane
-        argv = [
-            str(plane_mod.BIN / "coroner"),
-            "run",
-            "-n",
-            self.namespace,
-            f"--node-name={w.node}",
-            f"--name={w.name}",
-            f"--kubeconfig={plane.worker_kubeconfig}",
-            f"--interval-seconds={w.interval}",
-            f"--ttl-seconds={w.ttl}",
-            f"--boot-id-file={plane.agents[w.node].boot_file}",
-            "--",
-            "sleep",
-            "3600",
-        ]
-        with open(plane.work / f"launcher-{self.namespace}-{w.name}.log", "ab") as out:
-            w.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        w.proc = fleet.run_worker(
+            namespace=self.namespace,
+            node=plane.agents[w.node].node,
+            name=w.name,
+            kubeconfig=plane.worker_kubeconfig,
+            log=plane.work / f"launcher-{self.namespace}-{w.name}.log",
+            command=("sleep", "3600"),
+            heartbeat=(w.interval, w.ttl),
+        )
         w.host_pid = wait_child(w.proc.pid, timeout=60)
         stat = read_stat(w.host_pid)
         assert stat is not None

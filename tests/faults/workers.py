@@ -21,7 +21,6 @@ import contextlib
 import dataclasses
 import datetime
 import functools
-import inspect
 import os
 import pathlib
 import select
@@ -38,8 +37,9 @@ from kubernetes.client.exceptions import ApiException
 
 from coroner import launcher
 from coroner.client.kube import patch_registration_status
+from coroner.client.rest import Rest
 from coroner.core import api, model
-from coroner_dev.realnode import host_pid
+from coroner_dev.fleet import PidNamespace, wait_child
 
 SYSTEM_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 #: A process whose main thread calls pthread_exit while a second thread sleeps: /proc shows `Z`
@@ -67,23 +67,6 @@ def threads_of(pid: int) -> int:
     return 0
 
 
-def children_of(pid: int) -> list[int]:
-    try:
-        return [int(c) for c in pathlib.Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-
-
-def wait_child(pid: int, *, timeout: float = 10.0) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        kids = children_of(pid)
-        if kids:
-            return kids[0]
-        time.sleep(0.005)
-    raise RuntimeError(f"process {pid} started no child within {timeout} s")
-
-
 def now_text(offset: float = 0.0) -> str:
     moment = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=offset)
     return model.format_time(moment, fraction=True)
@@ -96,70 +79,6 @@ def parse_time(text: str | None) -> float | None:
         return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
     except ValueError:
         return None
-
-
-class PidNamespace:
-    """A pid namespace whose init just sleeps; workers enter it with nsenter."""
-
-    def __init__(self) -> None:
-        self.init = subprocess.Popen(
-            ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "sleep", "3600"],
-            start_new_session=True,
-        )
-        self.init_pid = wait_child(self.init.pid)
-        self.link = os.readlink(f"/proc/{self.init_pid}/ns/pid")
-        self.lock = threading.Lock()
-        self.extra: list[subprocess.Popen[bytes]] = []
-
-    def holder(self, number: int) -> int | None:
-        """The host pid of the process whose pid in this namespace is `number`, if any."""
-        return host_pid(self.link, number)
-
-    def spawn(self, *command: str) -> tuple[subprocess.Popen[bytes], int]:
-        proc = subprocess.Popen(
-            ["nsenter", f"--target={self.init_pid}", "--pid", "--mount", "--", *command], start_new_session=True
-        )
-        self.extra.append(proc)
-        return proc, wait_child(proc.pid)
-
-    def reuse(self, number: int, *, attempts: int = 5) -> tuple[subprocess.Popen[bytes], int]:
-        """Forks a `sleep` that gets namespaced pid `number` (ns_last_pid = number - 1, then fork)."""
-        with self.lock:
-            for _ in range(attempts):
-                proc = subprocess.Popen(
-                    [
-                        "nsenter",
-                        f"--target={self.init_pid}",
-                        "--pid",
-                        "--mount",
-                        "--",
-                        "sh",
-                        "-c",
-                        f"echo {number - 1} > /proc/sys/kernel/ns_last_pid; sleep 3600 & wait",
-                    ],
-                    start_new_session=True,
-                )
-                self.extra.append(proc)
-                deadline = time.monotonic() + 10
-                while time.monotonic() < deadline:
-                    holder = self.holder(number)
-                    if holder is not None and read_stat(holder) is not None:
-                        with contextlib.suppress(OSError):
-                            if pathlib.Path(f"/proc/{holder}/comm").read_text().strip() == "sleep":
-                                return proc, holder
-                    time.sleep(0.01)
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        raise RuntimeError(f"could not force pid {number} in {self.link}")
-
-    def close(self) -> None:
-        for proc in [*self.extra, self.init]:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-        for proc in [*self.extra, self.init]:
-            with contextlib.suppress(Exception):
-                proc.wait(timeout=10)
 
 
 @dataclasses.dataclass(eq=False)
@@ -300,13 +219,8 @@ def spawn(worker: Worker, *, pidns: PidNamespace | None = None) -> None:
 
 
 @functools.cache
-def _launcher_client(client: k8s.ApiClient) -> Any:
-    """The client `coroner.launcher.register` takes: a `kubernetes` ApiClient, or (issue 15 step 4,
-    one client for resident processes) a `coroner.client.rest.Rest` for the same identity."""
-    if "Rest" not in str(inspect.signature(launcher.register).parameters["client"].annotation):
-        return client
-    from coroner.client.rest import Rest
-
+def _launcher_client(client: k8s.ApiClient) -> Rest:
+    """The client `coroner.launcher.register` takes (Coroner's own), for the identity of `client`."""
     config = client.configuration
     keys = config.api_key or {}
     header = keys.get("BearerToken") or keys.get("authorization") or ""

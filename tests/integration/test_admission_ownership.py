@@ -22,6 +22,7 @@ from kubernetes.client.exceptions import ApiException
 
 from coroner.client.kube import api_client
 from coroner.core import api
+from coroner_dev import fleet
 from coroner_dev.devcluster.cluster import Cluster
 from coroner_dev.devcluster.identities import mint_token
 from support import components, kube, pods
@@ -163,8 +164,8 @@ def test_coroner_run_registers_and_releases_under_a_pod_bound_token(
             kube.kubectl(installed, "delete", "mutatingadmissionpolicybinding", "coroner-record-registrant")
             unnamed = kube.registration_body(name="unnamed", node=NODE)
             kube.wait_for(lambda: _refused_in_a_dry_run(admin, namespace, unnamed), what="the binding's removal")
-        argv = [str(components.BIN / "coroner"), "run", "-n", namespace, f"--node-name={NODE}", "--name=job",
-                f"--kubeconfig={config}", "--interval-seconds=1", "--ttl-seconds=30", "--", "sleep", "2"]  # fmt: skip
+        argv = fleet.run_argv(namespace=namespace, node=NODE, name="job", kubeconfig=config, boot_id_file=None,
+                              command=("sleep", "2"), heartbeat=(1, 30))  # fmt: skip
         result = kube.wait_for(lambda: _ran(argv), timeout=60, what="coroner run under the pod's token (RBAC cache)")
         assert result.returncode == 0, result.stdout + result.stderr
         body = kube.get_registration(admin, namespace, "job")

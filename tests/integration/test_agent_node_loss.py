@@ -22,10 +22,11 @@ import psutil
 import pytest
 from kubernetes import client as k8s
 
+from coroner_dev import fleet
 from coroner_dev.devcluster.cluster import Cluster
-from coroner_dev.devcluster.identities import ensure_node, mint_token
 from integration.test_probe_real import NAMESPACE_HELPER, PidNamespace
 from support import components, kube
+from support import fleet as fleet_support
 
 pytestmark = [pytest.mark.integration, pytest.mark.procs, pytest.mark.timeout(180)]
 
@@ -42,27 +43,19 @@ def installed(cluster: Cluster) -> Cluster:
 
 @pytest.fixture
 def worker_config(installed: Cluster, namespace: str) -> pathlib.Path:
-    kube.kubectl(
-        installed, "create", "rolebinding", "worker", "--clusterrole=coroner-worker",
-        f"--serviceaccount={namespace}:worker", "-n", namespace,
-    )  # fmt: skip
-    return mint_token(installed, service_account=f"{namespace}/worker")
+    return fleet.worker_kubeconfig(installed, namespaces=[namespace])
 
 
 class AgentProcess:
     def __init__(self, cluster: Cluster, directory: pathlib.Path) -> None:
-        self.name = f"node-{uuid.uuid4().hex[:6]}"
-        self.boot_file = directory / f"{self.name}.boot_id"
-        self.boot_file.write_text(REAL_BOOT + "\n")
+        self.node = fleet.node(cluster, name=f"node-{uuid.uuid4().hex[:6]}", directory=directory, boot_id=REAL_BOOT)
+        self.name = self.node.name
+        self.boot_file = self.node.boot_file
         self.log = directory / f"agent-{self.name}.log"
-        ensure_node(cluster, name=self.name, boot_id=REAL_BOOT)
-        self.kubeconfig = components.agent_kubeconfig(cluster, self.name)
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, *extra: str) -> subprocess.Popen[bytes]:
-        argv = components.agent_argv(self.kubeconfig, node=self.name, boot_id_file=self.boot_file, extra=extra)
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        self.proc = fleet.start_agent(node=self.node, log=self.log, extra=extra)
         return self.proc
 
     def text(self) -> str:
@@ -89,11 +82,7 @@ def agent(installed: Cluster, tmp_path: pathlib.Path) -> Iterator[AgentProcess]:
             made.proc.wait()
 
 
-class Worker:
-    def __init__(self, launcher: subprocess.Popen[bytes], name: str) -> None:
-        self.launcher = launcher
-        self.name = name
-
+class Worker(fleet_support.Worker):
     @property
     def child(self) -> int:
         """The worker process itself (the launcher's child; through nsenter when in a namespace)."""
@@ -108,13 +97,11 @@ def launch(namespace: str, worker_config: pathlib.Path, tmp_path: pathlib.Path) 
     started: list[subprocess.Popen[bytes]] = []
 
     def start(name: str, agent: AgentProcess, *, prefix: tuple[str, ...] = ()) -> Worker:
-        argv = [
-            *prefix, str(components.BIN / "coroner"), "run", "-n", namespace, f"--node-name={agent.name}",
-            f"--name={name}", f"--kubeconfig={worker_config}", "--interval-seconds=2", "--ttl-seconds=6",
-            f"--boot-id-file={agent.boot_file}", "--", "sleep", "600",
-        ]  # fmt: skip
-        with open(tmp_path / f"worker-{name}.log", "ab") as out:
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        argv = fleet.run_argv(
+            namespace=namespace, node=agent.name, name=name, kubeconfig=worker_config,
+            boot_id_file=agent.boot_file, command=("sleep", "600"), heartbeat=(2, 6),
+        )  # fmt: skip
+        proc = fleet.spawn([*prefix, *argv], log=tmp_path / f"worker-{name}.log", parent_death=signal.SIGKILL)
         started.append(proc)
         return Worker(proc, name)
 

@@ -16,10 +16,8 @@ import pytest
 from kubernetes import client as k8s
 
 from coroner_dev.devcluster.cluster import Cluster
-from coroner_dev.devcluster.identities import ensure_node
 from support import components, kube
-from support.fleet import Node, Worker, attestation, worker_kubeconfig
-from support.fleet import launch as launch_worker
+from support.fleet import Node, attestation, launcher, worker_kubeconfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.procs]
 
@@ -58,25 +56,8 @@ def worker_config(plane: Cluster, namespace: str) -> pathlib.Path:
 @pytest.fixture
 def launch(namespace: str, worker_config: pathlib.Path, tmp_path: pathlib.Path) -> Iterator[object]:
     """`coroner run` on a node, with heartbeats (interval 2 s, TTL 6 s): these tests cover the opt-in."""
-    started: list[Worker] = []
-
-    def start(name: str, node: Node, *command: str, interval: int = 2, ttl: int = 6) -> Worker:
-        worker = launch_worker(
-            namespace=namespace,
-            kubeconfig=worker_config,
-            directory=tmp_path,
-            name=name,
-            node=node,
-            command=command or ("sleep", "600"),
-            heartbeat=(interval, ttl),
-        )
-        started.append(worker)
-        return worker
-
-    yield start
-    for worker in started:
-        if worker.launcher.poll() is None:
-            worker.vanish()
+    with launcher(namespace=namespace, kubeconfig=worker_config, directory=tmp_path, heartbeat=(2, 6)) as start:
+        yield start
 
 
 def test_kill_9_is_retired_by_pidfd_and_a_live_worker_is_not(
@@ -119,9 +100,7 @@ def test_boot_id_change_is_a_boot_boundary(
     kube.wait_for(lambda: kube.exists(admin, namespace, "rebooted"), what="registration")
     worker.kill()
     # The simulated node "reboots": a new boot id, the Node object agrees, the agent restarts.
-    node.boot_id = str(uuid.uuid4())
-    node.boot_file.write_text(node.boot_id + "\n")
-    ensure_node(node.cluster, name=node.name, boot_id=node.boot_id)
+    node.reboot()
     node.start_agent()
     kube.wait_for(lambda: components.retired(admin, namespace, "rebooted"), timeout=40, what="retirement")
     assert kube.get_registration(admin, namespace, "rebooted")["status"]["retirement"]["reason"] == "BootBoundary"

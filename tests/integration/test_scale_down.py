@@ -30,7 +30,7 @@ from kubernetes.client.exceptions import ApiException
 from coroner_dev.devcluster.cluster import Cluster
 from coroner_dev.devcluster.identities import ensure_node
 from support import components, kube
-from support.fleet import Node, Worker, attestation, launch, worker_kubeconfig
+from support.fleet import Node, Worker, attestation, launcher, worker_kubeconfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.procs]
 
@@ -96,17 +96,8 @@ def nodes(installed: Cluster, admin: k8s.ApiClient, tmp_path: pathlib.Path) -> I
 @pytest.fixture
 def fleet(installed: Cluster, namespace: str, tmp_path: pathlib.Path) -> Iterator[Callable[[str, Node], Worker]]:
     config = worker_kubeconfig(installed, namespace)
-    started: list[Worker] = []
-
-    def start(name: str, node: Node) -> Worker:
-        worker = launch(namespace=namespace, kubeconfig=config, directory=tmp_path, name=name, node=node)
-        started.append(worker)
-        return worker
-
-    yield start
-    for worker in started:
-        if worker.launcher.poll() is None:
-            worker.vanish()
+    with launcher(namespace=namespace, kubeconfig=config, directory=tmp_path) as start:
+        yield start
 
 
 def retirable(admin: k8s.ApiClient, namespace: str, name: str) -> dict[str, object]:

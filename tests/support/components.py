@@ -1,14 +1,12 @@
-"""Running Coroner's own components (operator, agent, workers) as real local processes in tests."""
+"""Coroner's own components (operator, agent, workers) in tests: the tests' names for
+`coroner_dev.fleet`, with the tests' defaults, and the test-side playing of an agent's part."""
 
 from __future__ import annotations
 
 import contextlib
 import datetime
-import os
 import pathlib
-import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,45 +14,25 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from coroner.core import api, model
+from coroner_dev import fleet
 from coroner_dev.devcluster.cluster import Cluster
-from coroner_dev.devcluster.identities import mint_token
 from support import kube
 
-BIN = pathlib.Path(sys.executable).parent
+BIN = fleet.BIN
 SYSTEM = api.SYSTEM_NAMESPACE
 
 
 def install(cluster: Cluster, *, grant: bool, node_loss: bool = False) -> None:
-    """The manifests as an admin applies them: production (with retire) or plan-only, and with
-    `node_loss` also components/node-loss (whose admission half lets the operator retire on node
-    evidence; tests that start the operator with --node-deletion-evidence want it)."""
-    overlay = kube.MANIFESTS / "overlays" / ("production" if grant else "plan-only")
-    if node_loss:
-        overlay = _with_node_loss(cluster, overlay)
-    kube.kubectl(cluster, "apply", "-k", str(overlay))
-    kube.wait_for_crd(cluster)
-    if not grant:
-        kube.kubectl(cluster, "delete", "clusterrolebinding", "coroner-operator-retire", "--ignore-not-found")
-
-
-def _with_node_loss(cluster: Cluster, overlay: pathlib.Path) -> pathlib.Path:
-    """An overlay of one's own: `overlay` plus components/node-loss (kustomize wants relative paths)."""
-    mine = cluster.directory / "overlays" / f"{overlay.name}-node-loss"
-    mine.mkdir(parents=True, exist_ok=True)
-    up = pathlib.Path(os.path.relpath(kube.MANIFESTS, mine))
-    (mine / "kustomization.yaml").write_text(
-        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
-        f"resources: [{up / 'overlays' / overlay.name}]\ncomponents: [{up / 'components' / 'node-loss'}]\n"
-    )
-    return mine
+    """The manifests as an admin applies them (`coroner_dev.fleet.install`)."""
+    fleet.install(cluster, grant=grant, node_loss=node_loss)
 
 
 def operator_kubeconfig(cluster: Cluster) -> pathlib.Path:
-    return mint_token(cluster, service_account=f"{SYSTEM}/coroner-operator")
+    return fleet.operator_kubeconfig(cluster)
 
 
 def agent_kubeconfig(cluster: Cluster, node: str) -> pathlib.Path:
-    return mint_token(cluster, service_account=f"{SYSTEM}/coroner-agent", node=node)
+    return fleet.agent_kubeconfig(cluster, node=node)
 
 
 @contextlib.contextmanager
@@ -62,39 +40,25 @@ def process(
     argv: list[str], *, log: pathlib.Path, env: dict[str, str] | None = None
 ) -> Iterator[subprocess.Popen[bytes]]:
     """A component process for the duration of a block; SIGTERM then SIGKILL afterwards."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    proc = fleet.spawn(argv, log=log, env=env)
     try:
         yield proc
     finally:
-        stop(proc)
+        fleet.stop(proc)
 
 
-def stop(proc: subprocess.Popen[bytes], *, timeout: float = 20.0) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+stop = fleet.stop
 
 
 def operator_argv(kubeconfig: pathlib.Path, *extra: str) -> list[str]:
-    return [str(BIN / "coroner-operator"), f"--kubeconfig={kubeconfig}", "--permission-refresh-seconds=1", *extra]
+    """The operator's command line, re-checking its permissions every second (tests revoke them)."""
+    return fleet.operator_argv(kubeconfig=kubeconfig, extra=("--permission-refresh-seconds=1", *extra))
 
 
 def agent_argv(
     kubeconfig: pathlib.Path, *, node: str, boot_id_file: pathlib.Path, extra: tuple[str, ...] = ()
 ) -> list[str]:
-    return [
-        str(BIN / "coroner-agent"),
-        f"--node-name={node}",
-        f"--kubeconfig={kubeconfig}",
-        f"--boot-id-file={boot_id_file}",
-        *extra,
-    ]
+    return fleet.agent_argv(kubeconfig=kubeconfig, node=node, boot_id_file=boot_id_file, extra=extra)
 
 
 def now_text(offset_seconds: float = 0.0) -> str:

@@ -7,49 +7,53 @@ abrupt loss can kill both at once, as a vanished machine would.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import signal
 import subprocess
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from kubernetes import client as k8s
 
+from coroner_dev import fleet
 from coroner_dev.devcluster.cluster import Cluster
-from coroner_dev.devcluster.identities import ensure_node, mint_token
-from support import components, kube
+from support import kube
 
 
 class Node:
+    """A `coroner_dev.fleet.Node` with its agent process (started on demand, resync every 2 s)."""
+
     def __init__(self, cluster: Cluster, directory: pathlib.Path, name: str, boot_id: str) -> None:
         self.cluster = cluster
-        self.name = name
-        self.boot_id = boot_id
         self.directory = directory
-        self.boot_file = directory / f"{name}.boot_id"
-        self.boot_file.write_text(boot_id + "\n")
+        self.node = fleet.node(cluster, name=name, directory=directory, boot_id=boot_id)
+        self.name, self.boot_file, self.kubeconfig = name, self.node.boot_file, self.node.kubeconfig
         self.log = directory / f"agent-{name}.log"
-        ensure_node(cluster, name=name, boot_id=boot_id)
-        self.kubeconfig = components.agent_kubeconfig(cluster, name)
         self.agent: subprocess.Popen[bytes] | None = None
 
+    @property
+    def boot_id(self) -> str:
+        """The node's boot id (a reboot changes it)."""
+        return self.node.boot_id
+
+    def reboot(self) -> str:
+        """A new boot id in the boot-id file and on the Node (restarting the agent is the test's)."""
+        return self.node.reboot(self.cluster)
+
     def start_agent(self, *extra: str) -> None:
-        argv = components.agent_argv(
-            self.kubeconfig, node=self.name, boot_id_file=self.boot_file, extra=("--resync-seconds=2", *extra)
-        )
-        with open(self.log, "ab") as out:
-            self.agent = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        self.agent = fleet.start_agent(node=self.node, log=self.log, extra=("--resync-seconds=2", *extra))
 
     def stop_agent(self) -> None:
         if self.agent is not None:
-            components.stop(self.agent)
+            fleet.stop(self.agent)
             self.agent = None
 
     def kill_agent(self) -> None:
         """SIGKILL: the agent goes with its machine, with no chance to sweep or to say goodbye."""
         if self.agent is not None:
-            self.agent.kill()
-            self.agent.wait()
+            fleet.kill(self.agent)
             self.agent = None
 
 
@@ -91,39 +95,51 @@ def launch(
 ) -> Worker:
     """`coroner run` a worker on `node` under the worker's own ServiceAccount token; with `heartbeat`
     (interval, TTL) it opts into heartbeats, by default it sends none (registered once)."""
-    beats = [] if heartbeat is None else [f"--interval-seconds={heartbeat[0]}", f"--ttl-seconds={heartbeat[1]}"]
-    argv = [
-        str(components.BIN / "coroner"),
-        "run",
-        "-n",
-        namespace,
-        f"--node-name={node.name}",
-        f"--name={name}",
-        f"--kubeconfig={kubeconfig}",
-        *beats,
-        f"--boot-id-file={node.boot_file}",
-        "--",
-        *command,
-    ]
-    with open(directory / f"worker-{name}.log", "ab") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = fleet.run_worker(
+        namespace=namespace,
+        node=node.node,
+        name=name,
+        kubeconfig=kubeconfig,
+        log=directory / f"worker-{name}.log",
+        command=command,
+        heartbeat=heartbeat,
+    )
     return Worker(proc, name)
+
+
+@contextlib.contextmanager
+def launcher(
+    *, namespace: str, kubeconfig: pathlib.Path, directory: pathlib.Path, heartbeat: tuple[int, int] | None = None
+) -> Iterator[Callable[..., Worker]]:
+    """`launch` for one test: `start(name, node, *command)` (default `sleep 600`) in `namespace` under
+    `kubeconfig`, with `heartbeat`; every worker still running at the end vanishes with its launcher."""
+    started: list[Worker] = []
+
+    def start(name: str, node: Node, *command: str) -> Worker:
+        worker = launch(
+            namespace=namespace,
+            kubeconfig=kubeconfig,
+            directory=directory,
+            name=name,
+            node=node,
+            command=command or ("sleep", "600"),
+            heartbeat=heartbeat,
+        )
+        started.append(worker)
+        return worker
+
+    try:
+        yield start
+    finally:
+        for worker in started:
+            if worker.launcher.poll() is None:
+                worker.vanish()
 
 
 def worker_kubeconfig(cluster: Cluster, namespace: str) -> pathlib.Path:
     """A token of the ServiceAccount `worker` in `namespace`, bound to ClusterRole coroner-worker there
     (what a cluster admin does for a worker's namespace)."""
-    kube.kubectl(
-        cluster,
-        "create",
-        "rolebinding",
-        "worker",
-        "--clusterrole=coroner-worker",
-        f"--serviceaccount={namespace}:worker",
-        "-n",
-        namespace,
-    )
-    return mint_token(cluster, service_account=f"{namespace}/worker")
+    return fleet.worker_kubeconfig(cluster, namespaces=[namespace])
 
 
 def attestation(admin: k8s.ApiClient, namespace: str, name: str) -> dict[str, Any]:

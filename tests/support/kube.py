@@ -14,10 +14,11 @@ from kubernetes.client.exceptions import ApiException
 
 from coroner.client.kube import patch_registration_status
 from coroner.core import api
+from coroner_dev import fleet
 from coroner_dev.devcluster.cluster import Cluster
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-MANIFESTS = REPO / "manifests"
+REPO = fleet.REPO
+MANIFESTS = fleet.MANIFESTS
 
 T = TypeVar("T")
 
@@ -29,11 +30,10 @@ def kubectl(
     check: bool = True,
     stdin: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Runs the real kubectl built with the control plane."""
-    command = [str(cluster.binary("kubectl")), f"--kubeconfig={kubeconfig or cluster.kubeconfig}", *args]
-    result = subprocess.run(command, capture_output=True, text=True, input=stdin, timeout=120, check=False)
+    """Runs the real kubectl built with the control plane; with `check`, a failure fails the test."""
+    result = fleet.kubectl(cluster, *args, kubeconfig=kubeconfig, stdin=stdin)
     if check and result.returncode != 0:
-        raise AssertionError(f"{' '.join(command)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+        raise AssertionError(f"{' '.join(result.args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
     return result
 
 
@@ -49,25 +49,8 @@ def wait_for(predicate: Callable[[], T | None], *, timeout: float = 30.0, interv
     raise AssertionError(f"timed out after {timeout} s waiting for {what or predicate}; last value: {last!r}")
 
 
-def install_api(cluster: Cluster) -> None:
-    """Applies the CRD and admission policies (not the workloads) and waits for the CRD."""
-    kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f", str(MANIFESTS / "base" / "crd.yaml"))
-    kubectl(
-        cluster,
-        "apply",
-        "--server-side",
-        "--force-conflicts",
-        "-f",
-        str(MANIFESTS / "base" / "admission-policies.yaml"),
-    )
-    wait_for_crd(cluster)
-
-
-def wait_for_crd(cluster: Cluster) -> None:
-    kubectl(cluster, "wait", "--for=condition=Established", f"crd/{api.CRD_NAME}", "--timeout=60s")
-    # kubectl's cached discovery, taken before the CRD was served, can lack it (then `kubectl get
-    # registrations` fails on a fresh cluster): refresh it, as the demo does.
-    kubectl(cluster, "api-resources", f"--api-group={api.GROUP}")
+install_api = fleet.install_api
+wait_for_crd = fleet.wait_for_api
 
 
 #: The boot and host of registration_body's incarnations (an agent Lease with them is their agent's).

@@ -15,8 +15,8 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from coroner.client.kube import api_client
-from coroner_dev.devcluster.cluster import Cluster, write_kubeconfig
-from coroner_dev.devcluster.identities import ensure_node
+from coroner_dev.devcluster.cluster import Cluster
+from coroner_dev.devcluster.identities import bound_token, ensure_node
 
 TOKEN_SECONDS = 3600
 
@@ -51,17 +51,8 @@ def pod_token(cluster: Cluster, *, namespace: str, service_account: str, pod: st
                 raise
             created = core.read_namespaced_pod(pod, namespace)
         bound = k8s.V1BoundObjectReference(api_version="v1", kind="Pod", name=pod, uid=created.metadata.uid)
-        request = k8s.AuthenticationV1TokenRequest(
-            spec=k8s.V1TokenRequestSpec(audiences=[], expiration_seconds=TOKEN_SECONDS, bound_object_ref=bound)
-        )
-        token = core.create_namespaced_service_account_token(service_account, namespace, request).status.token
-    label = f"{namespace}.{service_account}.pod-{pod}"
-    return write_kubeconfig(
-        cluster.directory / "tokens" / f"{label}.kubeconfig",
-        server=cluster.server,
-        ca=cluster.pki.ca_cert,
-        user=label,
-        token=token,
+    return bound_token(
+        cluster, service_account=(namespace, service_account), bound=bound, seconds=TOKEN_SECONDS, label=f".pod-{pod}"
     )
 
 

@@ -72,15 +72,30 @@ def mint_token(
             node_object = ensure_node(cluster, name=node, ready=False) if not _node_exists(core, node) else None
             uid = (node_object or core.read_node(node)).metadata.uid  # type: ignore[union-attr]
             bound = k8s.V1BoundObjectReference(api_version="v1", kind="Node", name=node, uid=uid)
+    suffix = f".node-{node}" if node else ""
+    return bound_token(cluster, service_account=(namespace, name), bound=bound, seconds=seconds, label=suffix)
+
+
+def bound_token(
+    cluster: Cluster,
+    *,
+    service_account: tuple[str, str],
+    bound: k8s.V1BoundObjectReference | None,
+    seconds: int = TOKEN_SECONDS,
+    label: str = "",
+) -> pathlib.Path:
+    """A TokenRequest for the (existing) ServiceAccount (namespace, name), bound to `bound` (a Node or
+    a Pod, as the kubelet asks) if given; returns a kubeconfig for it named NS.NAME`label`."""
+    namespace, name = service_account
+    with api_client(cluster.kubeconfig) as api:
         request = k8s.AuthenticationV1TokenRequest(
             spec=k8s.V1TokenRequestSpec(audiences=[], expiration_seconds=seconds, bound_object_ref=bound)
         )
-        token = core.create_namespaced_service_account_token(name, namespace, request).status.token  # type: ignore[union-attr]
-    suffix = f".node-{node}" if node else ""
-    path = cluster.directory / "tokens" / f"{namespace}.{name}{suffix}.kubeconfig"
-    return write_kubeconfig(
-        path, server=cluster.server, ca=cluster.pki.ca_cert, user=f"{namespace}.{name}{suffix}", token=token
-    )
+        answer = k8s.CoreV1Api(api).create_namespaced_service_account_token(name, namespace, request)
+        token = answer.status.token  # type: ignore[union-attr]
+    user = f"{namespace}.{name}{label}"
+    path = cluster.directory / "tokens" / f"{user}.kubeconfig"
+    return write_kubeconfig(path, server=cluster.server, ca=cluster.pki.ca_cert, user=user, token=token)
 
 
 def _node_exists(core: k8s.CoreV1Api, name: str) -> bool:

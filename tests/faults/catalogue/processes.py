@@ -9,7 +9,6 @@ import time
 import uuid
 from typing import TYPE_CHECKING
 
-from faults import plane as plane_mod
 from faults.catalogue.base import Fault, fault
 from faults.workers import Worker, read_stat
 
@@ -102,11 +101,8 @@ class BootIdChange(Fault):
     def after(self) -> None:
         agent = self.trial.plane.agents[self.node]
         self.facts["old"] = agent.boot_id
-        agent.boot_id = str(uuid.uuid4())
-        agent.boot_file.write_text(agent.boot_id + "\n")
-        self.trial.plane.retry(
-            lambda: plane_mod.ensure_node(self.trial.plane.cluster, name=self.node, boot_id=agent.boot_id)
-        )
+        boot_id = str(uuid.uuid4())
+        self.trial.plane.retry(lambda: agent.node.reboot(self.trial.plane.cluster, boot_id=boot_id))
         agent.start()
         self.facts["new"] = agent.boot_id
         self.trial.note(f"{self.node} rebooted: boot id {agent.boot_id}")

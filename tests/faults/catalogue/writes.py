@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from kubernetes import client as k8s
 
 from coroner.core import api
-from faults import plane as plane_mod
+from coroner_dev import fleet
 from faults.catalogue.base import Fault, fault
 from faults.plane import LEASE_SECONDS, Plane
 from faults.workers import Worker, heartbeat, now_text
@@ -83,13 +83,13 @@ class ForeignAttestation(Fault):
         source = plane.agents[self.source]
         self.pod = f"rogue-{self.source}-as-{self.node}"
         self.rogue_log = plane.work / f"{self.pod}.log"
-        argv = components.agent_argv(
-            source.token,
+        argv = fleet.agent_argv(
+            kubeconfig=source.token,
             node=self.node,
             boot_id_file=source.boot_file,
             extra=("--resync-seconds=2", f"--lease-duration-seconds={LEASE_SECONDS}", "--renew-seconds=1"),
         )
-        self.rogue = plane_mod._spawn(argv, log=self.rogue_log, env={"POD_NAME": self.pod})
+        self.rogue = fleet.spawn(argv, log=self.rogue_log, env={"POD_NAME": self.pod})
         self.trial.rogue_pods.add(self.pod)
         refused, accepted = self.trial.refusals(self._attempts(plane))
         self.facts.update(refused=refused, accepted=accepted, lease_holders=[])
@@ -159,7 +159,7 @@ class ForeignAttestation(Fault):
         return self.on_node(w)  # the rogue renews this node's agent Lease with its own boot id
 
     def heal(self) -> None:
-        plane_mod._terminate(self.rogue)
+        fleet.stop(self.rogue, timeout=30)
         text = self.rogue_log.read_text(errors="replace")
         self.facts["rogue_attest_refusals"] = text.count("attest failed")
         self.facts["rogue_forbidden"] = text.count("Forbidden") + text.count("403")
