@@ -22,7 +22,12 @@ from coroner.core import admission_digest as ad
 from coroner.core.decision import Policy
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-SHIPPED = [d for d in yaml.safe_load_all((REPO / "manifests" / "base" / "admission-policies.yaml").read_text()) if d]
+SHIPPED = [
+    d
+    for file in ("admission-policies.yaml", "crd.yaml")
+    for d in yaml.safe_load_all((REPO / "manifests" / "base" / file).read_text())
+    if d
+]
 
 
 def shipped() -> list[dict[str, Any]]:
