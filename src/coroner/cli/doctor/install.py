@@ -26,10 +26,13 @@ MUTATING_ADMISSION_POLICIES: Final = tuple(
 )
 #: Admission objects an older release installed and this one does not. `kubectl apply` prunes
 #: nothing, and left in place they still act: `coroner-registration-state` held every status write up
-#: with 503 for minutes after an API server restart (docs/faults.md, finding 7).
+#: with 503 for minutes after an API server restart, and `coroner-record-registrant` every create
+#: that did not name its registrant (docs/faults.md, finding 7).
 RETIRED_ADMISSION_OBJECTS: Final = (
     ("MutatingAdmissionPolicy", "coroner-registration-state"),
     ("MutatingAdmissionPolicyBinding", "coroner-registration-state"),
+    ("MutatingAdmissionPolicy", "coroner-record-registrant"),
+    ("MutatingAdmissionPolicyBinding", "coroner-record-registrant"),
 )
 
 
