@@ -106,7 +106,7 @@ EXPECTED: Final[Mapping[tuple[str, str], str]] = {
     (
         "ValidatingAdmissionPolicy",
         "coroner-status-fields-by-identity",
-    ): "7d7f28109c29fdc07bc10c34f3c0821802c164dc1105e676fd99ce881f232bc0",
+    ): "81998bae7a31f36a4c2841dcdaf13b333a2fa8324a7ee7a77136a0afdbd0a227",
     (
         "ValidatingAdmissionPolicy",
         "coroner-system-leases-by-owner",
