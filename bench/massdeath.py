@@ -513,8 +513,12 @@ def measure_floor(
             body={
                 "apiVersion": alive["apiVersion"],
                 "kind": alive["kind"],
-                "metadata": {"name": name, "namespace": NS_FLOOR, "labels": {api.NODE_LABEL: node.name},
-                             "annotations": registrant},
+                "metadata": {
+                    "name": name,
+                    "namespace": NS_FLOOR,
+                    "labels": {api.NODE_LABEL: node.name},
+                    "annotations": registrant,
+                },
                 "spec": spec,
             },
         )

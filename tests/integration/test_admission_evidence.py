@@ -262,7 +262,10 @@ def test_node_evidence_from_a_person_is_recorded_as_theirs_and_no_other_identity
         body = kube.get_registration(admin, namespace, "by-worker")
         ops = retirement_ops(body, retired_by=bot_name, reason="NodeDeleted", statement="Human")
         message = kube.wait_for(lambda: _refused_for_identity(bot, namespace, ops), what="the bot's RBAC")
-    assert f"needs a person (group {PEOPLE}) holding the retire verb (kubectl coroner apply); {bot_name} is not one" in message
+    assert (
+        f"needs a person (group {PEOPLE}) holding the retire verb (kubectl coroner apply); {bot_name} is not one"
+        in message
+    )
 
 
 def test_a_username_outside_system_is_not_a_person_unless_its_group_says_so(

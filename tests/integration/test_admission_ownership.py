@@ -230,7 +230,9 @@ def test_no_one_but_its_registrant_says_goodbye_or_heartbeats_not_the_operator_n
     kube.create_registration(admin, namespace, kube.registration_body(name="live", node=NODE))
     for forged in (released(), heartbeat()):
         message = kube.wait_for(
-            lambda: (m := status_patch(installed, OPERATOR, namespace, "live", forged)) and "denied request" in m and m,
+            lambda forged=forged: (
+                (m := status_patch(installed, OPERATOR, namespace, "live", forged)) and "denied request" in m and m
+            ),
             what="the operator's RBAC",
         )
         assert "may not change the heartbeat or the Released condition" in message, message
@@ -238,19 +240,30 @@ def test_no_one_but_its_registrant_says_goodbye_or_heartbeats_not_the_operator_n
     # bob's coroner-retirer role cannot read the status kubectl reads first: his own client patches.
     with api_client(user_kubeconfig(installed, user="bob")) as bob:
         for forged in (released(), heartbeat()):
-            message = kube.wait_for(lambda: _status_refused(bob, namespace, "live", forged), what="bob's RBAC")
+            message = kube.wait_for(
+                lambda forged=forged: _status_refused(bob, namespace, "live", forged),
+                what="bob's RBAC",
+            )
             assert "registered by admin; only its registrant may" in message, message
     status = kube.get_registration(admin, namespace, "live").get("status") or {}
     assert not status.get("conditions") and "lastHeartbeatTime" not in status
 
 
 JUNK = [
-    {"type": f"Junk{i}", "status": "True", "reason": "Stuffed", "message": "x", "lastTransitionTime": "2026-01-01T00:00:00Z"}
+    {
+        "type": f"Junk{i}",
+        "status": "True",
+        "reason": "Stuffed",
+        "message": "x",
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+    }
     for i in range(14)
 ]
 
 
-def test_a_peer_cannot_add_remove_or_change_conditions(installed: Cluster, admin: k8s.ApiClient, namespace: str) -> None:
+def test_a_peer_cannot_add_remove_or_change_conditions(
+    installed: Cluster, admin: k8s.ApiClient, namespace: str
+) -> None:
     """A peer in the namespace stuffs a worker's registration with 14 junk conditions (the CRD's
     maxItems is 16), or removes or changes the operator's: refused. Not even its own registrant adds
     a condition of another type: a worker's status write is its heartbeat and its goodbye."""

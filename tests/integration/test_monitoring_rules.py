@@ -210,11 +210,16 @@ def test_the_operator_counts_each_delete_of_an_active_registration_and_no_other(
                 kube.create_registration(admin, namespace, kube.registration_body(name="done", interval=None))
                 kube.patch_status(admin, namespace, "done", {"status": {"conditions": [released], "state": "Released"}})
                 assert kube.wait_for(lambda: _counted(port, name) == 0.0, timeout=120, what="the operator's /metrics")
-                kube.custom(admin).delete_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, "done")
-                kube.custom(admin).delete_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, "live")
+                kube.custom(admin).delete_namespaced_custom_object(
+                    api.GROUP, api.VERSION, namespace, api.PLURAL, "done"
+                )
+                kube.custom(admin).delete_namespaced_custom_object(
+                    api.GROUP, api.VERSION, namespace, api.PLURAL, "live"
+                )
                 kube.wait_for(lambda: _counted(port, name) == 1.0, timeout=60, what="the active delete counted")
-                assert "active registration deleted namespace=" + namespace + " name=live registered-by=admin" in (
-                    tmp_path / "operator.log"
-                ).read_text()
+                assert (
+                    "active registration deleted namespace=" + namespace + " name=live registered-by=admin"
+                    in (tmp_path / "operator.log").read_text()
+                )
         finally:
             k8s.CoreV1Api(admin).delete_namespace(namespace)

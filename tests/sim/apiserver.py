@@ -538,6 +538,7 @@ class Server:
         if op == "UPDATE" and old is not None and new is not None:
             if _status(old).get("attestation") != _status(new).get("attestation"):
                 raise SimApiError(403, "Forbidden", f"{identity} may not write status.attestation")
+
             # Policy 4: the heartbeat and Released are the registrant's (the launcher, the only
             # registrant modelled); Retired the operator's, or with status.retirement; no other type.
             def of(body: dict[str, Any], kinds: tuple[str, ...], *, known: bool = True) -> list[Mapping[str, Any]]:

@@ -119,7 +119,7 @@ def registrant(client: k8s.ApiClient) -> str:
     (`wire.registrant`, from one SelfSubjectReview, as the launcher asks it)."""
     review = k8s.AuthenticationV1Api(client).create_self_subject_review(dict(wire.SELF_SUBJECT_REVIEW))
     named = wire.registrant(client.sanitize_for_serialization(review))
-    assert named is not None, answer
+    assert named is not None, review
     return named
 
 

@@ -288,7 +288,12 @@ def decide_raw(
 @functools.cache
 def _shipped_admission_policies() -> tuple[dict[str, Any], ...]:
     base = pathlib.Path(__file__).resolve().parents[2] / "manifests" / "base"
-    return tuple(d for file in ("admission-policies.yaml", "crd.yaml") for d in yaml.safe_load_all((base / file).read_text()) if d)
+    return tuple(
+        d
+        for file in ("admission-policies.yaml", "crd.yaml")
+        for d in yaml.safe_load_all((base / file).read_text())
+        if d
+    )
 
 
 def shipped_admission_policies() -> list[dict[str, Any]]:

@@ -688,7 +688,8 @@ class TestRetireGrantOfTheOperatorPointedAt:
         released = [d for d in yaml.safe_load_all(text) if d]
         forbidden = plan.Unreadable(reason="deployments.apps is forbidden")
         check = doctor.check_admission_content(
-            admission=listed(released), crd=crd_of(released),
+            admission=listed(released),
+            crd=crd_of(released),
             policy=choice(),
             system_namespace=SYSTEM,
             operator_deployments=forbidden,
@@ -698,7 +699,8 @@ class TestRetireGrantOfTheOperatorPointedAt:
         assert check.facts["namePrefix"] == "team-a-"
         # Where the Lease says nothing (an operator older than the annotation), the FAIL says why.
         unsaid = doctor.check_admission_content(
-            admission=listed(released), crd=crd_of(released),
+            admission=listed(released),
+            crd=crd_of(released),
             policy=choice(),
             system_namespace=SYSTEM,
             operator_deployments=forbidden,
@@ -716,7 +718,11 @@ class TestRetireGrantOfTheOperatorPointedAt:
         released = [d for d in yaml.safe_load_all(text) if d]
         assert "team-a-coroner-operator" in text
         check = doctor.check_admission_content(
-            admission=listed(released), crd=crd_of(released), policy=choice(), system_namespace=SYSTEM, operator_deployments=[PREFIXED]
+            admission=listed(released),
+            crd=crd_of(released),
+            policy=choice(),
+            system_namespace=SYSTEM,
+            operator_deployments=[PREFIXED],
         )
         assert check.status == doctor.CheckStatus.PASS, check.summary
         # Without the operator's Deployment the prefix is not known: the manifests' names are expected.
@@ -727,7 +733,8 @@ class TestRetireGrantOfTheOperatorPointedAt:
         assert "namePrefix is not known" not in unprefixed.summary
         # Deployments that may not be listed: the FAIL says the prefix was not learned, and why.
         forbidden = doctor.check_admission_content(
-            admission=listed(released), crd=crd_of(released),
+            admission=listed(released),
+            crd=crd_of(released),
             policy=choice(),
             system_namespace=SYSTEM,
             operator_deployments=plan.Unreadable(reason="deployments.apps is forbidden"),
@@ -735,7 +742,8 @@ class TestRetireGrantOfTheOperatorPointedAt:
         assert forbidden.status == doctor.CheckStatus.FAIL
         assert "namePrefix is not known: deployments.apps is forbidden" in forbidden.summary
         shipped = doctor.check_admission_content(
-            admission=listed(SHIPPED), crd=crd_of(SHIPPED),
+            admission=listed(SHIPPED),
+            crd=crd_of(SHIPPED),
             policy=choice(),
             system_namespace=SYSTEM,
             operator_deployments=[operator_deployment()],
@@ -829,9 +837,7 @@ class TestAdmissionAllFourKinds:
             ),
             pytest.param(listed(SHIPPED), None, "FAIL", (CRD,), id="crd-missing"),
             pytest.param(listed(SHIPPED), crd_without_status_subresource(), "FAIL", (CRD,), id="crd-drifted"),
-            pytest.param(
-                listed(SHIPPED), plan.Unreadable(reason="403 Forbidden"), "UNKNOWN", (), id="crd-unreadable"
-            ),
+            pytest.param(listed(SHIPPED), plan.Unreadable(reason="403 Forbidden"), "UNKNOWN", (), id="crd-unreadable"),
             pytest.param(
                 unreadable("MutatingAdmissionPolicy"), SHIPPED_CRD, "UNKNOWN", (), id="mutating-policies-unreadable"
             ),
@@ -923,7 +929,10 @@ class TestAdmissionAllFourKinds:
         """The operator accepts components/node-loss's evidence policy only where it uses node
         evidence (admission_digest.accepted_alternates); doctor asks the operator's published policy."""
         check = doctor.check_admission_content(
-            admission=listed(node_loss_variant()), crd=crd_of(node_loss_variant()), policy=choice(published), system_namespace=SYSTEM
+            admission=listed(node_loss_variant()),
+            crd=crd_of(node_loss_variant()),
+            policy=choice(published),
+            system_namespace=SYSTEM,
         )
         assert check.status == status, check.summary
         if status == "FAIL":

@@ -323,8 +323,7 @@ def digests(
     return {
         key(document): digest(document, system_namespace=system_namespace, name_prefix=name_prefix)
         for document in documents
-        if isinstance(document, Mapping)
-        and (document.get("kind") in _ESSENTIAL_SPEC or key(document) == CRD)
+        if isinstance(document, Mapping) and (document.get("kind") in _ESSENTIAL_SPEC or key(document) == CRD)
     }
 
 
