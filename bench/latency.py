@@ -102,7 +102,11 @@ class FloorProbe:
         body = {
             "apiVersion": "coroner.dev/v1alpha1",
             "kind": "WorkerRegistration",
-            "metadata": {"name": "floor", "labels": {"coroner.dev/node": "floor-node"}},
+            "metadata": {
+                "name": "floor",
+                "labels": {"coroner.dev/node": "floor-node"},
+                "annotations": c.registrant_annotation(bench.admin),
+            },
             "spec": {
                 "nodeName": "floor-node",
                 "incarnation": {

@@ -495,6 +495,7 @@ def measure_floor(
     operator_kubeconfig = mint_token(bench.cluster, service_account=f"{c.SYSTEM}/coroner-operator")
     operator_http = c.client(operator_kubeconfig)
     admin = c.client(bench.cluster.kubeconfig)
+    registrant = c.registrant_annotation(admin)
     pairs = [k for k in victims if k in alive_bodies and k in latest_bodies]
     c.log(f"floor: preparing {len(pairs)} copies of the victims in {NS_FLOOR}")
     t_setup = time.monotonic()
@@ -512,7 +513,12 @@ def measure_floor(
             body={
                 "apiVersion": alive["apiVersion"],
                 "kind": alive["kind"],
-                "metadata": {"name": name, "namespace": NS_FLOOR, "labels": {api.NODE_LABEL: node.name}},
+                "metadata": {
+                    "name": name,
+                    "namespace": NS_FLOOR,
+                    "labels": {api.NODE_LABEL: node.name},
+                    "annotations": registrant,
+                },
                 "spec": spec,
             },
         )

@@ -80,11 +80,14 @@ def main() -> None:
             mint_token(bench.cluster, service_account=f"{c.SYSTEM}/coroner-operator"), pool_size=args.connections
         )
 
+        registrant = c.registrant_annotation(admin)
+
         def create(name: str) -> str:
             body = {
                 "apiVersion": api.API_VERSION,
                 "kind": api.KIND,
-                "metadata": {"name": name, "namespace": NS, "labels": {api.NODE_LABEL: "node-1"}},
+                "metadata": {"name": name, "namespace": NS, "labels": {api.NODE_LABEL: "node-1"},
+                             "annotations": registrant},
                 "spec": {
                     "nodeName": "node-1",
                     "incarnation": {"bootId": "b" * 36, "pidNamespace": str(api.ROOT_PID_NAMESPACE_INODE),

@@ -266,6 +266,7 @@ def main() -> int:
         synthetic_n = args.registrations - args.agent_workers
         c.log(f"registering {synthetic_n} registrations on {len(emulated_nodes)} nodes with emulated agents")
         creator = c.client(kubeconfig, timeout=60, pool_size=args.create_threads)
+        registrant = c.registrant_annotation(creator)
 
         def create(i: int) -> tuple[str, str]:
             node = emulated_nodes[i % len(emulated_nodes)]
@@ -274,7 +275,12 @@ def main() -> int:
             body = {
                 "apiVersion": api.API_VERSION,
                 "kind": api.KIND,
-                "metadata": {"name": name, "namespace": namespace, "labels": {api.NODE_LABEL: node.name}},
+                "metadata": {
+                    "name": name,
+                    "namespace": namespace,
+                    "labels": {api.NODE_LABEL: node.name},
+                    "annotations": registrant,
+                },
                 "spec": {
                     "nodeName": node.name,
                     "incarnation": {

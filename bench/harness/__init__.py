@@ -30,6 +30,7 @@ from harness.cluster import diff_requests as diff_requests
 from harness.cluster import metrics_text as metrics_text
 from harness.cluster import operator_status_writes as operator_status_writes
 from harness.cluster import parse_prometheus as parse_prometheus
+from harness.cluster import registrant_annotation as registrant_annotation
 from harness.cluster import scrape_operator as scrape_operator
 from harness.machine import BIN as BIN
 from harness.machine import MANIFESTS as MANIFESTS

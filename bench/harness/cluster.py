@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from coroner.client.rest import ApiError, Rest, registrations_path, warming_up
-from coroner.core import api
+from coroner.core import api, wire
 from coroner_dev import fleet
 from coroner_dev.devcluster import cluster as cluster_mod
 from harness.machine import LoadMonitor, log, tail
@@ -37,6 +37,16 @@ def client(kubeconfig: pathlib.Path | str, *, pool_size: int = 16, timeout: floa
         "benchmarks talk to loopback only"
     )
     return rest
+
+
+def registrant_annotation(client: Rest) -> dict[str, str]:
+    """The annotation a registration created by `client` must carry (admission policy
+    coroner-registrant-recorded admits exactly the requester), from one SelfSubjectReview, as the
+    launcher asks it."""
+    named = wire.registrant(client.request("POST", wire.SELF_SUBJECT_REVIEW_PATH, body=dict(wire.SELF_SUBJECT_REVIEW)))
+    if named is None:
+        raise ValueError("the API server's SelfSubjectReview named no user")
+    return {api.REGISTERED_BY_ANNOTATION: named}
 
 
 def create(client: Rest, path: str, body: dict[str, Any]) -> None:
@@ -275,9 +285,9 @@ class Bench:
 
     def _wait_for_admission(self, timeout: float = 180.0) -> None:
         """Waits until a registration create gets through admission: right after the CRD is created
-        the registrant's mutating policy answers 503 ("Resource kind ... not found") for up to two
-        minutes, and a benchmark's first create would die on it. A server-side dry run goes through
-        admission and stores nothing; any answer but a warming-up one means admission is ready."""
+        the API server can answer 503 for a moment, and a benchmark's first create would die on it.
+        A server-side dry run goes through admission and stores nothing; any answer but a warming-up
+        one means admission is ready."""
         probe = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": "admission-probe"}}
         deadline = time.monotonic() + timeout
         while True:

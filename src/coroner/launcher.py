@@ -210,7 +210,7 @@ def register(
         generation_id=generation_id,
         node_uid=node_uid,
         heartbeat=None if interval_seconds is None or ttl_seconds is None else (interval_seconds, ttl_seconds),
-        registered_by=_registrant(client),
+        registered_by=_registrant(client, namespace=namespace, name=name),
     )
     try:
         created = _patiently(
@@ -257,16 +257,25 @@ def register(
     return registration
 
 
-def _registrant(client: Rest) -> str | None:
-    """Who the API server sees registering, from one SelfSubjectReview, for the annotation the
-    launcher writes itself (`wire.registration_body`). None when the review fails or names nobody:
-    the admission policy coroner-record-registrant then records the registrant, as it always may."""
+def _registrant(client: Rest, *, namespace: str, name: str) -> str:
+    """Who the API server sees registering, from one SelfSubjectReview (again while the server is
+    busy or warming up, as the create is), for the annotation the launcher writes: the admission
+    policy coroner-registrant-recorded admits a registration only when it names exactly its
+    requester, so without the answer there is nothing to register with (a RegistrationError)."""
+    what = f"asking the API server who registers {namespace}/{name}"
     try:
-        answer = client.request("POST", wire.SELF_SUBJECT_REVIEW_PATH, body=dict(wire.SELF_SUBJECT_REVIEW))
-    except Exception as exc:  # only spares the create a mutating policy; never fails the registration
-        logger.info("cannot ask the API server who registers (%r); admission will record it", exc)
-        return None
-    return wire.registrant(answer)
+        answer = _patiently(
+            what, lambda: client.request("POST", wire.SELF_SUBJECT_REVIEW_PATH, body=dict(wire.SELF_SUBJECT_REVIEW))
+        )
+    except (ApiError, urllib3.exceptions.HTTPError, OSError) as exc:
+        raise RegistrationError(
+            f"{what} failed ({exc}): a registration must name its registrant (annotation "
+            f"{api.REGISTERED_BY_ANNOTATION}), which the API server checks"
+        ) from exc
+    registrant = wire.registrant(answer)
+    if registrant is None:
+        raise RegistrationError(f"{what}: its SelfSubjectReview named no user ({answer!r})")
+    return registrant
 
 
 def _patiently(what: str, request: Callable[[], _T]) -> _T:

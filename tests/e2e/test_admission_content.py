@@ -1,7 +1,7 @@
 """Admission content as the API server serves it (issue 17, item 3): the objects `kubectl apply -k`
-installs compare intact with coroner.core.admission_digest (the server's defaults and its YAML
-reading do not count as changes), and `kubectl coroner doctor` fails on a binding that only warns
-— which the names-only check passes."""
+installs, and the CRD, compare intact with coroner.core.admission_digest (the server's defaults and
+its YAML reading do not count as changes), and `kubectl coroner doctor` fails on a binding that only
+warns — which the names-only check passes — and on a CRD without its status subresource."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from coroner.core import admission_digest as ad
+from coroner.core import api
 from coroner_dev.devcluster.cluster import Cluster
 from support import components, kube
 
@@ -24,8 +25,10 @@ KINDS = (
 
 
 def served(cluster: Cluster) -> list[dict[str, Any]]:
+    """The admission objects and the CRD, as the API server serves them."""
     items: list[dict[str, Any]] = json.loads(kube.kubectl(cluster, "get", KINDS, "-o", "json").stdout)["items"]
-    return items
+    crd = json.loads(kube.kubectl(cluster, "get", "crd", api.CRD_NAME, "-o", "json").stdout)
+    return [*items, crd]
 
 
 def doctor_checks(cluster: Cluster) -> dict[str, dict[str, Any]]:
@@ -70,36 +73,24 @@ def test_what_the_server_serves_is_what_ships_and_a_warn_only_binding_is_not(clu
         components.install(cluster, grant=False)
 
 
-def test_a_deleted_or_changed_mutating_policy_fails_doctor_by_name(cluster: Cluster) -> None:
-    """The operator verifies the MutatingAdmissionPolicy and its binding too (it retires nothing
-    while one is missing or differs): doctor's admission checks name them, never PASS then."""
+def test_a_crd_without_its_status_subresource_fails_doctor_by_name(cluster: Cluster) -> None:
+    """Without the status subresource a main-resource writer sets status past the status policies:
+    the CRD is verified with them, and doctor names it and says how to restore it."""
     components.install(cluster, grant=False)
-    name = "coroner-record-registrant"
-    checks = doctor_checks(cluster)
-    assert checks["admission-policies"]["status"] == checks["admission-content"]["status"] == "PASS"
-    kube.kubectl(cluster, "delete", "mutatingadmissionpolicybinding", name)
-    try:
-        assert ad.compare(served(cluster)).missing == (("MutatingAdmissionPolicyBinding", name),)
-        checks = doctor_checks(cluster)
-        for check in ("admission-policies", "admission-content"):
-            assert checks[check]["status"] == "FAIL", checks[check]
-            assert checks[check]["objects"] == [f"MutatingAdmissionPolicyBinding/{name}"]
-            assert f"MutatingAdmissionPolicyBinding/{name}" in checks[check]["summary"]
-    finally:
-        components.install(cluster, grant=False)
     assert doctor_checks(cluster)["admission-content"]["status"] == "PASS"
-    kube.kubectl(cluster, "patch", "mutatingadmissionpolicy", name, "--type=json", "-p",
-                 '[{"op":"replace","path":"/spec/mutations/0/applyConfiguration/expression","value":"Object{}"}]')  # fmt: skip
+    kube.kubectl(cluster, "patch", "crd", api.CRD_NAME, "--type=json",
+                 "-p", '[{"op":"remove","path":"/spec/versions/0/subresources"}]')  # fmt: skip
     try:
-        assert ad.compare(served(cluster)).differing == (("MutatingAdmissionPolicy", name),)
-        checks = doctor_checks(cluster)
-        assert checks["admission-policies"]["status"] == "PASS"  # present and bound: the names check is fooled
-        assert checks["admission-content"]["status"] == "FAIL"
-        assert checks["admission-content"]["objects"] == [f"MutatingAdmissionPolicy/{name}"]
+        assert ad.compare(served(cluster)).differing == (ad.CRD,)
+        check = doctor_checks(cluster)["admission-content"]
+        assert check["status"] == "FAIL", check
+        assert check["objects"] == [f"CustomResourceDefinition/{api.CRD_NAME}"]
+        assert f"CustomResourceDefinition/{api.CRD_NAME} (differs)" in check["summary"], check["summary"]
+        assert "AdmissionPoliciesUnverified" in check["summary"] and "re-apply the manifests" in check["summary"]
     finally:
-        kube.kubectl(cluster, "delete", "mutatingadmissionpolicy", name)
         components.install(cluster, grant=False)
     assert ad.compare(served(cluster)).intact
+    assert doctor_checks(cluster)["admission-content"]["status"] == "PASS"
 
 
 #: The status-path mutating policy releases before 2026-12 shipped (with the CRD), as they shipped it.

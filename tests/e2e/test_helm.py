@@ -194,7 +194,7 @@ def test_helm_install_upgrade_and_uninstall_keeping_the_crd(
         for kind, name in (
             ("clusterrole", f"{PREFIX}coroner-operator"),
             ("validatingadmissionpolicy", "coroner-agent-attests-own-node-only"),
-            ("mutatingadmissionpolicy", "coroner-record-registrant"),
+            ("validatingadmissionpolicy", "coroner-registrant-recorded"),
             ("deployment", f"{PREFIX}coroner-operator"),
         ):
             gone = kube.kubectl(cluster, "get", kind, name, "-n", NAMESPACE, check=False)

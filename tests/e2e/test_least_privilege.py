@@ -6,8 +6,10 @@ answers come from real writes with tokens from the TokenRequest API.
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
+import subprocess
 from collections.abc import Iterator
 from typing import Any
 
@@ -83,24 +85,48 @@ def test_the_operator_cannot_create_an_agents_lease(plan_only: Cluster, operator
     assert 'belongs to the coroner agent of node "never-ran"' in message, message
 
 
-def test_deleting_needs_a_terminal_registration_or_retire(
-    plan_only: Cluster, operator: k8s.ApiClient, admin: k8s.ApiClient, namespace: str
+RELEASED = {"type": "Released", "status": "True", "reason": "CleanExit", "message": "bye",
+            "lastTransitionTime": "2026-01-01T00:00:00Z"}  # fmt: skip
+
+
+def kubectl_as(cluster: Cluster, who: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """kubectl as the cluster admin impersonating `who`, as an attacker holding `who`'s token would."""
+    return kube.kubectl(cluster, *args, f"--as={who}", check=False)
+
+
+def test_only_terminal_registrations_are_deleted_and_retire_is_not_enough(
+    plan_only: Cluster, admin: k8s.ApiClient, namespace: str
 ) -> None:
-    kube.create_registration(admin, namespace, kube.registration_body(name="live"))
-    kube.create_registration(admin, namespace, kube.registration_body(name="gone"))
-    released = {"type": "Released", "status": "True", "reason": "CleanExit", "message": "bye",
-                "lastTransitionTime": "2026-01-01T00:00:00Z"}  # fmt: skip
-    kube.patch_status(admin, namespace, "gone", {"status": {"conditions": [released], "state": "Released"}})
-    custom = kube.custom(operator)
-    # The operator holds `delete` (retention) but not `retire` on a plan-only install.
-    with pytest.raises(ApiException) as raised:
-        custom.delete_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, "live")
-    message = kube.api_error_body(raised.value)["message"]
-    assert "it is neither Retired nor Released, and deleting a live registration needs the retire verb" in message
-    custom.delete_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, "gone")
-    assert not kube.exists(admin, namespace, "gone")
-    # A holder of retire (the admin) may delete a live one, as it may retire it.
-    kube.custom(admin).delete_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, "live")
+    """A stolen operator token (or anyone who may impersonate it) deletes a live registration, or
+    forges its goodbye and then deletes it: refused even where the operator holds `retire` (the
+    production grant), since a delete needs no evidence. Its retention still deletes terminal ones."""
+    components.install(plan_only, grant=True)
+    try:
+        kube.wait_for(lambda: can_i(plan_only, "retire", RESOURCE, who=OPERATOR, namespace=namespace) == "yes",
+                      what="the retire grant")  # fmt: skip
+        kube.create_registration(admin, namespace, kube.registration_body(name="live"))
+        kube.create_registration(admin, namespace, kube.registration_body(name="gone"))
+        kube.patch_status(admin, namespace, "gone", {"status": {"conditions": [RELEASED], "state": "Released"}})
+        deleted = kubectl_as(plan_only, OPERATOR, "delete", "wreg", "live", "-n", namespace)
+        assert deleted.returncode != 0, deleted.stdout
+        assert f"may not delete WorkerRegistration {namespace}/live: it is Active" in deleted.stderr, deleted.stderr
+        forged = json.dumps({"status": {"conditions": [RELEASED], "state": "Released"}})
+        released = kubectl_as(plan_only, OPERATOR, "patch", "wreg", "live", "-n", namespace, "--subresource=status",
+                              "--type=merge", "-p", forged)  # fmt: skip
+        assert released.returncode != 0, released.stdout
+        assert "may not change the heartbeat or the Released condition" in released.stderr, released.stderr
+        again = kubectl_as(plan_only, OPERATOR, "delete", "wreg", "live", "-n", namespace)
+        assert again.returncode != 0 and "it is Active" in again.stderr, again.stderr
+        assert kube.exists(admin, namespace, "live")
+        # Retention's delete of a terminal registration (released by its own registrant) is admitted.
+        gone = kubectl_as(plan_only, OPERATOR, "delete", "wreg", "gone", "-n", namespace)
+        assert gone.returncode == 0, gone.stderr
+        assert not kube.exists(admin, namespace, "gone")
+    finally:
+        components.install(plan_only, grant=False)
+    # A cluster admin still can (it could remove the policy too): documented, and counted by the
+    # operator (coroner_active_registration_deletions, alert CoronerActiveRegistrationDeleted).
+    kube.kubectl(plan_only, "delete", "wreg", "live", "-n", namespace)
     assert not kube.exists(admin, namespace, "live")
 
 

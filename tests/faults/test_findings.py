@@ -270,8 +270,8 @@ def test_status_writes_and_registrations_go_through_at_once_after_an_api_server_
         plane.restart_apiserver(graceful=graceful, during=worker.kill)
         kube.wait_for(lambda: _heartbeat(plane, namespace, "probe", refused), timeout=60, what="a status write")
         assert not [r for r in refused if "Resource kind" in r], refused
-        # A worker starting now registers at once too: the launcher names its registrant itself, so
-        # the mutating policy that records it (and would answer 503 for now) has nothing to do.
+        # A worker starting now registers at once too: the launcher names its registrant itself, and
+        # no mutating policy (which would answer 503 for now) records it.
         spawn(newcomer)
         with caplog.at_level(logging.INFO, logger="coroner.launcher"):
             register(newcomer, client=plane.worker_client, namespace=namespace,

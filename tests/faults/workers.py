@@ -40,6 +40,7 @@ from coroner.client.kube import patch_registration_status
 from coroner.client.rest import Rest
 from coroner.core import api, model
 from coroner_dev.fleet import PidNamespace, wait_child
+from support import kube
 
 SYSTEM_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 #: A process whose main thread calls pthread_exit while a second thread sleeps: /proc shows `Z`
@@ -263,9 +264,7 @@ def register(
                 "heartbeat": {"intervalSeconds": worker.interval, "ttlSeconds": worker.ttl},
             },
         }
-        k8s.CustomObjectsApi(client).create_namespaced_custom_object(
-            api.GROUP, api.VERSION, namespace, api.PLURAL, body
-        )
+        kube.create_registration(client, namespace, body)  # naming its registrant, as admission demands
     worker.registered = True
     worker.pin()
 

@@ -29,6 +29,8 @@ pytestmark = pytest.mark.integration
 
 OPERATOR = f"system:serviceaccount:{api.SYSTEM_NAMESPACE}:coroner-operator"
 NODE = "node-evidence"
+#: The group whose members count as people (who may state node evidence), as roles.yaml binds it.
+PEOPLE = "coroner:people"
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +49,7 @@ def retirers(installed: Cluster) -> Iterator[dict[str, tuple[str, k8s.ApiClient]
     """Every identity that holds `retire`: name -> (username, client)."""
     with (
         api_client(installed.kubeconfig) as admin,
-        api_client(user_kubeconfig(installed, user="alice")) as alice,
+        api_client(user_kubeconfig(installed, user="alice", groups=(PEOPLE,))) as alice,
         api_client(components.operator_kubeconfig(installed)) as operator,
     ):
         yield {"admin": ("admin", admin), "human": ("alice", alice), "operator": (OPERATOR, operator)}
@@ -180,12 +182,17 @@ def test_a_retired_condition_alone_is_not_a_retirement(
     register(admin, namespace, "w")
     attest(agent, namespace, "w", evidence="PidfdExited")
     body = kube.get_registration(admin, namespace, "w")
-    ops = [
-        op
-        for op in retirement_ops(body, retired_by="admin", reason="PidfdExited")
-        if op["path"] != "/status/retirement"
-    ]
-    assert "needs status.retirement" in refusal(admin, namespace, "w", ops)
+    for username, client in retirers.values():
+        ops = [
+            op
+            for op in retirement_ops(body, retired_by=username, reason="PidfdExited")
+            if op["path"] != "/status/retirement"
+        ]
+        message = refusal(client, namespace, "w", ops)
+        if username == OPERATOR:  # it maintains the Retired condition: the evidence policy says why not
+            assert "needs status.retirement" in message, message
+        else:  # anyone else changes it only in the write that retires (coroner-status-fields-by-identity)
+            assert "may not change the Retired condition" in message, message
 
 
 @pytest.mark.parametrize("evidence", ["NodeDeleted", "NodeOutOfService"])
@@ -260,7 +267,28 @@ def test_node_evidence_from_a_person_is_recorded_as_theirs_and_no_other_identity
         body = kube.get_registration(admin, namespace, "by-worker")
         ops = retirement_ops(body, retired_by=bot_name, reason="NodeDeleted", statement="Human")
         message = kube.wait_for(lambda: _refused_for_identity(bot, namespace, ops), what="the bot's RBAC")
-    assert f"needs a person holding the retire verb (kubectl coroner apply); {bot_name} is not one" in message
+    assert (
+        f"needs a person (group {PEOPLE}) holding the retire verb (kubectl coroner apply); {bot_name} is not one"
+        in message
+    )
+
+
+def test_a_username_outside_system_is_not_a_person_unless_its_group_says_so(
+    installed: Cluster, admin: k8s.ApiClient, namespace: str
+) -> None:
+    """A robot with an x509 certificate (or an OIDC or cloud IAM identity) holding `retire` has a
+    username outside system:, and was taken for a person: who counts as one is the group coroner:people."""
+    kube.kubectl(installed, "create", "rolebinding", "robot-retirer", "--clusterrole=coroner-retirer",
+                 "--user=ci-robot", "-n", namespace)  # fmt: skip
+    register(admin, namespace, "by-worker")
+    with api_client(user_kubeconfig(installed, user="ci-robot")) as robot:
+        body = kube.get_registration(admin, namespace, "by-worker")
+        ops = retirement_ops(body, retired_by="ci-robot", reason="NodeDeleted", statement="Human")
+        message = kube.wait_for(lambda: _refused_for_identity(robot, namespace, ops), what="the robot's RBAC")
+    assert f"needs a person (group {PEOPLE}) holding the retire verb (kubectl coroner apply); ci-robot is not one" in (
+        message
+    ), message
+    assert "retirement" not in kube.get_registration(admin, namespace, "by-worker").get("status", {})
 
 
 def _refused_for_identity(client: k8s.ApiClient, namespace: str, ops: list[dict[str, Any]]) -> str | None:

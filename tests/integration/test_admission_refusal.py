@@ -83,7 +83,7 @@ def _refuse_retiring(cluster: Cluster, namespace: str, name: str, *, reason: str
             ],
             "validations": [
                 validation,
-                {"expression": "!object.status.?conditions.orValue([]).exists(c, c.type == 'PolicyProbe')"},
+                {"expression": "object.status.?lastHeartbeatTime.orValue('') != 'policy-probe'"},
             ],
         },
     }
@@ -101,8 +101,9 @@ def _refuse_retiring(cluster: Cluster, namespace: str, name: str, *, reason: str
     # of a probe registration is refused by this very policy.
     with api_client(cluster.kubeconfig) as admin:
         kube.create_registration(admin, namespace, kube.registration_body(name=PROBE))
-    marker = {"status": {"conditions": [{"type": "PolicyProbe", "status": "True", "reason": "Probe", "message": "",
-                                         "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}  # fmt: skip
+    # A heartbeat, which the probe's registrant (the admin) may write: a condition of another type
+    # would be refused by coroner-status-fields-by-identity first.
+    marker = {"status": {"lastHeartbeatTime": "policy-probe"}}
     probe = ["-n", namespace, "patch", "workerregistration", PROBE, "--subresource=status", "--type=merge"]
     kube.wait_for(
         lambda: (

@@ -20,6 +20,7 @@ from kubernetes import client as k8s
 from prometheus_client.parser import text_string_to_metric_families
 
 from coroner.client.kube import api_client
+from coroner.core import api
 from coroner_dev.devcluster.cluster import Cluster
 from support import components, helm, kube
 
@@ -173,3 +174,52 @@ def test_the_unit_tests_feed_series_with_the_exported_names_and_labels(exported:
                     assert keys - TARGET_LABELS - {"le"} <= exported[name], (name, keys, exported[name])
             else:
                 assert name in EXTERNAL and EXTERNAL[name] <= keys | TARGET_LABELS, series["series"]
+
+
+def _counted(port: int, name: str) -> float | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            text = answer.read().decode()
+    except OSError:
+        return None
+    samples = [s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name]
+    return samples[0] if samples else None
+
+
+def test_the_operator_counts_each_delete_of_an_active_registration_and_no_other(
+    cluster: Cluster, tmp_path: pathlib.Path
+) -> None:
+    """What a cluster admin can still do (policy coroner-delete-only-terminal exempts system:masters)
+    is flagged: coroner_active_registration_deletions_total, which CoronerActiveRegistrationDeleted
+    alerts on. A terminal registration deleted (what retention does) is not counted."""
+    components.install(cluster, grant=False)
+    port = _free_port()
+    argv = components.operator_argv(
+        components.operator_kubeconfig(cluster), f"--metrics-port={port}", "--metrics-bind-address=127.0.0.1"
+    )
+    name = "coroner_active_registration_deletions_total"
+    released = {"type": "Released", "status": "True", "reason": "CleanExit", "message": "bye",
+                "lastTransitionTime": "2026-01-01T00:00:00Z"}  # fmt: skip
+    with api_client(cluster.kubeconfig) as admin:
+        namespace = f"t-deletes-{tmp_path.name[-6:]}".lower().replace("_", "-")
+        k8s.CoreV1Api(admin).create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=namespace)))
+        try:
+            components.put_agent_lease(admin, node="node-a", boot_id=BOOT, host_id=HOST)
+            with components.process(argv, log=tmp_path / "operator.log"):
+                kube.create_registration(admin, namespace, kube.registration_body(name="live", interval=None))
+                kube.create_registration(admin, namespace, kube.registration_body(name="done", interval=None))
+                kube.patch_status(admin, namespace, "done", {"status": {"conditions": [released], "state": "Released"}})
+                assert kube.wait_for(lambda: _counted(port, name) == 0.0, timeout=120, what="the operator's /metrics")
+                kube.custom(admin).delete_namespaced_custom_object(
+                    api.GROUP, api.VERSION, namespace, api.PLURAL, "done"
+                )
+                kube.custom(admin).delete_namespaced_custom_object(
+                    api.GROUP, api.VERSION, namespace, api.PLURAL, "live"
+                )
+                kube.wait_for(lambda: _counted(port, name) == 1.0, timeout=60, what="the active delete counted")
+                assert (
+                    "active registration deleted namespace=" + namespace + " name=live registered-by=admin"
+                    in (tmp_path / "operator.log").read_text()
+                )
+        finally:
+            k8s.CoreV1Api(admin).delete_namespace(namespace)

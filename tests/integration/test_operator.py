@@ -325,6 +325,11 @@ def test_a_delete_whose_preconditions_moved_leaves_the_registration_alone(
     from coroner_operator.kubeapi import KubeApi
 
     _register(admin, namespace, "w1")
+    # Terminal, as every registration retention deletes is (admission refuses the operator an
+    # active one: coroner-delete-only-terminal), released by its registrant.
+    goodbye = {"type": "Released", "status": "True", "reason": "CleanExit", "message": "bye",
+               "lastTransitionTime": "2026-01-01T00:00:00Z"}  # fmt: skip
+    kube.patch_status(admin, namespace, "w1", {"status": {"conditions": [goodbye], "state": "Released"}})
     read = kube.get_registration(admin, namespace, "w1")["metadata"]
     kube.patch_status(admin, namespace, "w1", {"status": {"lastHeartbeatTime": components.now_text()}})
     now = kube.get_registration(admin, namespace, "w1")["metadata"]

@@ -532,9 +532,33 @@ class Server:
                 if o.get(field) != n.get(field):
                     raise SimApiError(403, "Forbidden", "the coroner agent may change only status.attestation")
             return
+        if op == "DELETE" and old is not None and not (retired(old) or released(old)):
+            # Policy 8: only terminal registrations (no cluster admin is modelled).
+            self._refuse("delete", f"{identity} may not delete an Active registration")
         if op == "UPDATE" and old is not None and new is not None:
             if _status(old).get("attestation") != _status(new).get("attestation"):
                 raise SimApiError(403, "Forbidden", f"{identity} may not write status.attestation")
+
+            # Policy 4: the heartbeat and Released are the registrant's (the launcher, the only
+            # registrant modelled); Retired the operator's, or with status.retirement; no other type.
+            def of(body: dict[str, Any], kinds: tuple[str, ...], *, known: bool = True) -> list[Mapping[str, Any]]:
+                return [c for c in _conditions(body) if (c.get("type") in kinds) == known]
+
+            owners = ("Released",)
+            if identity != "launcher" and (
+                _status(old).get("lastHeartbeatTime") != _status(new).get("lastHeartbeatTime")
+                or of(old, owners) != of(new, owners)
+            ):
+                self._refuse("ownership", f"{identity} may not change the heartbeat or Released")
+            if (
+                of(old, ("Retired",)) != of(new, ("Retired",))
+                and not identity.startswith("operator")
+                and not ("retirement" not in _status(old) and "retirement" in _status(new))
+            ):
+                self._refuse("ownership", f"{identity} may not change the Retired condition")
+            four = ("Attested", "Retirable", "Retired", "Released")
+            if of(old, four, known=False) != of(new, four, known=False):
+                self._refuse("ownership", f"{identity} may not add, remove or change other conditions")
             if not identity.startswith("operator"):
                 pick = ("Attested", "Retirable")
                 if [c for c in _conditions(old) if c.get("type") in pick] != [

@@ -13,7 +13,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from coroner.client.kube import patch_registration_status
-from coroner.core import api
+from coroner.core import api, wire
 from coroner_dev import fleet
 from coroner_dev.devcluster.cluster import Cluster
 
@@ -97,11 +97,21 @@ def custom(client: k8s.ApiClient) -> k8s.CustomObjectsApi:
     return k8s.CustomObjectsApi(client)
 
 
+def registrant(client: k8s.ApiClient) -> str:
+    """Who the API server sees as `client`, spelled as the admission policies spell the requester
+    (`wire.registrant`, from one SelfSubjectReview, as the launcher asks it)."""
+    review = k8s.AuthenticationV1Api(client).create_self_subject_review(dict(wire.SELF_SUBJECT_REVIEW))
+    named = wire.registrant(client.sanitize_for_serialization(review))
+    assert named is not None, review
+    return named
+
+
 def create_registration(client: k8s.ApiClient, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-    """Creates, again while the API server answers 503: a MutatingAdmissionPolicy needs the CRD's
-    schema, which the server publishes some moments after Established — after clean_slate deletes
-    and re-creates the CRD, a create can be refused so for seconds (test_helm failed so in CI, and
-    the launcher outlasts it the same way)."""
+    """Creates as the launcher does: naming its registrant (coroner.dev/registered-by, the
+    requester, which policy coroner-registrant-recorded demands) unless `body` already names one.
+    Again while the API server answers 503 (it can, some moments after the CRD is re-created)."""
+    annotations = body.setdefault("metadata", {}).setdefault("annotations", {})
+    annotations.setdefault(api.REGISTERED_BY_ANNOTATION, registrant(client))
     deadline = time.monotonic() + 30
     while True:
         try:

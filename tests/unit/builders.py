@@ -287,11 +287,16 @@ def decide_raw(
 
 @functools.cache
 def _shipped_admission_policies() -> tuple[dict[str, Any], ...]:
-    path = pathlib.Path(__file__).resolve().parents[2] / "manifests" / "base" / "admission-policies.yaml"
-    return tuple(d for d in yaml.safe_load_all(path.read_text()) if d)
+    base = pathlib.Path(__file__).resolve().parents[2] / "manifests" / "base"
+    return tuple(
+        d
+        for file in ("admission-policies.yaml", "crd.yaml")
+        for d in yaml.safe_load_all((base / file).read_text())
+        if d
+    )
 
 
 def shipped_admission_policies() -> list[dict[str, Any]]:
-    """The admission policies and bindings as manifests/base ships them: what the operator lists
-    on a cluster whose policies are intact (a fresh copy each call)."""
+    """The admission policies and bindings, and the CRD, as manifests/base ships them: what the
+    operator lists on a cluster whose policies are intact (a fresh copy each call)."""
     return copy.deepcopy(list(_shipped_admission_policies()))

@@ -22,7 +22,12 @@ from coroner.core import admission_digest as ad
 from coroner.core.decision import Policy
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-SHIPPED = [d for d in yaml.safe_load_all((REPO / "manifests" / "base" / "admission-policies.yaml").read_text()) if d]
+SHIPPED = [
+    d
+    for file in ("admission-policies.yaml", "crd.yaml")
+    for d in yaml.safe_load_all((REPO / "manifests" / "base" / file).read_text())
+    if d
+]
 
 
 def shipped() -> list[dict[str, Any]]:
@@ -118,15 +123,26 @@ WEAKENINGS: dict[str, tuple[Mutation, tuple[str, str], str]] = {
         (VAPB, EVIDENCE),
         "differs",
     ),
-    "mutation-changed": (
-        _set(
-            "MutatingAdmissionPolicy",
-            "coroner-record-registrant",
-            lambda s: s["mutations"][0]["applyConfiguration"].update(expression="Object{}"),
-        ),
-        ("MutatingAdmissionPolicy", "coroner-record-registrant"),
+    "crd-without-status-subresource": (
+        lambda docs: find(docs, *ad.CRD)["spec"]["versions"][0].pop("subresources"),
+        ad.CRD,
         "differs",
     ),
+    "crd-spec-rule-dropped": (
+        lambda docs: find(docs, *ad.CRD)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"].pop(
+            "x-kubernetes-validations"
+        ),
+        ad.CRD,
+        "differs",
+    ),
+    "crd-bound-widened": (
+        lambda docs: find(docs, *ad.CRD)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"][
+            "properties"
+        ]["conditions"].update(maxItems=1000),
+        ad.CRD,
+        "differs",
+    ),
+    "crd-deleted": (lambda docs: docs.remove(find(docs, *ad.CRD)), ad.CRD, "missing"),
     "policy-deleted": (
         lambda docs: docs.remove(find(docs, VAP, "coroner-delete-only-terminal")),
         (VAP, "coroner-delete-only-terminal"),
@@ -183,17 +199,18 @@ def test_doctor_compares_content_and_names_what_differs() -> None:
     documents = shipped()
     admission = {kind: [d for d in documents if d["kind"] == kind] for kind in ad.KINDS}
     choice = plan.choose_policy(published=Policy(), flags={}, system_namespace=ad.SHIPPED_NAMESPACE)
-    check = doctor.check_admission_content(admission=admission, policy=choice)
+    crd = find(documents, *ad.CRD)
+    check = doctor.check_admission_content(admission=admission, crd=crd, policy=choice)
     assert check.status == doctor.CheckStatus.PASS, check.summary
     # The names-only check passes a binding narrowed to one namespace; the content check does not.
     find(documents, VAPB, EVIDENCE)["spec"]["matchResources"] = {"namespaceSelector": {"matchLabels": {"a": "b"}}}
     assert doctor.check_admission_policies(admission=admission).status == doctor.CheckStatus.PASS
-    check = doctor.check_admission_content(admission=admission, policy=choice)
+    check = doctor.check_admission_content(admission=admission, crd=crd, policy=choice)
     assert check.status == doctor.CheckStatus.FAIL
     assert check.objects == (f"{VAPB}/{EVIDENCE}",)
     assert "differs" in check.summary
     unreadable = doctor.check_admission_content(
-        admission={**admission, VAP: doctor.Unreadable(reason="forbidden")}, policy=choice
+        admission={**admission, VAP: doctor.Unreadable(reason="forbidden")}, crd=crd, policy=choice
     )
     assert unreadable.status == doctor.CheckStatus.UNKNOWN
     assert unreadable.summary == "ValidatingAdmissionPolicies could not be read: forbidden."

@@ -689,6 +689,7 @@ class TestRetireGrantOfTheOperatorPointedAt:
         forbidden = plan.Unreadable(reason="deployments.apps is forbidden")
         check = doctor.check_admission_content(
             admission=listed(released),
+            crd=crd_of(released),
             policy=choice(),
             system_namespace=SYSTEM,
             operator_deployments=forbidden,
@@ -699,6 +700,7 @@ class TestRetireGrantOfTheOperatorPointedAt:
         # Where the Lease says nothing (an operator older than the annotation), the FAIL says why.
         unsaid = doctor.check_admission_content(
             admission=listed(released),
+            crd=crd_of(released),
             policy=choice(),
             system_namespace=SYSTEM,
             operator_deployments=forbidden,
@@ -716,18 +718,23 @@ class TestRetireGrantOfTheOperatorPointedAt:
         released = [d for d in yaml.safe_load_all(text) if d]
         assert "team-a-coroner-operator" in text
         check = doctor.check_admission_content(
-            admission=listed(released), policy=choice(), system_namespace=SYSTEM, operator_deployments=[PREFIXED]
+            admission=listed(released),
+            crd=crd_of(released),
+            policy=choice(),
+            system_namespace=SYSTEM,
+            operator_deployments=[PREFIXED],
         )
         assert check.status == doctor.CheckStatus.PASS, check.summary
         # Without the operator's Deployment the prefix is not known: the manifests' names are expected.
         unprefixed = doctor.check_admission_content(
-            admission=listed(released), policy=choice(), system_namespace=SYSTEM
+            admission=listed(released), crd=crd_of(released), policy=choice(), system_namespace=SYSTEM
         )
         assert unprefixed.status == doctor.CheckStatus.FAIL
         assert "namePrefix is not known" not in unprefixed.summary
         # Deployments that may not be listed: the FAIL says the prefix was not learned, and why.
         forbidden = doctor.check_admission_content(
             admission=listed(released),
+            crd=crd_of(released),
             policy=choice(),
             system_namespace=SYSTEM,
             operator_deployments=plan.Unreadable(reason="deployments.apps is forbidden"),
@@ -736,6 +743,7 @@ class TestRetireGrantOfTheOperatorPointedAt:
         assert "namePrefix is not known: deployments.apps is forbidden" in forbidden.summary
         shipped = doctor.check_admission_content(
             admission=listed(SHIPPED),
+            crd=crd_of(SHIPPED),
             policy=choice(),
             system_namespace=SYSTEM,
             operator_deployments=[operator_deployment()],
@@ -758,28 +766,41 @@ class TestRetireGrantOfTheOperatorPointedAt:
 
 # --- admission: all four kinds the operator compares ---------------------------------------------
 
-MUTATING = "coroner-record-registrant"
+MUTATING = "coroner-record-registrant"  # shipped by older releases only
+RECORDER = "coroner-registrant-recorded"
+CRD = f"CustomResourceDefinition/{ad.CRD[1]}"
 
 
 def listed(documents: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]] | plan.Unreadable]:
     """The four lists doctor reads, by kind, as the API returns them (items without `kind`)."""
     by_kind: dict[str, list[dict[str, Any]] | plan.Unreadable] = {kind: [] for kind in ad.KINDS}
     for document in documents:
+        if ad.key(document) == ad.CRD:
+            continue  # doctor reads the CRD on its own (crd_of)
         items = by_kind[document["kind"]]
         assert not isinstance(items, plan.Unreadable)
         items.append({k: v for k, v in copy.deepcopy(document).items() if k != "kind"})
     return by_kind
 
 
+def crd_of(documents: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The CRD among `documents`, as doctor reads it for check_crd (None: not installed)."""
+    found = [d for d in documents if ad.key(d) == ad.CRD]
+    return found[0] if found else None
+
+
+SHIPPED_CRD = crd_of(SHIPPED)
+
+
 def without(kind: str, name: str) -> list[dict[str, Any]]:
     return [d for d in SHIPPED if ad.key(d) != (kind, name)]
 
 
-def mutation_changed() -> list[dict[str, Any]]:
-    documents = copy.deepcopy(SHIPPED)
-    (policy,) = [d for d in documents if ad.key(d) == ("MutatingAdmissionPolicy", MUTATING)]
-    policy["spec"]["mutations"][0]["applyConfiguration"]["expression"] = "Object{}"
-    return documents
+def crd_without_status_subresource() -> dict[str, Any]:
+    crd = copy.deepcopy(SHIPPED_CRD)
+    assert crd is not None
+    crd["spec"]["versions"][0].pop("subresources")
+    return crd
 
 
 PLURALS = {
@@ -804,37 +825,39 @@ class TestAdmissionAllFourKinds:
     or differs: doctor's admission checks compare the same four, so they are never PASS then."""
 
     @pytest.mark.parametrize(
-        ("admission", "status", "objects"),
+        ("admission", "crd", "status", "objects"),
         [
-            pytest.param(listed(SHIPPED), "PASS", (), id="all-four-intact"),
+            pytest.param(listed(SHIPPED), SHIPPED_CRD, "PASS", (), id="all-four-intact"),
             pytest.param(
-                listed(without("MutatingAdmissionPolicyBinding", MUTATING)),
+                listed(without("ValidatingAdmissionPolicyBinding", RECORDER)),
+                SHIPPED_CRD,
                 "FAIL",
-                (f"MutatingAdmissionPolicyBinding/{MUTATING}",),
-                id="mutating-binding-missing",
+                (f"ValidatingAdmissionPolicyBinding/{RECORDER}",),
+                id="binding-missing",
+            ),
+            pytest.param(listed(SHIPPED), None, "FAIL", (CRD,), id="crd-missing"),
+            pytest.param(listed(SHIPPED), crd_without_status_subresource(), "FAIL", (CRD,), id="crd-drifted"),
+            pytest.param(listed(SHIPPED), plan.Unreadable(reason="403 Forbidden"), "UNKNOWN", (), id="crd-unreadable"),
+            pytest.param(
+                unreadable("MutatingAdmissionPolicy"), SHIPPED_CRD, "UNKNOWN", (), id="mutating-policies-unreadable"
             ),
             pytest.param(
-                listed(without("MutatingAdmissionPolicy", MUTATING)),
-                "FAIL",
-                (f"MutatingAdmissionPolicy/{MUTATING}",),
-                id="mutating-policy-missing",
-            ),
-            pytest.param(
-                listed(mutation_changed()),
-                "FAIL",
-                (f"MutatingAdmissionPolicy/{MUTATING}",),
-                id="mutating-expression-changed",
-            ),
-            pytest.param(unreadable("MutatingAdmissionPolicy"), "UNKNOWN", (), id="mutating-policies-unreadable"),
-            pytest.param(
-                unreadable("MutatingAdmissionPolicyBinding"), "UNKNOWN", (), id="mutating-bindings-unreadable"
+                unreadable("MutatingAdmissionPolicyBinding"),
+                SHIPPED_CRD,
+                "UNKNOWN",
+                (),
+                id="mutating-bindings-unreadable",
             ),
         ],
     )
     def test_admission_content(
-        self, admission: dict[str, list[dict[str, Any]] | plan.Unreadable], status: str, objects: tuple[str, ...]
+        self,
+        admission: dict[str, list[dict[str, Any]] | plan.Unreadable],
+        crd: dict[str, Any] | plan.Unreadable | None,
+        status: str,
+        objects: tuple[str, ...],
     ) -> None:
-        check = doctor.check_admission_content(admission=admission, policy=choice(), system_namespace=SYSTEM)
+        check = doctor.check_admission_content(admission=admission, crd=crd, policy=choice(), system_namespace=SYSTEM)
         assert check.status == status, check.summary
         assert check.objects == objects
         for shown in objects:
@@ -843,7 +866,7 @@ class TestAdmissionAllFourKinds:
             if isinstance(items, plan.Unreadable):
                 assert f"{PLURALS[kind]} could not be read" in check.summary and "403 Forbidden" in check.summary
         if status == "PASS":
-            assert check.facts["compared"] == len(ad.EXPECTED) == 20
+            assert check.facts["compared"] == len(ad.EXPECTED) == 19
 
     def test_a_policy_an_older_release_left_behind_is_named_with_its_delete(self) -> None:
         """`kubectl apply` prunes nothing: an upgrade keeps the old status-path mutating policy, which
@@ -866,16 +889,16 @@ class TestAdmissionAllFourKinds:
         [
             pytest.param(listed(SHIPPED), "PASS", (), id="all-four-present"),
             pytest.param(
-                listed(without("MutatingAdmissionPolicyBinding", MUTATING)),
+                listed(without("ValidatingAdmissionPolicyBinding", RECORDER)),
                 "FAIL",
-                (f"MutatingAdmissionPolicyBinding/{MUTATING}",),
-                id="mutating-binding-missing",
+                (f"ValidatingAdmissionPolicyBinding/{RECORDER}",),
+                id="binding-missing",
             ),
             pytest.param(
-                listed(without("MutatingAdmissionPolicy", MUTATING)),
+                listed(without("ValidatingAdmissionPolicy", RECORDER)),
                 "FAIL",
-                (f"MutatingAdmissionPolicy/{MUTATING}",),
-                id="mutating-policy-missing",
+                (f"ValidatingAdmissionPolicy/{RECORDER}",),
+                id="policy-missing",
             ),
             pytest.param(
                 unreadable("MutatingAdmissionPolicyBinding"), "UNKNOWN", (), id="mutating-bindings-unreadable"
@@ -906,7 +929,10 @@ class TestAdmissionAllFourKinds:
         """The operator accepts components/node-loss's evidence policy only where it uses node
         evidence (admission_digest.accepted_alternates); doctor asks the operator's published policy."""
         check = doctor.check_admission_content(
-            admission=listed(node_loss_variant()), policy=choice(published), system_namespace=SYSTEM
+            admission=listed(node_loss_variant()),
+            crd=crd_of(node_loss_variant()),
+            policy=choice(published),
+            system_namespace=SYSTEM,
         )
         assert check.status == status, check.summary
         if status == "FAIL":
@@ -915,7 +941,7 @@ class TestAdmissionAllFourKinds:
             assert "Lease gone" in check.summary
         # The base evidence policy is accepted by every operator.
         base = doctor.check_admission_content(
-            admission=listed(SHIPPED), policy=choice(published), system_namespace=SYSTEM
+            admission=listed(SHIPPED), crd=crd_of(SHIPPED), policy=choice(published), system_namespace=SYSTEM
         )
         assert base.status == doctor.CheckStatus.PASS, base.summary
 
@@ -941,15 +967,17 @@ class TestAdmissionAllFourKinds:
         operator = Policy(node_deletion_evidence=node_evidence, node_out_of_service_evidence=False)
         theirs = ad.compare(documents, alternates=ad.accepted_alternates(node_evidence=ad.uses_node_evidence(operator)))
         check = doctor.check_admission_content(
-            admission=listed(documents), policy=choice(operator), system_namespace=SYSTEM
+            admission=listed(documents), crd=crd_of(documents), policy=choice(operator), system_namespace=SYSTEM
         )
         names = [f"{kind}/{name}" for kind, name in sorted((*theirs.missing, *theirs.differing))]
         assert check.status == ("PASS" if theirs.intact else "FAIL"), check.summary
         assert list(check.objects) == names
         if not theirs.intact:
             names_check = doctor.check_admission_policies(admission=listed(documents))
-            if gone:
+            if gone - {ad.CRD}:
                 assert names_check.status == doctor.CheckStatus.FAIL
+            if ad.CRD in gone:  # the names check is of the policies; the crd check says it is missing
+                assert doctor.check_crd(crd_of(documents)).status == doctor.CheckStatus.FAIL
 
 
 def test_the_planner_role_may_list_every_kind_doctor_compares() -> None:

@@ -219,7 +219,7 @@ def test_a_refusal_is_not_retried_and_says_what_refused(answer: tuple[int, str],
 
 
 def test_the_launcher_names_its_registrant_as_admission_does() -> None:
-    """Written by the client, the annotation leaves the mutating policy nothing to do (finding 7)."""
+    """Admission admits a registration only when it names exactly its requester."""
     client = Flaky()
     _register(client)
     annotations = client.bodies[0]["metadata"]["annotations"]  # type: ignore[index]
@@ -227,11 +227,22 @@ def test_the_launcher_names_its_registrant_as_admission_does() -> None:
 
 
 @pytest.mark.parametrize(
-    "review",
-    [launcher.ApiError(503, "Service Unavailable", "warming"), ConnectionError("refused"), {"status": {}}],
-    ids=["503", "unreachable", "no-user"],
+    ("review", "said"),
+    [
+        (launcher.ApiError(503, "Service Unavailable", "warming"), "asking the API server who registers n/w failed"),
+        (launcher.ApiError(403, "Forbidden", "no"), "must name its registrant"),
+        (ConnectionRefusedError("refused"), "asking the API server who registers n/w failed"),
+        ({"status": {}}, "named no user"),
+    ],
+    ids=["503-past-patience", "refused", "unreachable", "no-user"],
 )
-def test_without_an_answer_the_registration_leaves_the_registrant_to_admission(review: object) -> None:
+def test_without_an_answer_nothing_is_registered_and_the_error_says_why(
+    monkeypatch: pytest.MonkeyPatch, review: object, said: str
+) -> None:
+    clock = iter(range(0, 10_000, 10))
+    monkeypatch.setattr(launcher.time, "monotonic", lambda: float(next(clock)))
+    monkeypatch.setattr(launcher.time, "sleep", lambda _seconds: None)
     client = Flaky(review=review)  # type: ignore[arg-type]
-    assert _register(client).name == "w"
-    assert "annotations" not in client.bodies[0]["metadata"]  # type: ignore[operator]
+    with pytest.raises(launcher.RegistrationError, match=said):
+        _register(client)
+    assert client.posts == 0

@@ -97,9 +97,9 @@ KEYS = (("jobs", "w1"), ("jobs", "w2"), ("ops", "w3"))
         pytest.param(served(without=BINDING), (f"{BINDING[0]}/{BINDING[1]} (missing)",), id="binding-deleted"),
         pytest.param(served(warn=BINDING), (f"{BINDING[0]}/{BINDING[1]} (differs)",), id="binding-warns"),
         pytest.param(
-            served(without=("MutatingAdmissionPolicy", "coroner-record-registrant")),
-            ("MutatingAdmissionPolicy/coroner-record-registrant (missing)",),
-            id="mutating-policy-deleted",
+            served(without=ad.CRD),
+            (f"CustomResourceDefinition/{ad.CRD[1]} (missing)",),
+            id="crd-deleted",
         ),
         pytest.param(
             [],

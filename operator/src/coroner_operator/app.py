@@ -21,7 +21,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from coroner.core import admission_digest, api
+from coroner.core import admission_digest, api, model
 from coroner.core.decision import Policy
 from coroner.core.model import Key
 from coroner.core.world import World
@@ -150,6 +150,23 @@ class Operator:
 
     async def _reconcile(self, key: Key) -> Result:
         return await self.reconciler.reconcile(key)
+
+    def observe_deletion(self, body: dict[str, Any]) -> None:
+        """A registration deleted while active is counted and logged: its retention deletes only
+        terminal ones, and admission lets only a cluster admin, the namespace controller or the
+        garbage collector delete an active one; the record of a possibly live worker is gone."""
+        registration = model.parse_registration(body)
+        if registration.terminal:
+            return
+        self.metrics.active_deletions.inc()
+        metadata = body.get("metadata") or {}
+        logger.warning(
+            "active registration deleted namespace=%s name=%s registered-by=%s: not by Coroner (its retention "
+            "deletes only terminal ones); by a cluster admin, the namespace controller or the garbage collector",
+            metadata.get("namespace"),
+            metadata.get("name"),
+            (metadata.get("annotations") or {}).get(api.REGISTERED_BY_ANNOTATION, "(unrecorded)"),
+        )
 
     def _failed(self, key: Key, exc: Exception, delay: float) -> None:
         self.metrics.reconcile_errors.inc()

@@ -94,6 +94,8 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
         op = operator()
         op.world.mark_nodes_synced()  # indexes are populated before any non-index handler runs
         op.inputs.on_registration(_object(event), deleted=event["type"] == "DELETED")
+        if event["type"] == "DELETED":
+            op.observe_deletion(_object(event))
 
 
 def _raw(body: kopf.Body) -> dict[str, Any]:

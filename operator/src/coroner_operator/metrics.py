@@ -78,6 +78,14 @@ class Metrics:
             ["terminal"],
             registry=self.registry,
         )
+        self.active_deletions = Counter(
+            "coroner_active_registration_deletions",
+            "Registrations seen deleted while active (neither Retired nor Released). Nothing in Coroner deletes "
+            "one, and admission (coroner-delete-only-terminal) refuses it to everyone but cluster admins, the "
+            "namespace controller and the garbage collector: each is a record of a possibly live worker gone "
+            "without evidence (alert CoronerActiveRegistrationDeleted). Every replica counts what it sees.",
+            registry=self.registry,
+        )
         self.registration_objects = Gauge(
             "coroner_registration_objects",
             "WorkerRegistration objects the operator sees, active or terminal (kept until their retention "

@@ -1,5 +1,7 @@
 """The admission policies as content, not names: what a cluster must have for Coroner to be safe.
 
+With them, the WorkerRegistration CRD's status subresource, spec rule and bounds (`CRD`).
+
 Every rule the API server enforces for Coroner (manifests/base/admission-policies.yaml) is one
 policy object and one binding. Deleting either, or narrowing it (a weaker expression, a
 `failurePolicy: Ignore`, a match rule that misses a resource or operation, a binding that only
@@ -55,19 +57,24 @@ _ESSENTIAL_SPEC: Final[Mapping[str, tuple[str, ...]]] = {
 }
 KINDS: Final = tuple(_ESSENTIAL_SPEC)
 
+#: The WorkerRegistration CRD is verified with the policies: without its status subresource a
+#: main-resource writer sets status past policy 4, and its `self == oldSelf` spec rule and its bounds
+#: are rules the policies rely on. Its essence: per version, served/storage, the subresources and the
+#: schema with descriptions and messages left out.
+CRD_KIND: Final = "CustomResourceDefinition"
+CRD: Final = (CRD_KIND, "workerregistrations.coroner.dev")
+#: What a schema node says that does not decide admission.
+_CRD_WORDING: Final = frozenset({"description", "message", "messageExpression"})
+
 #: The shipped operator and agent identities, written into the expressions in this namespace.
 SHIPPED_NAMESPACE: Final = "coroner-system"
 
-#: (kind, name) -> digest of the shipped manifests/base/admission-policies.yaml.
+#: (kind, name) -> digest of the shipped manifests/base/admission-policies.yaml and crd.yaml.
 EXPECTED: Final[Mapping[tuple[str, str], str]] = {
     (
-        "MutatingAdmissionPolicy",
-        "coroner-record-registrant",
-    ): "47bb942c53946ae285d2f68e8ec528ebca00a35b1a13b1656a3f2ac052e3308b",
-    (
-        "MutatingAdmissionPolicyBinding",
-        "coroner-record-registrant",
-    ): "08b8376797a8555d4b5887de1a6f7aee7188b727e9c00416ed0fdad3b1ac5557",
+        "CustomResourceDefinition",
+        "workerregistrations.coroner.dev",
+    ): "5ecb7cf78492b0cd9f5190af44ff1df87b8824e4114ec19b26ec5b2a971a0444",
     (
         "ValidatingAdmissionPolicy",
         "coroner-agent-attests-own-node-only",
@@ -79,7 +86,7 @@ EXPECTED: Final[Mapping[tuple[str, str], str]] = {
     (
         "ValidatingAdmissionPolicy",
         "coroner-delete-only-terminal",
-    ): "ebf88a17cab92d63da0b6a1ae401295e9f0f9c27eabe9418642884fc704e9e14",
+    ): "691b65cf9ce82c52f46bd14fb10267a8a0c2a69ec97f908ee63b1a1054e09364",
     (
         "ValidatingAdmissionPolicy",
         "coroner-node-label-matches-spec",
@@ -87,7 +94,7 @@ EXPECTED: Final[Mapping[tuple[str, str], str]] = {
     (
         "ValidatingAdmissionPolicy",
         "coroner-registrant-recorded",
-    ): "ade01b24c34e2ecab7c1d754386141c4181e4660f331da13b6df0d741fd32bb1",
+    ): "8811d9e220336f95ac903b0cda3509bd7dce31922d53187845e6310f0e20d188",
     (
         "ValidatingAdmissionPolicy",
         "coroner-retire-requires-capability",
@@ -95,11 +102,11 @@ EXPECTED: Final[Mapping[tuple[str, str], str]] = {
     (
         "ValidatingAdmissionPolicy",
         "coroner-retire-requires-evidence",
-    ): "49a1e2e75c85cc651a5b33444a3a3809c1ef72d3acba9bf01ef10228efe8559e",
+    ): "95690434cba7ecd63ba3fdedc4ab661a294a59a9bbd268628d3b02291c9830db",
     (
         "ValidatingAdmissionPolicy",
         "coroner-status-fields-by-identity",
-    ): "8ddcfdad5f5dfdc73f4fac088e5663a1754f7c2a927f0a944c7da86f3df9d6b3",
+    ): "81998bae7a31f36a4c2841dcdaf13b333a2fa8324a7ee7a77136a0afdbd0a227",
     (
         "ValidatingAdmissionPolicy",
         "coroner-system-leases-by-owner",
@@ -147,7 +154,7 @@ NODE_LOSS_ALTERNATES: Final[Mapping[tuple[str, str], str]] = {
     (
         "ValidatingAdmissionPolicy",
         "coroner-retire-requires-evidence",
-    ): "42d40f8329b54809a654cf7b17c57a55b22b770f81ef1234a2bbcf40987634a5",
+    ): "c7ef73067fa5889b250538b69a5a8a688027099832522f47e4d157676c754955",
 }
 
 #: The variables of the evidence policy that components/node-loss turns to "true".
@@ -230,6 +237,36 @@ def _normalize_expressions(value: Any) -> Any:
     return value
 
 
+def _without_wording(value: Any) -> Any:
+    """A schema without its wording, each CEL rule's whitespace made one space (`normalize_expression`)."""
+    if isinstance(value, Mapping):
+        return {
+            k: normalize_expression(v) if k == "rule" and isinstance(v, str) else _without_wording(v)
+            for k, v in value.items()
+            if k not in _CRD_WORDING
+        }
+    if isinstance(value, list):
+        return [_without_wording(item) for item in value]
+    return value
+
+
+def _crd_essence(document: Mapping[str, Any]) -> dict[str, Any]:
+    """What of the CRD the policies rely on: group and scope, and per version whether it is served
+    and stored, its subresources (status) and its schema (rules, bounds, types), wording left out."""
+    spec = document.get("spec") or {}
+    versions = [
+        {
+            "name": version.get("name"),
+            "served": version.get("served"),
+            "storage": version.get("storage"),
+            "subresources": version.get("subresources") or {},
+            "schema": _without_wording(version.get("schema") or {}),
+        }
+        for version in spec.get("versions") or []
+    ]
+    return {"group": spec.get("group"), "scope": spec.get("scope"), "versions": versions}
+
+
 def essence(
     document: Mapping[str, Any], *, system_namespace: str = SHIPPED_NAMESPACE, name_prefix: str = ""
 ) -> dict[str, Any]:
@@ -239,6 +276,8 @@ def essence(
     the expressions are read as the shipped ones, so an install in another namespace compares.
     `name_prefix`: the Helm chart's namePrefix, prepended to those ServiceAccounts' names."""
     kind = str(document.get("kind") or "")
+    if kind == CRD_KIND:
+        return _crd_essence(document)
     fields = _ESSENTIAL_SPEC.get(kind)
     if fields is None:
         raise ValueError(f"not an admission policy or binding: kind {kind!r}")
@@ -284,7 +323,7 @@ def digests(
     return {
         key(document): digest(document, system_namespace=system_namespace, name_prefix=name_prefix)
         for document in documents
-        if isinstance(document, Mapping) and document.get("kind") in _ESSENTIAL_SPEC
+        if isinstance(document, Mapping) and (document.get("kind") in _ESSENTIAL_SPEC or key(document) == CRD)
     }
 
 

@@ -328,7 +328,7 @@ def reviewed_username(answer: Mapping[str, Any]) -> str | None:
 
 def registrant(answer: Mapping[str, Any]) -> str | None:
     """The requester as the admission policies spell it (variable `requester` of
-    coroner-record-registrant): the username, plus `` pod/<name>/<uid>`` when the token is bound to
+    coroner-registrant-recorded): the username, plus `` pod/<name>/<uid>`` when the token is bound to
     a pod (pods that share a ServiceAccount are told apart). None when the answer names no user."""
     username = reviewed_username(answer)
     if username is None:
@@ -359,9 +359,9 @@ def registration_body(
 
     `heartbeat` is (intervalSeconds, ttlSeconds) where the worker opts into heartbeats; empty
     optional fields are left out. `registered_by` (`registrant`) is who the API server will see
-    create it: written by the client, the mutating policy coroner-record-registrant has nothing
-    to do, so the create never waits for that policy (which, right after an API server restart,
-    answers 503 until the server has the CRD's schema; docs/faults.md, finding 7)."""
+    create it: the admission policy coroner-registrant-recorded refuses a create that does not
+    name exactly its requester (no mutating policy writes it, which answered 503 for minutes after
+    the CRD was re-created; docs/faults.md, finding 7)."""
     spec: dict[str, Any] = {
         "nodeName": node_name,
         "incarnation": dict(incarnation),

@@ -105,6 +105,7 @@ CHECKS: Final[tuple[Callable[[Findings], Check], ...]] = (
     lambda f: check_admission_policies(admission=f.admission),
     lambda f: check_admission_content(
         admission=f.admission,
+        crd=f.crd,
         policy=f.policy,
         system_namespace=f.system_namespace,
         operator_deployments=f.operator_deployments,

@@ -26,10 +26,13 @@ MUTATING_ADMISSION_POLICIES: Final = tuple(
 )
 #: Admission objects an older release installed and this one does not. `kubectl apply` prunes
 #: nothing, and left in place they still act: `coroner-registration-state` held every status write up
-#: with 503 for minutes after an API server restart (docs/faults.md, finding 7).
+#: with 503 for minutes after an API server restart, and `coroner-record-registrant` every create
+#: that did not name its registrant (docs/faults.md, finding 7).
 RETIRED_ADMISSION_OBJECTS: Final = (
     ("MutatingAdmissionPolicy", "coroner-registration-state"),
     ("MutatingAdmissionPolicyBinding", "coroner-registration-state"),
+    ("MutatingAdmissionPolicy", "coroner-record-registrant"),
+    ("MutatingAdmissionPolicyBinding", "coroner-record-registrant"),
 )
 
 
@@ -163,6 +166,7 @@ def check_admission_policies(*, admission: Admission) -> Check:
 def check_admission_content(
     *,
     admission: Admission,
+    crd: Mapping[str, Any] | Unreadable | None,
     policy: PolicyChoice,
     system_namespace: str = api.SYSTEM_NAMESPACE,
     operator_deployments: Sequence[Mapping[str, Any]] | Unreadable = (),
@@ -170,7 +174,8 @@ def check_admission_content(
 ) -> Check:
     """Each admission policy and binding of the four kinds has the content the manifests ship (a
     digest of expressions, mutations, failurePolicy, match rules, actions and binding scope;
-    coroner.core.admission_digest): a policy narrowed or a binding that only warns or misses
+    coroner.core.admission_digest), and so has the WorkerRegistration CRD (its status subresource,
+    rules and bounds: `crd`, as read for check_crd): a policy narrowed or a binding that only warns or misses
     namespaces is as good as missing. Compared as the operator compares them (it retires nothing
     otherwise: AdmissionPoliciesUnverified): components/node-loss's evidence policy is accepted
     only where the operator's published `policy` uses node evidence (`accepted_alternates`). The
@@ -180,7 +185,11 @@ def check_admission_content(
     unread = _unread(admission)
     if unread is not None:
         return unknown(name, f"{unread}.")
+    if isinstance(crd, Unreadable):
+        return unknown(name, f"{admission_digest.CRD[0]}/{admission_digest.CRD[1]} could not be read: {crd.reason}.")
     documents = [{"kind": kind, **item} for kind in admission_digest.KINDS for item in _items(admission, kind)]
+    if crd is not None:
+        documents.append({**crd, "kind": admission_digest.CRD_KIND})
     identity = operator_identity(operator_deployments, system_namespace=system_namespace, lease=operator_lease)
     prefix = identity.name_prefix
     operator = policy.published
@@ -225,7 +234,8 @@ def check_admission_content(
             name,
             f"not as the manifests ship them: {names_text(comparison.names())}{why}{learned}; the operator retires "
             f"nothing until they are (AdmissionPoliciesUnverified): re-apply the manifests (`kubectl apply -k` "
-            f"your overlay) and find out who changed them.",
+            f"your overlay, or `kubectl apply --server-side -f` the chart's crds/ for a Helm release, which never upgrades "
+            f"its CRDs) and find out who changed them.",
             objects=tuple(shown),
             facts=facts,
         )
