@@ -1,14 +1,19 @@
-"""Doctor's registration checks: registrations stuck unattested, and dead ones blocked by a fixable cause."""
+"""Doctor's registration checks: registrations stuck unattested, dead ones blocked by a fixable cause,
+and registrations of one identity that copy another's claims (squatting)."""
 
 from __future__ import annotations
 
 import datetime
+from collections import defaultdict
+from collections.abc import Hashable
 
 from coroner.cli.doctor.outcome import Check, failed, passed, unknown
 from coroner.cli.plan import Unreadable, display, names_text
 from coroner.core import conditions as cond
 from coroner.core import model
+from coroner.core.decision import squatters
 from coroner.core.fingerprint import Plan, PlanEntry
+from coroner.core.model import Registration
 from coroner.core.reasons import Reason
 
 
@@ -119,3 +124,76 @@ def check_blocked(*, plan: Plan | Unreadable, expect_plan_only: bool, permission
         )
     tail = f" ({len(expected)} waiting for retire, plan-only as expected)" if expected else ""
     return passed(name, f"0 of {len(plan.entries)} registration(s) retirable-but-blocked{tail}.", facts=facts)
+
+
+def _claim_keys(registration: Registration) -> list[Hashable]:
+    """What a registration claims that another could copy (the decision's lines 12 and 13)."""
+    r = registration
+    keys: list[Hashable] = [("clientInstanceId", r.namespace, r.client_instance_id)]
+    if r.incarnation.complete:
+        keys.append(("incarnation", r.namespace, r.node_name, r.incarnation.key))
+    if r.session_id and r.generation_id:
+        keys.append(("session", r.namespace, r.session_id, r.generation_id))
+    return keys
+
+
+def check_squatting(*, plan: Plan | Unreadable) -> Check:
+    """Active registrations that claim another's clientInstanceId, incarnation or session while
+    another identity created them (``coroner.dev/registered-by``). The decision ignores them (they
+    cannot be the same worker), so they block nothing; a person should know who made them. Where a
+    registrant is not recorded, the decision keeps the conflict, and this names the registration."""
+    name = "squatting"
+    if isinstance(plan, Unreadable):
+        return unknown(name, f"registrations could not be read: {plan.reason}")
+    active = [entry.registration for entry in plan.entries if not entry.registration.terminal]
+    by_claim: defaultdict[Hashable, list[Registration]] = defaultdict(list)
+    for registration in active:
+        for key in _claim_keys(registration):
+            by_claim[key].append(registration)
+    found: list[dict[str, object]] = []
+    unrecorded: set[str] = set()
+    for registration in active:
+        candidates = {id(peer): peer for key in _claim_keys(registration) for peer in by_claim[key]}
+        if len(candidates) > 1 and registration.registered_by is None:
+            unrecorded.add(display(model.key_of(registration)))
+        for peer, claims in squatters(registration, list(candidates.values())):
+            found.append(
+                {
+                    "registration": display(model.key_of(peer)),
+                    "registeredBy": peer.registered_by,
+                    "claimsOf": display(model.key_of(registration)),
+                    "victimRegisteredBy": registration.registered_by,
+                    "claims": list(claims),
+                }
+            )
+    # Each pair is found from both sides; the older registration is the one copied.
+    found = _copies(found, plan)
+    facts = {"count": len(found), "squatters": found, "unrecordedRegistrants": sorted(unrecorded)}
+    if found:
+        described = "; ".join(
+            f"{item['registration']} (registered by {item['registeredBy']}) claims the "
+            f"{' and '.join(str(c) for c in item['claims'])} of {item['claimsOf']} (registered by "
+            f"{item['victimRegisteredBy']})"
+            for item in found
+        )
+        return failed(
+            name,
+            f"{len(found)} registration(s) copy another identity's claims: {described}. They block "
+            f"nothing (claims bind only within one registrant); find who holds create on "
+            f"workerregistrations there, and delete them.",
+            objects=tuple(f"workerregistration/{item['registration']}" for item in found),
+            facts=facts,
+        )
+    return passed(name, f"0 of {len(active)} active registration(s) copy another identity's claims.", facts=facts)
+
+
+def _copies(found: list[dict[str, object]], plan: Plan) -> list[dict[str, object]]:
+    """Each pair is found from both sides: the later-created registration is the copy. Where the
+    creation times are equal or unknown, both sides are named (neither is known to be the original)."""
+    created = {display(model.key_of(entry.registration)): entry.registration.creation_time for entry in plan.entries}
+    kept = []
+    for item in found:
+        mine, theirs = created.get(str(item["registration"])), created.get(str(item["claimsOf"]))
+        if mine is None or theirs is None or mine >= theirs:
+            kept.append(item)
+    return sorted(kept, key=lambda item: (str(item["registration"]), str(item["claimsOf"])))
