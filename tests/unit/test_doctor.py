@@ -543,6 +543,13 @@ class TestSquatting:
             }
         ]
 
+    def test_a_squatter_is_still_named_once_its_victim_is_retired(self) -> None:
+        victim = worker("victim", conditions=[{"type": "Retired", "status": "True"}])
+        squat = worker("squat", client_instance_id="inst-victim", attested=False, registered_by=SQUATTER)
+        check = self._check([victim, squat])
+        assert check.status == doctor.CheckStatus.FAIL, check.summary
+        assert check.objects == (f"workerregistration/{NAMESPACE}/squat",)
+
     def test_a_twin_of_the_same_registrant_is_no_squatter(self) -> None:
         check = self._check([worker("one"), worker("two", client_instance_id="inst-one")])
         assert check.status == doctor.CheckStatus.PASS, check.summary

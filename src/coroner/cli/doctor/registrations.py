@@ -141,7 +141,7 @@ def check_squatting(*, plan: Plan | Unreadable) -> Check:
     """Active registrations that claim another's clientInstanceId, incarnation or session while
     another identity created them (``coroner.dev/registered-by``). The decision ignores them (they
     cannot be the same worker), so they block nothing; a person should know who made them. Where a
-    registrant is not recorded, the decision keeps the conflict, and this names the registration."""
+    registrant is not recorded, the decision keeps the conflict, and this lists the registration."""
     name = "squatting"
     if isinstance(plan, Unreadable):
         return unknown(name, f"registrations could not be read: {plan.reason}")
@@ -152,9 +152,10 @@ def check_squatting(*, plan: Plan | Unreadable) -> Check:
             by_claim[key].append(registration)
     found: list[dict[str, object]] = []
     unrecorded: set[str] = set()
-    for registration in active:
+    # A copy outlives what it copied: an active squatter is named even once its victim is retired.
+    for registration in (entry.registration for entry in plan.entries):
         candidates = {id(peer): peer for key in _claim_keys(registration) for peer in by_claim[key]}
-        if len(candidates) > 1 and registration.registered_by is None:
+        if len(candidates) > 1 and registration.registered_by is None and not registration.terminal:
             unrecorded.add(display(model.key_of(registration)))
         for peer, claims in squatters(registration, list(candidates.values())):
             found.append(
