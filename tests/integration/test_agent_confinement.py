@@ -60,13 +60,14 @@ def test_the_profile_is_an_allowlist_that_names_none_of_the_denied_calls() -> No
 
 
 def test_what_reaches_another_process_memory_is_allowed_only_with_its_arguments_bounded() -> None:
-    """openat only read-only (no O_WRONLY/O_RDWR, O_CREAT, O_TRUNC); lseek and pread64 only below
-    4096, where mmap_min_addr leaves every process unmapped; no pwrite, no vectored or spliced I/O
-    with offsets, no signal to a thread."""
+    """openat without O_RDWR, O_CREAT or O_TRUNC (O_WRONLY stays: runc reopens its exec fifo for
+    writing after it loaded the filter); lseek and pread64 only below 4096, where mmap_min_addr
+    leaves every process unmapped, so no read or write lands on a mapping; no pwrite, no vectored or
+    spliced I/O with offsets, no signal to a thread."""
     rules = profile()["syscalls"]
     unconditional = {n for rule in rules for n in rule["names"] if rule["action"] == "SCMP_ACT_ALLOW" and not rule.get("args")}  # type: ignore[attr-defined]
     bounded = {
-        "openat": [[{"index": 2, "value": 0o1103, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"}]],
+        "openat": [[{"index": 2, "value": 0o1102, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"}]],
         "lseek": [
             [{"index": 1, "value": 0, "valueTwo": 0, "op": "SCMP_CMP_EQ"}],
             [
@@ -157,9 +158,9 @@ def victim() -> Iterator[int]:
 
 
 #: Each attempt of tests/support/attempts.py the profile itself must refuse. The /proc/<pid>/mem
-#: ones: a read-only open stays allowed (the agent reads /proc), but no call can place a read at a
-#: mapped address (lseek and pread64 only below mmap_min_addr) and nothing opens for writing; the
-#: signals: kill, tgkill (the agent signals no process, not even itself).
+#: ones: an open stays allowed (the agent reads /proc), but no call can place a read or a write at a
+#: mapped address (lseek and pread64 only below mmap_min_addr, no pwrite), and nothing opens for
+#: reading and writing at once; the signals: kill, tgkill (the agent signals no process, not even itself).
 REFUSED_BY_THE_PROFILE = (
     "ptrace-attach",
     "process_vm_readv",
@@ -168,6 +169,7 @@ REFUSED_BY_THE_PROFILE = (
     "proc-mem",
     "proc-mem-pread",
     "proc-mem-write",
+    "proc-mem-pwrite",
     "kill",
     "tgkill",
 )

@@ -36,9 +36,19 @@ try:
     elif action == "proc-mem-pread":  # pread64(2) at a mapping, no seek
         fd = os.open(f"/proc/{target}/mem", os.O_RDONLY)
         print("ok" if len(os.pread(fd, 8, first_mapping())) == 8 else "short")
-    elif action == "proc-mem-write":  # open for writing: the first step of any write
-        with open(f"/proc/{target}/mem", "r+b", buffering=0):
-            print("ok")
+    elif action == "proc-mem-write":  # open for writing, seek to a mapping, write what is there
+        with open(f"/proc/{target}/mem", "r+b", buffering=0) as mem:
+            at = first_mapping()
+            mem.seek(at)
+            same = mem.read(8)
+            mem.seek(at)
+            print("ok" if mem.write(same) == 8 else "short")
+    elif action == "proc-mem-pwrite":  # write-only open, pwrite64 at a mapping
+        # The first mapping is the start of the executable: write back the bytes it already holds.
+        with open(f"/proc/{target}/exe", "rb") as exe:
+            same = exe.read(8)
+        fd = os.open(f"/proc/{target}/mem", os.O_WRONLY)
+        print("ok" if os.pwrite(fd, same, first_mapping()) == 8 else "short")
     elif action == "proc-root-token":
         with open(f"/proc/{target}/root/run/secrets/kubernetes.io/serviceaccount/token") as token:
             print("ok" if token.read().count(".") == 2 else "not-a-token")
