@@ -560,6 +560,20 @@ class TestSquatting:
         assert check.status == doctor.CheckStatus.PASS, check.summary
         assert check.facts["unrecordedRegistrants"] == [f"{NAMESPACE}/two"]
 
+    def test_a_lease_squatter_is_no_conflict_but_blocked_names_it(self) -> None:
+        """A Lease records no writer (accepted risk): the dead worker it names stays, and `blocked`
+        says why, so doctor is not green."""
+        squat = {
+            "metadata": {"name": "squat", "namespace": NAMESPACE},
+            "spec": {"holderIdentity": "inst-victim", "leaseDurationSeconds": 30},
+        }
+        world = plan.build_world(listing([worker("victim")], leases=[agent_lease(), squat]))
+        decided = fingerprint.decide_all(world=world, policy=Policy(), now=NOW)
+        assert doctor.check_squatting(plan=decided).status == doctor.CheckStatus.PASS
+        blocked = doctor.check_blocked(plan=decided, expect_plan_only=False)
+        assert blocked.status == doctor.CheckStatus.FAIL, blocked.summary
+        assert blocked.facts["byReason"] == {"ProtectedLeaseHolder": [f"{NAMESPACE}/victim"]}
+
     def test_unreadable_registrations_are_unknown(self) -> None:
         check = doctor.check_squatting(plan=plan.Unreadable(reason="403 Forbidden"))
         assert check.status == doctor.CheckStatus.UNKNOWN
