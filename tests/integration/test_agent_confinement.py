@@ -65,7 +65,9 @@ def test_what_reaches_another_process_memory_is_allowed_only_with_its_arguments_
     leaves every process unmapped, so no read or write lands on a mapping; no pwrite, no vectored or
     spliced I/O with offsets, no signal to a thread."""
     rules = profile()["syscalls"]
-    unconditional = {n for rule in rules for n in rule["names"] if rule["action"] == "SCMP_ACT_ALLOW" and not rule.get("args")}  # type: ignore[attr-defined]
+    unconditional = {
+        n for rule in rules for n in rule["names"] if rule["action"] == "SCMP_ACT_ALLOW" and not rule.get("args")
+    }  # type: ignore[attr-defined]
     bounded = {
         "openat": [[{"index": 2, "value": 0o1102, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"}]],
         "lseek": [

@@ -70,7 +70,11 @@ def test_a_squatter_of_another_identity_keeps_no_dead_worker_and_doctor_names_it
 ) -> None:
     node.start_agent()
     worker = launch(
-        namespace=namespace, kubeconfig=worker_kubeconfig(plane, namespace), directory=tmp_path, name="victim", node=node
+        namespace=namespace,
+        kubeconfig=worker_kubeconfig(plane, namespace),
+        directory=tmp_path,
+        name="victim",
+        node=node,
     )
     kube.wait_for(lambda: attestation(admin, namespace, "victim").get("verdict") == "Alive", what="victim Alive")
     victim = kube.get_registration(admin, namespace, "victim")

@@ -46,7 +46,9 @@ SILENCE: Final = datetime.timedelta(seconds=60)
 ATTESTATION_AGE: Final = datetime.timedelta(seconds=10)
 #: Who created the registration, as admission records it (coroner.dev/registered-by): the worker's
 #: ServiceAccount and Pod. Peers made by `make_peer` share it unless told otherwise.
-REGISTRANT: Final = "system:serviceaccount:jobs:queue-consumer pod/queue-consumer-0/5f0c0000-0000-4000-8000-000000000001"
+REGISTRANT: Final = (
+    "system:serviceaccount:jobs:queue-consumer pod/queue-consumer-0/5f0c0000-0000-4000-8000-000000000001"
+)
 SQUATTER: Final = "system:serviceaccount:jobs:squatter"
 
 

@@ -150,51 +150,49 @@ def check_squatting(*, plan: Plan | Unreadable) -> Check:
     for registration in active:
         for key in _claim_keys(registration):
             by_claim[key].append(registration)
-    found: list[dict[str, object]] = []
+    copies: list[tuple[Registration, Registration, tuple[str, ...]]] = []
     unrecorded: set[str] = set()
-    # A copy outlives what it copied: an active squatter is named even once its victim is retired.
+    # A copy outlives what it copied: an active squatter is named even once its original is retired.
     for registration in (entry.registration for entry in plan.entries):
         candidates = {id(peer): peer for key in _claim_keys(registration) for peer in by_claim[key]}
         if len(candidates) > 1 and registration.registered_by is None and not registration.terminal:
             unrecorded.add(display(model.key_of(registration)))
-        for peer, claims in squatters(registration, list(candidates.values())):
-            found.append(
-                {
-                    "registration": display(model.key_of(peer)),
-                    "registeredBy": peer.registered_by,
-                    "claimsOf": display(model.key_of(registration)),
-                    "victimRegisteredBy": registration.registered_by,
-                    "claims": list(claims),
-                }
-            )
-    # Each pair is found from both sides; the older registration is the one copied.
-    found = _copies(found, plan)
+        copies.extend(
+            (peer, registration, claims)
+            for peer, claims in squatters(registration, list(candidates.values()))
+            if _later(peer, registration)
+        )
+    copies.sort(key=lambda copy: (display(model.key_of(copy[0])), display(model.key_of(copy[1]))))
+    found = [
+        {
+            "registration": display(model.key_of(copy)),
+            "registeredBy": copy.registered_by,
+            "claimsOf": display(model.key_of(original)),
+            "victimRegisteredBy": original.registered_by,
+            "claims": list(claims),
+        }
+        for copy, original, claims in copies
+    ]
     facts = {"count": len(found), "squatters": found, "unrecordedRegistrants": sorted(unrecorded)}
-    if found:
+    if copies:
         described = "; ".join(
-            f"{item['registration']} (registered by {item['registeredBy']}) claims the "
-            f"{' and '.join(str(c) for c in item['claims'])} of {item['claimsOf']} (registered by "
-            f"{item['victimRegisteredBy']})"
-            for item in found
+            f"{display(model.key_of(copy))} (registered by {copy.registered_by}) claims the "
+            f"{' and '.join(claims)} of {display(model.key_of(original))} (registered by {original.registered_by})"
+            for copy, original, claims in copies
         )
         return failed(
             name,
-            f"{len(found)} registration(s) copy another identity's claims: {described}. They block "
+            f"{len(copies)} registration(s) copy another identity's claims: {described}. They block "
             f"nothing (claims bind only within one registrant); find who holds create on "
             f"workerregistrations there, and delete them.",
-            objects=tuple(f"workerregistration/{item['registration']}" for item in found),
+            objects=tuple(f"workerregistration/{display(model.key_of(copy))}" for copy, _, _ in copies),
             facts=facts,
         )
     return passed(name, f"0 of {len(active)} active registration(s) copy another identity's claims.", facts=facts)
 
 
-def _copies(found: list[dict[str, object]], plan: Plan) -> list[dict[str, object]]:
+def _later(copy: Registration, original: Registration) -> bool:
     """Each pair is found from both sides: the later-created registration is the copy. Where the
-    creation times are equal or unknown, both sides are named (neither is known to be the original)."""
-    created = {display(model.key_of(entry.registration)): entry.registration.creation_time for entry in plan.entries}
-    kept = []
-    for item in found:
-        mine, theirs = created.get(str(item["registration"])), created.get(str(item["claimsOf"]))
-        if mine is None or theirs is None or mine >= theirs:
-            kept.append(item)
-    return sorted(kept, key=lambda item: (str(item["registration"]), str(item["claimsOf"])))
+    creation times are equal or unknown, both are named (neither is known to be the original)."""
+    mine, theirs = copy.creation_time, original.creation_time
+    return mine is None or theirs is None or mine >= theirs

@@ -409,10 +409,7 @@ def _identity_lines(trail: Trail, *, known: Known, registration: Registration, f
     # blocks nothing; doctor names it. A registrant unrecorded on either side may be the same one.
     squatting = squatters(registration, facts.peers)
     if squatting:
-        trail.evidence["squatters"] = [
-            {**peer_json(peer), "claims": list(claims)}
-            for peer, claims in squatting
-        ]
+        trail.evidence["squatters"] = [{**peer_json(peer), "claims": list(claims)} for peer, claims in squatting]
     peers = [
         peer
         for peer in facts.peers

@@ -164,7 +164,9 @@ def shared_claims(known: Known, registration: Registration, peer: Registration) 
     return tuple(shared)
 
 
-def squatters(registration: Registration, peers: Sequence[Registration]) -> tuple[tuple[Registration, tuple[str, ...]], ...]:
+def squatters(
+    registration: Registration, peers: Sequence[Registration]
+) -> tuple[tuple[Registration, tuple[str, ...]], ...]:
     """The active peers in `registration`'s namespace, made by another registrant, that claim what
     it claims (and what they claim): they cannot be the same worker, so they block nothing, and
     `kubectl coroner doctor` names them. Empty unless `registration` has its conjunction fields."""
