@@ -1,5 +1,6 @@
 """The registration as the conjunction reads it: the fields it needs (line 2 shows they are all
-present), and what a registration's own record says about it (launcher-minted, attested dead)."""
+present), what a registration's own record says about it (launcher-minted, attested dead), and
+which peers could be the same worker (one registrant) or squat on its claims (another)."""
 
 from __future__ import annotations
 
