@@ -29,6 +29,7 @@ from kubernetes import client as k8s
 
 from coroner_dev.devcluster.cluster import Cluster
 from support import components, kube
+from support.attempts import ATTEMPTS
 from support.fleet import Node, attestation, launch, worker_kubeconfig
 
 pytestmark = pytest.mark.integration
@@ -56,6 +57,36 @@ def test_the_profile_is_an_allowlist_that_names_none_of_the_denied_calls() -> No
     allowed = {n for rule in data["syscalls"] for n in rule["names"] if rule["action"] == "SCMP_ACT_ALLOW"}  # type: ignore[attr-defined]
     assert not allowed & set(DENIED), allowed & set(DENIED)
     assert {"pidfd_open", "openat", "read", "epoll_wait", "connect"} <= allowed
+
+
+def test_what_reaches_another_process_memory_is_allowed_only_with_its_arguments_bounded() -> None:
+    """openat without O_RDWR, O_CREAT or O_TRUNC (O_WRONLY stays: runc reopens its exec fifo for
+    writing after it loaded the filter); lseek and pread64 only below 4096, where mmap_min_addr
+    leaves every process unmapped, so no read or write lands on a mapping; no pwrite, no vectored or
+    spliced I/O with offsets, no signal to a thread."""
+    rules = profile()["syscalls"]
+    unconditional = {
+        n for rule in rules for n in rule["names"] if rule["action"] == "SCMP_ACT_ALLOW" and not rule.get("args")
+    }  # type: ignore[attr-defined]
+    bounded = {
+        "openat": [[{"index": 2, "value": 0o1102, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"}]],
+        "lseek": [
+            [{"index": 1, "value": 0, "valueTwo": 0, "op": "SCMP_CMP_EQ"}],
+            [
+                {"index": 1, "value": 4096, "valueTwo": 0, "op": "SCMP_CMP_LT"},
+                {"index": 2, "value": 0, "valueTwo": 0, "op": "SCMP_CMP_EQ"},
+            ],
+        ],
+        "pread64": [[{"index": 3, "value": 4096, "valueTwo": 0, "op": "SCMP_CMP_LT"}]],
+    }
+    for name, expected in bounded.items():
+        assert name not in unconditional
+        got = [rule["args"] for rule in rules if rule["action"] == "SCMP_ACT_ALLOW" and name in rule["names"]]  # type: ignore[index]
+        assert got == expected, name
+    never = {"open", "openat2", "pwrite64", "preadv", "preadv2", "pwritev", "pwritev2", "sendfile", "splice",
+             "copy_file_range", "tgkill", "tkill", "rt_tgsigqueueinfo", "io_uring_setup"}  # fmt: skip
+    allowed = {n for rule in rules for n in rule["names"] if rule["action"] == "SCMP_ACT_ALLOW"}  # type: ignore[attr-defined]
+    assert not allowed & never, allowed & never
 
 
 @pytest.fixture
@@ -115,46 +146,6 @@ def stop(proc: subprocess.Popen[bytes], *, measuring: bool) -> int:
     return proc.wait(timeout=30)
 
 
-#: Each denied action, tried on a live process of another user: (name, snippet). The snippet prints
-#: the errno the call failed with, or "ok".
-PROBE = r"""
-import ctypes, errno, os, sys
-libc = ctypes.CDLL(None, use_errno=True)
-libc.syscall.restype = ctypes.c_long
-target = int(sys.argv[1])
-action = sys.argv[2]
-
-def report(result):
-    print("ok" if result >= 0 else errno.errorcode[ctypes.get_errno()])
-
-if action == "ptrace-attach":
-    report(libc.ptrace(16, target, 0, 0))  # PTRACE_ATTACH
-elif action == "process_vm_readv":
-    class iovec(ctypes.Structure):
-        _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
-    buffer = ctypes.create_string_buffer(8)
-    local = iovec(ctypes.cast(buffer, ctypes.c_void_p), 8)
-    with open(f"/proc/{target}/maps") as maps:
-        start = int(maps.readline().split("-")[0], 16)
-    remote = iovec(start, 8)
-    report(libc.syscall(310, target, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0))
-elif action == "pidfd_getfd":
-    pidfd = libc.syscall(434, target, 0)  # pidfd_open: the agent's own call, allowed
-    if pidfd < 0:
-        report(pidfd)
-    else:
-        report(libc.syscall(438, pidfd, 0, 0))  # pidfd_getfd(pidfd, 0, 0)
-elif action == "kcmp":
-    report(libc.syscall(312, os.getpid(), target, 0, 0, 0))  # KCMP_FILE
-elif action == "proc-mem":
-    try:
-        with open(f"/proc/{target}/mem", "rb") as mem:
-            print("ok")
-    except OSError as exc:
-        print(errno.errorcode[exc.errno])
-"""
-
-
 @pytest.fixture
 def victim() -> Iterator[int]:
     """A process of another user (nobody), as a worker of another pod would be."""
@@ -168,13 +159,33 @@ def victim() -> Iterator[int]:
         proc.wait()
 
 
-@pytest.mark.parametrize("action", ["ptrace-attach", "process_vm_readv", "pidfd_getfd", "kcmp"])
+#: Each attempt of tests/support/attempts.py the profile itself must refuse. The /proc/<pid>/mem
+#: ones: an open stays allowed (the agent reads /proc), but no call can place a read or a write at a
+#: mapped address (lseek and pread64 only below mmap_min_addr, no pwrite), and nothing opens for
+#: reading and writing at once; the signals: kill, tgkill (the agent signals no process, not even itself).
+REFUSED_BY_THE_PROFILE = (
+    "ptrace-attach",
+    "process_vm_readv",
+    "pidfd_getfd",
+    "kcmp",
+    "proc-mem",
+    "proc-mem-pread",
+    "proc-mem-write",
+    "proc-mem-pwrite",
+    "kill",
+    "tgkill",
+)
+
+
+@pytest.mark.parametrize("action", REFUSED_BY_THE_PROFILE)
 def test_each_denied_action_is_refused_under_the_profile(victim: int, action: str) -> None:
     # Without the profile root does it (this is what the issue's attacker did)...
-    unconfined = subprocess.run([sys.executable, "-c", PROBE, str(victim), action], capture_output=True, text=True)
+    unconfined = subprocess.run([sys.executable, "-c", ATTEMPTS, str(victim), action], capture_output=True, text=True)
     assert unconfined.stdout.strip() == "ok", unconfined
-    # ...under it the kernel refuses with EPERM, before any permission check.
-    held = subprocess.run(confined([sys.executable, "-c", PROBE, str(victim), action]), capture_output=True, text=True)
+    # ...under it the filter refuses with EPERM, before any permission check of the kernel's.
+    held = subprocess.run(
+        confined([sys.executable, "-c", ATTEMPTS, str(victim), action]), capture_output=True, text=True
+    )
     assert held.stdout.strip() == "EPERM", held
 
 

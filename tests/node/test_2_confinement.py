@@ -16,54 +16,30 @@ import pytest
 
 from coroner_dev import realnode
 from coroner_dev.devcluster.cluster import Cluster
+from support.attempts import ATTEMPTS
 from support.nodes import NODE, container_id, crictl, host_pids, status_field, wait_for
 
 pytestmark = pytest.mark.node
 
-#: Each attempt prints "ok" (the kernel let it through) or the errno it failed with.
-PROBE = r"""
-import ctypes, errno, os, sys
-libc = ctypes.CDLL(None, use_errno=True)
-libc.syscall.restype = ctypes.c_long
-target, action = int(sys.argv[1]), sys.argv[2]
-
-def report(result):
-    print("ok" if result >= 0 else errno.errorcode[ctypes.get_errno()])
-
-def first_mapping():
-    with open(f"/proc/{target}/maps") as maps:
-        return int(maps.readline().split("-")[0], 16)
-
-try:
-    if action == "proc-mem":
-        with open(f"/proc/{target}/mem", "rb", buffering=0) as mem:
-            mem.seek(first_mapping())
-            print("ok" if len(mem.read(8)) == 8 else "short")
-    elif action == "proc-root-token":
-        with open(f"/proc/{target}/root/run/secrets/kubernetes.io/serviceaccount/token") as token:
-            print("ok" if token.read().count(".") == 2 else "not-a-token")
-    elif action == "kill":
-        report(libc.syscall(62, target, 0))  # kill(pid, 0): the permission check of every signal
-    elif action == "tgkill":
-        report(libc.syscall(234, target, target, 0))  # tgkill(tgid, tid, 0)
-    elif action == "ptrace-attach":
-        report(libc.ptrace(16, target, 0, 0))  # PTRACE_ATTACH
-except OSError as exc:
-    print(errno.errorcode[exc.errno])
-"""
-
-#: What each attempt meets on this machine's kernel (6.18, no AppArmor, so
-#: components/agent-apparmor cannot be loaded), as docs/security.md (threat 8) and docs/real-node.md
-#: say: seccomp refuses ptrace and kill; tgkill is allowed by the profile and refused by the kernel's
-#: permission check (another user, no CAP_KILL); opening /proc/<pid>/mem is refused by the kernel
-#: at open (EACCES: neither the profile, which allows openat, nor AppArmor, which is absent), which
-#: a differently configured kernel may not do; /proc/<pid>/root is a path, not a syscall: nothing
-#: here refuses it, and another Pod's token is read.
+#: What each attempt (tests/support/attempts.py) meets on this machine's kernel (6.18, no AppArmor,
+#: so components/agent-apparmor cannot be loaded), as docs/security.md (threat 8) says:
+#: - the profile refuses ptrace, process_vm_readv, kill and tgkill (EPERM, before the kernel looks),
+#:   and opening /proc/<pid>/mem for writing (openat is allowed read-only);
+#: - opening /proc/<pid>/mem read-only is refused by this kernel at open (EACCES); where a kernel
+#:   allows it, the profile still keeps every read below mmap_min_addr (lseek and pread64 bounded),
+#:   which tests/integration/test_agent_confinement.py shows against a process the kernel lets root read;
+#: - /proc/<pid>/root is a path, not a syscall, and the agent needs the same ptrace-read access for
+#:   /proc/<pid>/ns/pid: nothing on this kernel refuses it, and another Pod's token IS read. This is
+#:   the accepted risk of docs/security.md's threat 8 (code execution inside the agent), asserted as
+#:   it is so that a change either way is noticed.
 EXPECTED = {
     "ptrace-attach": "EPERM",
+    "process_vm_readv": "EPERM",
     "kill": "EPERM",
     "tgkill": "EPERM",
     "proc-mem": "EACCES",
+    "proc-mem-pread": "EACCES",
+    "proc-mem-write": "EPERM",
     "proc-root-token": "ok",
 }
 
@@ -90,7 +66,7 @@ def test_an_attempt_from_inside_the_agent_container_meets_what_the_threat_model_
 ) -> None:
     assert status_field(victim, "Uid").split()[0] == "65532"
     agent = container_id(node_cluster, NODE, name="agent", namespace="coroner-system")
-    result = crictl(node_cluster, NODE, "exec", agent, "python3", "-c", PROBE, str(victim), action, check=False)
+    result = crictl(node_cluster, NODE, "exec", agent, "python3", "-c", ATTEMPTS, str(victim), action, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == EXPECTED[action], (action, result.stdout, result.stderr)
 

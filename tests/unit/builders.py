@@ -17,6 +17,7 @@ from typing import Any, Final
 
 import yaml
 
+from coroner.core.api import REGISTERED_BY_ANNOTATION
 from coroner.core.decision import AgentFacts, Decision, Facts, LeaseFacts, NodeFacts, Policy, decide
 from coroner.core.model import Registration, format_time, parse_registration
 
@@ -43,6 +44,12 @@ TTL: Final = 30
 SILENCE: Final = datetime.timedelta(seconds=60)
 #: Default attestation age (any age is fine: a death is final; the agent Lease says it is current).
 ATTESTATION_AGE: Final = datetime.timedelta(seconds=10)
+#: Who created the registration, as admission records it (coroner.dev/registered-by): the worker's
+#: ServiceAccount and Pod. Peers made by `make_peer` share it unless told otherwise.
+REGISTRANT: Final = (
+    "system:serviceaccount:jobs:queue-consumer pod/queue-consumer-0/5f0c0000-0000-4000-8000-000000000001"
+)
+SQUATTER: Final = "system:serviceaccount:jobs:squatter"
 
 
 class _Delete:
@@ -102,6 +109,7 @@ def make_registration(
     first_observed_at: datetime.datetime | str | None = None,
     agent_boot_id: str | None = None,
     conditions: Sequence[Mapping[str, object]] = (),
+    registered_by: str | None = REGISTRANT,
     paths: Mapping[str, object] | None = None,
 ) -> dict[str, Any]:
     """A raw object as ``GET .../workerregistrations/NAME`` returns it; retirable at NOW by default.
@@ -109,7 +117,7 @@ def make_registration(
     The attestation echoes the registration's incarnation and heartbeat unless told otherwise; set
     ``agent_boot_id`` for BootBoundary (the agent's current boot), ``paths`` for anything else.
     ``heartbeat=False`` is a worker that did not opt into heartbeats: no ``spec.heartbeat``, no
-    ``status.lastHeartbeatTime``.
+    ``status.lastHeartbeatTime``. ``registered_by=None`` leaves out the registrant annotation.
     """
     if not heartbeat:
         heartbeat_at = None
@@ -145,6 +153,8 @@ def make_registration(
         },
         "status": {},
     }
+    if registered_by is not None:
+        obj["metadata"]["annotations"] = {REGISTERED_BY_ANNOTATION: registered_by}
     if not heartbeat:
         del obj["spec"]["heartbeat"]
     if heartbeat_raw is not None:

@@ -28,8 +28,10 @@ from unit.builders import (
     NODE,
     NOW,
     OTHER_BOOT,
+    REGISTRANT,
     SESSION,
     SILENCE,
+    SQUATTER,
     TICK,
     TTL,
     condition,
@@ -618,6 +620,62 @@ REASON_CASES = [
         "peer-same-session-generation-alive",
         facts=make_facts(peers=[make_peer(client_instance_id="inst-other", pid=5000, verdict="Alive")]),
     ),
+    # --- 12/13. squatting: claims bind only between registrations of one registrant -----------
+    # A peer created by another identity (admission records and freezes coroner.dev/registered-by)
+    # cannot be the same worker, whatever it copied: it blocks nothing (doctor names it).
+    case(
+        Reason.ELIGIBLE_STALE_ORPHAN,
+        "squatter-same-instance-on-a-node-without-agent",
+        facts=make_facts(peers=[make_peer(node_name="node-z", attested=False, registered_by=SQUATTER)]),
+    ),
+    case(
+        Reason.ELIGIBLE_STALE_ORPHAN,
+        "squatter-same-instance-alive",
+        facts=make_facts(peers=[make_peer(pid=5000, verdict="Alive", registered_by=SQUATTER)]),
+    ),
+    case(
+        Reason.ELIGIBLE_STALE_ORPHAN,
+        "squatter-same-session-generation",
+        facts=make_facts(
+            peers=[make_peer(client_instance_id="inst-other", pid=5000, attested=False, registered_by=SQUATTER)]
+        ),
+    ),
+    case(
+        Reason.ELIGIBLE_STALE_ORPHAN,
+        "squatter-same-incarnation",
+        facts=make_facts(
+            peers=[make_peer(client_instance_id="inst-other", session_id="s-9", attested=False, registered_by=SQUATTER)]
+        ),
+    ),
+    # Unknown is never another worker: a registrant missing on either side keeps the conflict.
+    case(
+        Reason.CLIENT_INSTANCE_CONFLICT,
+        "peer-same-instance-registrant-unrecorded",
+        facts=make_facts(peers=[make_peer(node_name="node-z", attested=False, registered_by=None)]),
+    ),
+    case(
+        Reason.CLIENT_INSTANCE_CONFLICT,
+        "registrant-unrecorded-peer-same-instance",
+        registration={"registered_by": None},
+        facts=make_facts(peers=[make_peer(node_name="node-z", attested=False, registered_by=SQUATTER)]),
+    ),
+    case(
+        Reason.CLIENT_INSTANCE_CONFLICT,
+        "peer-same-instance-registrant-empty",
+        facts=make_facts(peers=[make_peer(node_name="node-z", attested=False, registered_by="")]),
+    ),
+    case(
+        Reason.CONFLICTING_IDENTITY,
+        "peer-same-session-registrant-unrecorded",
+        facts=make_facts(
+            peers=[make_peer(client_instance_id="inst-other", pid=5000, attested=False, registered_by=None)]
+        ),
+    ),
+    case(
+        Reason.CLIENT_INSTANCE_CONFLICT,
+        "peer-same-instance-same-registrant",
+        facts=make_facts(peers=[make_peer(node_name="node-z", attested=False, registered_by=REGISTRANT)]),
+    ),
     # --- 13. protected lease holder ------------------------------------------------------------
     case(Reason.PROTECTED_LEASE_HOLDER, "lease-held-by-name", facts=make_facts(leases=[make_lease(holder=NAME)])),
     case(Reason.PROTECTED_LEASE_HOLDER, "lease-held-by-session", facts=make_facts(leases=[make_lease(holder=SESSION)])),
@@ -1125,6 +1183,9 @@ PEERS = st.lists(
             make_peer(client_instance_id="inst-other", pid=5000, session_id="s-9"),
             make_peer(verdict="Alive", conditions=[condition("Retired", "True")]),
             make_peer(namespace="other", verdict="Alive"),
+            make_peer(verdict="Alive", registered_by=SQUATTER),
+            make_peer(node_name="node-z", attested=False, registered_by=None),
+            make_peer(client_instance_id="inst-other", pid=5000, attested=False, registered_by=SQUATTER),
         ]
     ),
     max_size=2,
@@ -1229,7 +1290,9 @@ def test_eligibility_implies_every_requirement(state: State) -> None:
             assert lease.renew_time is not None and lease.lease_duration_seconds is not None
             assert lease.lease_duration_seconds <= (now - lease.renew_time).total_seconds()
     for peer in state.facts.peers:
-        if peer.namespace == r.namespace and not peer.terminal and peer.name != r.name:
+        # Only a peer whose registrant is known to differ may share a claim with a retirable one.
+        may_be_same_worker = not (r.registered_by and peer.registered_by and r.registered_by != peer.registered_by)
+        if peer.namespace == r.namespace and not peer.terminal and peer.name != r.name and may_be_same_worker:
             assert peer.client_instance_id != r.client_instance_id or (
                 peer.attestation is not None and peer.attestation.verdict == "Dead"
             )
@@ -1315,7 +1378,12 @@ def _unknowings(state: State) -> Iterator[tuple[str, State]]:
         obj = json.loads(json.dumps(state.obj))
         set_path(obj, path, unreadable)
         yield f"{path} unreadable", dataclasses.replace(state, obj=obj)
+    obj = json.loads(json.dumps(state.obj))
+    obj["metadata"].pop("annotations", None)
+    yield "registrant unrecorded", dataclasses.replace(state, obj=obj)
     facts = state.facts
+    peers = tuple(_unrecorded(peer) for peer in facts.peers)
+    yield "peers' registrants unrecorded", dataclasses.replace(state, facts=dataclasses.replace(facts, peers=peers))
     yield "permission unknown", dataclasses.replace(state, facts=dataclasses.replace(facts, retire_permission=None))
     unread = dataclasses.replace(facts, admission_unverified=(UNREADABLE,))
     yield "admission policies unread", dataclasses.replace(state, facts=unread)
@@ -1341,6 +1409,41 @@ def test_losing_knowledge_never_makes_retirable(state: State) -> None:
         after = after_state.decide()
         if after.retirable:
             assert before.retirable, f"{what} turned {before.reason} into {after.reason}"
+
+
+def _unrecorded(peer: Registration) -> Registration:
+    """`peer` as a registration whose registrant annotation is missing."""
+    return dataclasses.replace(peer, registered_by=None)
+
+
+def _squatters(state: State) -> Iterator[tuple[str, Registration]]:
+    """Peers made by another identity that copy the registration's claims, each in another way."""
+    r = parse_registration(state.obj)
+    copied = {
+        "clientInstanceId": {"client_instance_id": r.client_instance_id, "session_id": "s-squat"},
+        "session and generation": {"client_instance_id": "inst-squat", "pid": 9999},
+        "incarnation": {"client_instance_id": "inst-squat", "session_id": "s-squat"},
+    }
+    for what, claims in copied.items():
+        for liveness in ({"attested": False, "heartbeat_at": state.now}, ALIVE):
+            keywords: dict[str, Any] = {"name": "squatter", "registered_by": SQUATTER, **liveness}
+            yield what, make_peer(**{**keywords, **{k: v for k, v in claims.items() if v is not None}})
+
+
+@given(state=states())
+@PROPERTY_SETTINGS
+def test_a_squatter_of_another_registrant_changes_nothing(state: State) -> None:
+    """A registration with a recorded registrant decides the same whatever another identity copies;
+    without one, a copy never makes it retirable (unknown is never another worker)."""
+    before = state.decide()
+    recorded = bool(parse_registration(state.obj).registered_by)
+    for what, squatter in _squatters(state):
+        facts = dataclasses.replace(state.facts, peers=(*state.facts.peers, squatter))
+        after = dataclasses.replace(state, facts=facts).decide()
+        if recorded:
+            assert (after.reason, after.retirable) == (before.reason, before.retirable), what
+        elif after.retirable:
+            assert before.retirable, f"a squatter copying the {what} turned {before.reason} into {after.reason}"
 
 
 def _life_evidence(state: State) -> Iterator[tuple[str, State, bool]]:
@@ -1445,6 +1548,8 @@ class TestRemovingOneFactFromAnEligibleBaseline:
         # Heartbeats are the worker's opt-in second witness (issue 14): without them a pidfd death
         # needs nothing more, and the node path no TTL.
         "spec.heartbeat",
+        # The registrant matters only against peers that share a claim (none here).
+        "metadata.annotations", "metadata.annotations.coroner.dev/registered-by",
     }  # fmt: skip
     # Without an attestation the heartbeat falls back to birth (older still), and nodeUID is only
     # one of two ways to see a node is gone.

@@ -24,7 +24,7 @@ from coroner.core import api, fingerprint, policy_json
 from coroner.core.decision import Policy
 from coroner.core.policy_json import PolicyUnreadable
 from coroner_operator.kubeapi import ADMISSION_RESOURCES
-from unit.builders import BOOT, NAMESPACE, NODE, NODE_UID, NOW, OTHER_BOOT
+from unit.builders import BOOT, NAMESPACE, NODE, NODE_UID, NOW, OTHER_BOOT, REGISTRANT, SQUATTER
 from unit.test_admission_digest import REPO, SHIPPED
 from unit.test_plan import S, agent_lease, listing, node, worker
 
@@ -505,6 +505,78 @@ class TestAgentsOfNodesWithRegistrations:
         assert "22 active registration(s)" in agents.summary
         assert lost.facts["count"] == 22 and "node-a: 22 registration(s)" in lost.summary
         assert NODE_UID  # the registrations name the Node that is gone
+
+
+# --- squatting: a registration of another registrant copying a worker's claims -----------------
+
+
+class TestSquatting:
+    """A peer created by another identity that copies a worker's clientInstanceId, session or
+    incarnation blocks nothing in the decision, and doctor names it and its registrant."""
+
+    def _check(self, registrations: list[dict[str, Any]]) -> doctor.Check:
+        world = plan.build_world(listing(registrations))
+        return doctor.check_squatting(plan=fingerprint.decide_all(world=world, policy=Policy(), now=NOW))
+
+    def test_a_squatter_is_named_with_its_registrant(self) -> None:
+        victim = worker("victim")
+        squat = worker(
+            "squat",
+            client_instance_id="inst-victim",
+            node_name="node-z",
+            attested=False,
+            registered_by=SQUATTER,
+            created_at=NOW - 10 * S,
+        )
+        check = self._check([victim, squat])
+        assert check.status == doctor.CheckStatus.FAIL, check.summary
+        assert check.objects == (f"workerregistration/{NAMESPACE}/squat",)
+        assert SQUATTER in check.summary and f"{NAMESPACE}/victim" in check.summary
+        assert "clientInstanceId" in check.summary
+        assert check.facts["squatters"] == [
+            {
+                "registration": f"{NAMESPACE}/squat",
+                "registeredBy": SQUATTER,
+                "claimsOf": f"{NAMESPACE}/victim",
+                "victimRegisteredBy": REGISTRANT,
+                "claims": ["clientInstanceId"],
+            }
+        ]
+
+    def test_a_squatter_is_still_named_once_its_victim_is_retired(self) -> None:
+        victim = worker("victim", conditions=[{"type": "Retired", "status": "True"}])
+        squat = worker("squat", client_instance_id="inst-victim", attested=False, registered_by=SQUATTER)
+        check = self._check([victim, squat])
+        assert check.status == doctor.CheckStatus.FAIL, check.summary
+        assert check.objects == (f"workerregistration/{NAMESPACE}/squat",)
+
+    def test_a_twin_of_the_same_registrant_is_no_squatter(self) -> None:
+        check = self._check([worker("one"), worker("two", client_instance_id="inst-one")])
+        assert check.status == doctor.CheckStatus.PASS, check.summary
+
+    def test_an_unrecorded_registrant_is_no_squatter_but_unknown(self) -> None:
+        registrations = [worker("one"), worker("two", client_instance_id="inst-one", registered_by=None)]
+        check = self._check(registrations)
+        assert check.status == doctor.CheckStatus.PASS, check.summary
+        assert check.facts["unrecordedRegistrants"] == [f"{NAMESPACE}/two"]
+
+    def test_a_lease_squatter_is_no_conflict_but_blocked_names_it(self) -> None:
+        """A Lease records no writer (accepted risk): the dead worker it names stays, and `blocked`
+        says why, so doctor is not green."""
+        squat = {
+            "metadata": {"name": "squat", "namespace": NAMESPACE},
+            "spec": {"holderIdentity": "inst-victim", "leaseDurationSeconds": 30},
+        }
+        world = plan.build_world(listing([worker("victim")], leases=[agent_lease(), squat]))
+        decided = fingerprint.decide_all(world=world, policy=Policy(), now=NOW)
+        assert doctor.check_squatting(plan=decided).status == doctor.CheckStatus.PASS
+        blocked = doctor.check_blocked(plan=decided, expect_plan_only=False)
+        assert blocked.status == doctor.CheckStatus.FAIL, blocked.summary
+        assert blocked.facts["byReason"] == {"ProtectedLeaseHolder": [f"{NAMESPACE}/victim"]}
+
+    def test_unreadable_registrations_are_unknown(self) -> None:
+        check = doctor.check_squatting(plan=plan.Unreadable(reason="403 Forbidden"))
+        assert check.status == doctor.CheckStatus.UNKNOWN
 
 
 # --- retire-grant: the grant of the operator doctor is pointed at --------------------------------

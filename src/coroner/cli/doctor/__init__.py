@@ -33,7 +33,7 @@ from coroner.cli.doctor.install import (
 from coroner.cli.doctor.node_loss import check_node_loss
 from coroner.cli.doctor.operator_lease import LAST_SWEEP_ANNOTATION, check_last_sweep, check_operator_alive
 from coroner.cli.doctor.outcome import Check, CheckStatus, doctor_exit_code, failed, passed
-from coroner.cli.doctor.registrations import check_blocked, check_unattested
+from coroner.cli.doctor.registrations import check_blocked, check_squatting, check_unattested
 from coroner.cli.plan import PolicyChoice, Unreadable
 from coroner.core.fingerprint import Plan
 from coroner.core.world import World
@@ -57,6 +57,7 @@ __all__ = [
     "check_node_loss",
     "check_operator_alive",
     "check_retire_grant",
+    "check_squatting",
     "check_unattested",
     "doctor_exit_code",
     "failed",
@@ -134,6 +135,7 @@ CHECKS: Final[tuple[Callable[[Findings], Check], ...]] = (
     lambda f: check_blocked(
         plan=f.plan, expect_plan_only=f.expect_plan_only, permission_known=f.cluster_wide is not None
     ),
+    lambda f: check_squatting(plan=f.plan),
 )
 
 

@@ -1,14 +1,19 @@
-"""Doctor's registration checks: registrations stuck unattested, and dead ones blocked by a fixable cause."""
+"""Doctor's registration checks: registrations stuck unattested, dead ones blocked by a fixable cause,
+and registrations of one identity that copy another's claims (squatting)."""
 
 from __future__ import annotations
 
 import datetime
+from collections import defaultdict
+from collections.abc import Hashable
 
 from coroner.cli.doctor.outcome import Check, failed, passed, unknown
 from coroner.cli.plan import Unreadable, display, names_text
 from coroner.core import conditions as cond
 from coroner.core import model
+from coroner.core.decision import squatters
 from coroner.core.fingerprint import Plan, PlanEntry
+from coroner.core.model import Registration
 from coroner.core.reasons import Reason
 
 
@@ -119,3 +124,75 @@ def check_blocked(*, plan: Plan | Unreadable, expect_plan_only: bool, permission
         )
     tail = f" ({len(expected)} waiting for retire, plan-only as expected)" if expected else ""
     return passed(name, f"0 of {len(plan.entries)} registration(s) retirable-but-blocked{tail}.", facts=facts)
+
+
+def _claim_keys(registration: Registration) -> list[Hashable]:
+    """What a registration claims that another could copy (the decision's lines 12 and 13)."""
+    r = registration
+    keys: list[Hashable] = [("clientInstanceId", r.namespace, r.client_instance_id)]
+    if r.incarnation.complete:
+        keys.append(("incarnation", r.namespace, r.node_name, r.incarnation.key))
+    if r.session_id and r.generation_id:
+        keys.append(("session", r.namespace, r.session_id, r.generation_id))
+    return keys
+
+
+def check_squatting(*, plan: Plan | Unreadable) -> Check:
+    """Active registrations that claim another's clientInstanceId, incarnation or session while
+    another identity created them (``coroner.dev/registered-by``). The decision ignores them (they
+    cannot be the same worker), so they block nothing; a person should know who made them. Where a
+    registrant is not recorded, the decision keeps the conflict, and this lists the registration."""
+    name = "squatting"
+    if isinstance(plan, Unreadable):
+        return unknown(name, f"registrations could not be read: {plan.reason}")
+    active = [entry.registration for entry in plan.entries if not entry.registration.terminal]
+    by_claim: defaultdict[Hashable, list[Registration]] = defaultdict(list)
+    for registration in active:
+        for key in _claim_keys(registration):
+            by_claim[key].append(registration)
+    copies: list[tuple[Registration, Registration, tuple[str, ...]]] = []
+    unrecorded: set[str] = set()
+    # A copy outlives what it copied: an active squatter is named even once its original is retired.
+    for registration in (entry.registration for entry in plan.entries):
+        candidates = {id(peer): peer for key in _claim_keys(registration) for peer in by_claim[key]}
+        if len(candidates) > 1 and registration.registered_by is None and not registration.terminal:
+            unrecorded.add(display(model.key_of(registration)))
+        copies.extend(
+            (peer, registration, claims)
+            for peer, claims in squatters(registration, list(candidates.values()))
+            if _later(peer, registration)
+        )
+    copies.sort(key=lambda copy: (display(model.key_of(copy[0])), display(model.key_of(copy[1]))))
+    found = [
+        {
+            "registration": display(model.key_of(copy)),
+            "registeredBy": copy.registered_by,
+            "claimsOf": display(model.key_of(original)),
+            "victimRegisteredBy": original.registered_by,
+            "claims": list(claims),
+        }
+        for copy, original, claims in copies
+    ]
+    facts = {"count": len(found), "squatters": found, "unrecordedRegistrants": sorted(unrecorded)}
+    if copies:
+        described = "; ".join(
+            f"{display(model.key_of(copy))} (registered by {copy.registered_by}) claims the "
+            f"{' and '.join(claims)} of {display(model.key_of(original))} (registered by {original.registered_by})"
+            for copy, original, claims in copies
+        )
+        return failed(
+            name,
+            f"{len(copies)} registration(s) copy another identity's claims: {described}. They block "
+            f"nothing (claims bind only within one registrant); find who holds create on "
+            f"workerregistrations there, and delete them.",
+            objects=tuple(f"workerregistration/{display(model.key_of(copy))}" for copy, _, _ in copies),
+            facts=facts,
+        )
+    return passed(name, f"0 of {len(active)} active registration(s) copy another identity's claims.", facts=facts)
+
+
+def _later(copy: Registration, original: Registration) -> bool:
+    """Each pair is found from both sides: the later-created registration is the copy. Where the
+    creation times are equal or unknown, both are named (neither is known to be the original)."""
+    mine, theirs = copy.creation_time, original.creation_time
+    return mine is None or theirs is None or mine >= theirs

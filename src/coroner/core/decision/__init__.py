@@ -16,7 +16,7 @@ it), `trail` (the Decision and the evidence it records), `node` (node-level evid
 
 from coroner.core.decision.conjunction import decide
 from coroner.core.decision.facts import AgentFacts, Facts, LeaseFacts, NodeFacts, Policy, lease_expiry
-from coroner.core.decision.known import AGENT_DEATH_EVIDENCE
+from coroner.core.decision.known import AGENT_DEATH_EVIDENCE, same_registrant, squatters
 from coroner.core.decision.trail import Decision, JSONValue
 
 __all__ = [
@@ -30,4 +30,6 @@ __all__ = [
     "Policy",
     "decide",
     "lease_expiry",
+    "same_registrant",
+    "squatters",
 ]

@@ -16,6 +16,9 @@ from coroner.core.decision.known import (
     known_fields,
     launcher_minted,
     nothing_attested,
+    same_registrant,
+    shared_claims,
+    squatters,
 )
 from coroner.core.decision.node import agent_lease, agent_silence, node_death_evidence, vanished, what_releases
 from coroner.core.decision.trail import (
@@ -389,39 +392,56 @@ def _silent(
     return None
 
 
+def _registrants(registration: Registration, peer: Registration) -> str:
+    """How the two registrants compare, for a conflict's detail: the same one, or unknown."""
+    if same_registrant(registration, peer):
+        return f" (same registrant {registration.registered_by!r})"
+    unrecorded = [r.display_name for r in (registration, peer) if r.registered_by is None]
+    return f" (registrant of {' and '.join(unrecorded)} not recorded, so it may be the same worker)"
+
+
 def _identity_lines(trail: Trail, *, known: Known, registration: Registration, facts: Facts) -> Decision:
     """Lines 12 to 15: nothing else claims this identity, no Lease protects it, the grant holds."""
     now = trail.now
     what = f"{trail.obj} (pid {known.pid} on {known.node_name})"
+    # Claims bind only between registrations one registrant made (admission records it and freezes
+    # it): a peer another identity created cannot be the same worker, whatever it copied, so it
+    # blocks nothing; doctor names it. A registrant unrecorded on either side may be the same one.
+    squatting = squatters(registration, facts.peers)
+    if squatting:
+        trail.evidence["squatters"] = [{**peer_json(peer), "claims": list(claims)} for peer, claims in squatting]
     peers = [
         peer
         for peer in facts.peers
-        if peer.namespace == known.namespace and not peer.terminal and not is_self(registration, peer)
+        if peer.namespace == known.namespace
+        and not peer.terminal
+        and not is_self(registration, peer)
+        and same_registrant(registration, peer) is not False
     ]
 
-    # 12. No other active registration claims the same launcher-minted instance while it may be live.
+    # 12. No other active registration of its registrant claims the same launcher-minted instance
+    #     while it may be live.
     for peer in peers:
         if peer.client_instance_id == known.client_instance_id and not attested_dead(peer):
             trail.evidence["conflict"] = peer_json(peer)
             return trail.conclude(
                 Reason.CLIENT_INSTANCE_CONFLICT,
                 f"{what}: {peer.display_name} claims the same clientInstanceId "
-                f"{known.client_instance_id!r} and may be live; it is decided once that one is "
-                f"attested Dead or becomes terminal.",
+                f"{known.client_instance_id!r}{_registrants(registration, peer)} and may be live; it is "
+                f"decided once that one is attested Dead or becomes terminal.",
             )
 
-    # 13. No identity evidence shared with a live or unknown registration.
-    session = (registration.session_id, registration.generation_id)
+    # 13. No identity evidence shared with a live or unknown registration of its registrant.
     for peer in peers:
-        same_incarnation = peer.node_name == known.node_name and peer.incarnation.key == known.key
-        same_session = all(session) and (peer.session_id, peer.generation_id) == session
-        if (same_incarnation or same_session) and not attested_dead(peer):
-            shared = "incarnation" if same_incarnation else "sessionId and generationId"
+        shared = shared_claims(known, registration, peer)
+        shared_identity = [claim for claim in shared if claim != "clientInstanceId"]
+        if shared_identity and not attested_dead(peer):
             trail.evidence["conflict"] = peer_json(peer)
             return trail.conclude(
                 Reason.CONFLICTING_IDENTITY,
-                f"{what} shares its {shared} with {peer.display_name}, which may be live; it is "
-                f"decided once that one is attested Dead or becomes terminal.",
+                f"{what} shares its {shared_identity[0]} with {peer.display_name}"
+                f"{_registrants(registration, peer)}, which may be live; it is decided once that one is "
+                f"attested Dead or becomes terminal.",
             )
 
     # 14. Not the holder of an unexpired Lease in its namespace. A Lease whose expiry cannot be

@@ -1,10 +1,12 @@
 """The registration as the conjunction reads it: the fields it needs (line 2 shows they are all
-present), and what a registration's own record says about it (launcher-minted, attested dead)."""
+present), what a registration's own record says about it (launcher-minted, attested dead), and
+which peers could be the same worker (one registrant) or squat on its claims (another)."""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+from collections.abc import Sequence
 from typing import Final
 
 from coroner.core import api
@@ -138,3 +140,45 @@ def is_self(registration: Registration, peer: Registration) -> bool:
     if registration.uid is not None and peer.uid == registration.uid:
         return True
     return peer.namespace == registration.namespace and peer.name == registration.name
+
+
+def same_registrant(registration: Registration, peer: Registration) -> bool | None:
+    """Whether two registrations were created by one requester (``coroner.dev/registered-by``, which
+    admission records at CREATE and freezes): only those can be the same worker, so only their
+    claims can conflict. None when either does not name its registrant: unknown, never "another"."""
+    if registration.registered_by is None or peer.registered_by is None:
+        return None
+    return registration.registered_by == peer.registered_by
+
+
+def shared_claims(known: Known, registration: Registration, peer: Registration) -> tuple[str, ...]:
+    """The identity claims of `registration` that `peer` also makes (lines 12 and 13): the
+    launcher-minted clientInstanceId, the incarnation on the same node, the session and generation."""
+    shared = []
+    if peer.client_instance_id == known.client_instance_id:
+        shared.append("clientInstanceId")
+    if peer.node_name == known.node_name and peer.incarnation.key == known.key:
+        shared.append("incarnation")
+    session = (registration.session_id, registration.generation_id)
+    if all(session) and (peer.session_id, peer.generation_id) == session:
+        shared.append("sessionId and generationId")
+    return tuple(shared)
+
+
+def squatters(
+    registration: Registration, peers: Sequence[Registration]
+) -> tuple[tuple[Registration, tuple[str, ...]], ...]:
+    """The active peers in `registration`'s namespace, made by another registrant, that claim what
+    it claims (and what they claim): they cannot be the same worker, so they block nothing, and
+    `kubectl coroner doctor` names them. Empty unless `registration` has its conjunction fields."""
+    known, _ = known_fields(registration)
+    if known is None:
+        return ()
+    found = []
+    for peer in peers:
+        if peer.namespace != known.namespace or peer.terminal or is_self(registration, peer):
+            continue
+        shared = shared_claims(known, registration, peer)
+        if shared and same_registrant(registration, peer) is False:
+            found.append((peer, shared))
+    return tuple(found)

@@ -136,5 +136,6 @@ def peer_json(peer: Registration) -> dict[str, JSONValue]:
         "name": peer.name,
         "uid": peer.uid,
         "clientInstanceId": peer.client_instance_id,
+        "registeredBy": peer.registered_by,
         "verdict": None if verdict is None else str(verdict),
     }

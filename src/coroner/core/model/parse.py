@@ -8,6 +8,7 @@ import types
 from collections.abc import Mapping, Sequence
 from typing import Final, TypeVar
 
+from coroner.core.api import REGISTERED_BY_ANNOTATION
 from coroner.core.model.records import (
     HEARTBEAT_INTERVAL_MAX,
     HEARTBEAT_TTL_MAX,
@@ -198,6 +199,7 @@ def parse_registration(obj: object) -> Registration:
         generation=reader.integer(metadata, "generation", "metadata.generation", minimum=0),
         creation_time=creation_time,
         labels=_labels(reader, metadata),
+        registered_by=_registrant(metadata),
         node_name=reader.string(spec, "nodeName", "spec.nodeName", required=True, empty_ok=False),
         # An empty nodeUID is a launcher that did not know the Node's UID: absent, not invalid.
         node_uid=reader.string(spec, "nodeUID", "spec.nodeUID") or None,
@@ -330,6 +332,14 @@ def _retirement(reader: _Reader, status: Mapping[str, object] | None) -> Retirem
         decision=reader.string(value, "decision", "status.retirement.decision"),
         statement=reader.string(value, "statement", "status.retirement.statement"),
     )
+
+
+def _registrant(metadata: Mapping[str, object] | None) -> str | None:
+    """The registrant annotation; anything but a non-empty string is unknown (not a problem of the
+    registration: registrations made before admission recorded it have none)."""
+    annotations = None if metadata is None else metadata.get("annotations")
+    value = annotations.get(REGISTERED_BY_ANNOTATION) if isinstance(annotations, Mapping) else None
+    return value if isinstance(value, str) and value else None
 
 
 def _labels(reader: _Reader, metadata: Mapping[str, object] | None) -> Mapping[str, str]:
