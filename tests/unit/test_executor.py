@@ -115,9 +115,16 @@ def test_a_retirement_is_cached_counted_and_its_event_recorded() -> None:
 
 
 def test_a_revoked_permission_is_recorded_and_the_registration_decided_again() -> None:
-    op = operator(FakeKube(granted=True))
+    # The verb went since the namespace was last reviewed: the write itself is refused for it (no
+    # review is asked per retirement), in the API server's words for the capability policy.
+    message = (
+        "workerregistrations.coroner.dev \"w\" is forbidden: ValidatingAdmissionPolicy "
+        "'coroner-retire-requires-capability' with binding 'coroner-retire-requires-capability' denied request: "
+        "retiring needs the retire verb"
+    )
+    refusal = ApiError(403, "Forbidden", json.dumps({"kind": "Status", "message": message, "code": 403}))
+    op = operator(FakeKube(granted=True, patch_error=refusal))
     op.world.set_retire_permission(NAMESPACE, True)
-    op.kube.granted = False  # type: ignore[attr-defined]
     reconcile(op)
     assert op.world.retire_permission[NAMESPACE] is False
     assert sample(op, "coroner_retire_abandoned_total", {"cause": "RetirePermissionMissing"}) == 1

@@ -7,8 +7,9 @@ terminal registration. Outcomes, one mapping each:
 * conditions write: 200 → the answer is cached (it is newer than the watch's copy); 404/409/422
   (gone, or moved since it was read) → read it again: gone is forgotten, moved is reconciled again;
   anything else raises (the runtime's backoff retries).
-* retirement: `RetireOutcome` → RETIRED is counted, logged and cached; PERMISSION_MISSING records
-  the namespace as not granted and reconciles again; REFUSED_BY_ADMISSION (a policy other than the
+* retirement: `RetireOutcome` → RETIRED is counted, logged and cached; PERMISSION_MISSING (the write
+  refused for the missing `retire` verb, or the cached capability already revoked) records the
+  namespace as not granted and reconciles again; REFUSED_BY_ADMISSION (a policy other than the
   verb's refused the write: the grant stands) is counted and logged under its reason, written into
   Retirable (level-based: once per wording), and raises (`RetireFailed`, retried with backoff: the
   same write would be refused again now); LEASE_FENCE_MOVED and ABANDONED take the live Leases into
@@ -20,6 +21,7 @@ terminal registration. Outcomes, one mapping each:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import logging
@@ -65,32 +67,40 @@ class OperatorPort(RetirePort):
     """The retire protocol's port for the operator, for the decisions made at `decided_at` (a
     `time.monotonic()` reading taken before the cache was read).
 
-    The namespace-wide capability and the Lease list are each read once for every retirement of the
-    namespace decided before the read was sent (`FreshRead`); only a "no" asks again for this one
-    name (grants scoped by resourceNames). Events go to the poster (aggregated under bursts)."""
+    The `retire` verb costs no request here: admission enforces it on the retirement write itself
+    (policy coroner-retire-requires-capability, and RBAC), so a review before the write would only
+    repeat it. `can_retire` answers from the namespace's cached capability (asked at the first
+    decision there and every `--permission-refresh-seconds` since); a revocation the cache has not
+    seen yet bites at the write, whose refusal is PERMISSION_MISSING.
+
+    The Lease fence is a live read, one per namespace for every retirement decided before it was
+    sent; each retirement holds that read until its write is answered (`holds`, closed by the
+    executor), so the next read goes out for the whole batch decided meanwhile (`FreshRead.hold`).
+    Events go to the poster (aggregated under bursts)."""
 
     def __init__(
         self,
         *,
         kube: KubeApi,
-        permission_reads: FreshRead[str, bool],
+        granted: Callable[[str], bool | None],
         lease_reads: FreshRead[str, list[dict[str, Any]]],
         events: EventPoster,
         decided_at: float,
     ) -> None:
         self.kube = kube
-        self.permission_reads = permission_reads
+        self.granted = granted
         self.lease_reads = lease_reads
         self.events = events
         self.decided_at = decided_at
+        self.holds = contextlib.AsyncExitStack()
+        """The reads this retirement acts on, held until its write is answered."""
 
     async def can_retire(self, *, namespace: str, name: str) -> bool | None:
-        if await self.permission_reads.get(namespace, decided_at=self.decided_at):
-            return True
-        return await self.kube.can_retire(namespace=namespace, name=name)
+        return self.granted(namespace)
 
     async def list_leases(self, *, namespace: str) -> Sequence[Mapping[str, Any]]:
-        result: list[dict[str, Any]] = await _port_call(self.lease_reads.get(namespace, decided_at=self.decided_at))
+        held = self.lease_reads.hold(namespace, decided_at=self.decided_at)
+        result: list[dict[str, Any]] = await _port_call(self.holds.enter_async_context(held))
         return result
 
     async def patch_status(self, *, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
@@ -122,9 +132,8 @@ class Executor:
         self.enqueue = enqueue
         self.retirer = Retirer(name=identity)
         self.clock = clock
-        # Right before a retirement: the namespace-wide capability and the Lease fence, each read
-        # once for every retirement in the namespace decided before the read started.
-        self.permission_reads: FreshRead[str, bool] = FreshRead(lambda ns: self.kube.can_retire(namespace=ns))
+        # Right before a retirement: the Lease fence, read once for every retirement in the namespace
+        # decided before the read started (and held by each until its write is answered).
         self.lease_reads: FreshRead[str, list[dict[str, Any]]] = FreshRead(
             lambda ns: self.kube.list_leases(namespace=ns)
         )
@@ -147,12 +156,13 @@ class Executor:
         if effects.retire is not None:
             port = OperatorPort(
                 kube=self.kube,
-                permission_reads=self.permission_reads,
+                granted=self.world.retire_permission.get,
                 lease_reads=self.lease_reads,
                 events=self.events,
                 decided_at=decided_at,
             )
-            result = await retire(port, effects.retire, retirer=self.retirer, clock=self.clock)
+            async with port.holds:
+                result = await retire(port, effects.retire, retirer=self.retirer, clock=self.clock)
             await self._retired(key, effects.retire, result)
 
     # --- conditions ----------------------------------------------------------------------------
@@ -189,7 +199,8 @@ class Executor:
             self._count_retirement(key, registration, result)
             return
         if outcome is RetireOutcome.PERMISSION_MISSING:
-            # Revoked since the namespace was last checked (or admission refused the write: 403).
+            # Revoked since the namespace was last checked: admission refused the write (its policy
+            # for the verb, or RBAC's 403), or the periodic refresh saw it first.
             self.world.set_retire_permission(namespace, False)
             self.metrics.retire_abandoned.labels(outcome.value).inc()
             logger.info(
