@@ -5,15 +5,17 @@ retirement (the retire protocol, `coroner.retire`, over `OperatorPort`), and the
 terminal registration. Outcomes, one mapping each:
 
 * conditions write: 200 → the answer is cached (it is newer than the watch's copy); 404/409/422
-  (gone, or moved since it was read) → read it again: gone is forgotten, moved is reconciled again;
-  anything else raises (the runtime's backoff retries).
+  (gone, or moved since it was read) → read it again: gone is forgotten, moved is reconciled again,
+  and not moved at all (the write itself was refused: a 422 for the CRD's limits) raises
+  `WriteRefused`; anything else raises too (the runtime's capped backoff retries, never a hot loop).
 * retirement: `RetireOutcome` → RETIRED is counted, logged and cached; PERMISSION_MISSING (the write
   refused for the missing `retire` verb, or the cached capability already revoked) records the
   namespace as not granted and reconciles again; REFUSED_BY_ADMISSION (a policy other than the
   verb's refused the write: the grant stands) is counted and logged under its reason, written into
   Retirable (level-based: once per wording), and raises (`RetireFailed`, retried with backoff: the
   same write would be refused again now); LEASE_FENCE_MOVED and ABANDONED take the live Leases into
-  the cache and reconcile again; CONFLICT reads it again; UNREACHABLE and FAILED raise
+  the cache and reconcile again; CONFLICT reads it again (as a conditions
+  write's 404/409/422 does, with the same `WriteRefused` when it did not move); UNREACHABLE and FAILED raise
   (`RetireFailed`, retried with backoff).
 * delete: 200 counted; 404 (already gone: its watch event forgets it) and 409 (changed since the
   read: left alone, its own watch event brings it back) are not errors; anything else raises.
@@ -39,7 +41,7 @@ from coroner_operator import step
 from coroner_operator.effects import Delete, Effects, Key, WriteConditions
 from coroner_operator.events import EventPoster
 from coroner_operator.freshread import FreshRead
-from coroner_operator.kubeapi import KubeApi
+from coroner_operator.kubeapi import KubeApi, describe
 from coroner_operator.metrics import DecisionGauge, Metrics
 
 logger = logging.getLogger("coroner.operator")
@@ -51,6 +53,12 @@ class RetireFailed(Exception):
     def __init__(self, result: RetireResult) -> None:
         super().__init__(result.detail)
         self.result = result
+
+
+class WriteRefused(Exception):
+    """A write answered 404/409/422 although the object, read again, is exactly the one it tested:
+    nothing moved, so the answer was a refusal (a schema limit, say), not a conflict. Raised for
+    the runtime's capped exponential backoff; reconciling again at once would only repeat it."""
 
 
 async def _port_call(call: Any) -> Any:
@@ -172,21 +180,31 @@ class Executor:
             patched = await self.kube.patch_status(namespace=key[0], name=key[1], ops=[dict(op) for op in write.ops])
         except ApiError as exc:
             if exc.status in (404, 409, 422):
-                await self.reread(key)
+                await self.reread(key, tested=write.resource_version, refusal=exc)
                 return
             raise
         self.metrics.status_writes.labels("conditions").inc()
         self.world.observe_registration(patched)
 
-    async def reread(self, key: Key) -> None:
-        """After a write refused for moving: the object as it is now, reconciled again (or forgotten)."""
+    async def reread(self, key: Key, *, tested: str | None = None, refusal: Exception | None = None) -> None:
+        """After a write refused for moving: the object as it is now, reconciled again (or forgotten).
+
+        If it did not move (still at `tested`, the resourceVersion the write tested), the write was
+        refused for what it said, not for a conflict — a 422 for the CRD's limits (conditions at
+        maxItems), say: the same write would be refused again, so `WriteRefused` is raised for the
+        runtime's capped backoff (logged and counted as a reconcile failure) instead of a hot loop."""
         fresh = await self.kube.get_registration(namespace=key[0], name=key[1])
         if fresh is None:
             self.world.forget_registration(key)
             self.gauge.set(key, None)
-        else:
-            self.world.observe_registration(fresh)
-            self.enqueue(key)
+            return
+        self.world.observe_registration(fresh)
+        if tested is not None and str((fresh.get("metadata") or {}).get("resourceVersion")) == tested:
+            raise WriteRefused(
+                f"the write to workerregistration {key[0]}/{key[1]} at resourceVersion {tested} was refused "
+                f"though it had not moved: {describe(refusal) if refusal is not None else 'no answer'}"
+            )
+        self.enqueue(key)
 
     # --- the retirement ------------------------------------------------------------------------
 
@@ -217,12 +235,12 @@ class Executor:
                 logger.info("retire abandoned workerregistration=%s/%s cause=%s", namespace, name, outcome.value)
             self.enqueue(key)
         elif outcome is RetireOutcome.CONFLICT:
-            self.metrics.cas_conflicts.inc()
             logger.info(
                 "retire conflict workerregistration=%s/%s status=%s resourceVersion=%s: re-reading",
                 namespace, name, result.error.status if result.error else None, registration.resource_version,
             )  # fmt: skip
-            await self.reread(key)
+            await self.reread(key, tested=registration.resource_version, refusal=result.error)
+            self.metrics.cas_conflicts.inc()  # it moved (reread raises when it did not)
         else:  # UNREACHABLE, FAILED: retried with backoff
             raise RetireFailed(result)
 
