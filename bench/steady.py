@@ -290,7 +290,7 @@ def main() -> int:
             }
             if spec_interval is not None:
                 body["spec"]["heartbeat"] = {"intervalSeconds": spec_interval, "ttlSeconds": spec_ttl}
-            stored = creator.request("POST", c.registrations_path(namespace), body=body)
+            stored = c.create_admitted(creator, c.registrations_path(namespace), body)
             if args.heartbeat:  # the launcher's first heartbeat, right after the create
                 beat = {"status": {"lastHeartbeatTime": c.now_text()}}
                 stored = creator.request(
