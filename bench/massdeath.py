@@ -608,7 +608,9 @@ def measure_floor(
                     body=attested,
                     resource_version=str(attested["metadata"]["resourceVersion"]),
                     conditions=plan["conditions"],
-                    retirement=plan["retirement"],
+                    # The record names the attestation relied on, verbatim (admission checks it):
+                    # this copy's own, not the victim's.
+                    retirement={**plan["retirement"], "attestation": attested["status"]["attestation"]},
                 ),
                 content_type=wire.JSON_PATCH,
             )
