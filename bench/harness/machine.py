@@ -37,6 +37,8 @@ RESULTS = pathlib.Path(os.environ.get("CORONER_BENCH_RESULTS") or REPO / "bench"
 def shown(path: pathlib.Path) -> str:
     """`path` relative to the repository where it is inside it (results, profiles), else as is."""
     return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
 MANIFESTS = REPO / "manifests"
 BIN = pathlib.Path(sys.executable).parent
 REAL_BOOT_ID_FILE = pathlib.Path("/proc/sys/kernel/random/boot_id")

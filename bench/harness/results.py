@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from coroner.core import model
-from harness.machine import REPO, RESULTS, log, shown
+from harness.machine import RESULTS, log, shown
 
 
 def percentiles(values_s: Sequence[float]) -> dict[str, Any]:
