@@ -55,7 +55,9 @@ def test_the_cache_keeps_a_registration_compactly() -> None:
         body = json.loads(json.dumps(template))
         body["metadata"].update(name=f"w-{i}", uid=f"uid-{i:08d}", resourceVersion=str(1000 + i))
         texts.append(json.dumps(body))
-    world = World(system_namespace=api.SYSTEM_NAMESPACE)
+    import sys
+
+    world = World(system_namespace=api.SYSTEM_NAMESPACE, intern=sys.intern)  # as the operator's
     gc.collect()
     tracemalloc.start()
     try:
