@@ -214,9 +214,7 @@ def test_a_detached_reconcile_frees_its_worker_and_still_counts_as_running() -> 
                 raise ValueError(key)
 
     async def scenario() -> None:
-        controller: Controller[str] = Controller(
-            reconcile, on_failure=lambda k, e, d: failures.append(k), jitter=False
-        )
+        controller: Controller[str] = Controller(reconcile, on_failure=lambda k, e, d: failures.append(k), jitter=False)
         worker = asyncio.create_task(controller.run_worker())  # one worker only
         for key in ("parked", "parked-failing", "b"):
             controller.enqueue(key)

@@ -118,7 +118,7 @@ def test_a_revoked_permission_is_recorded_and_the_registration_decided_again() -
     # The verb went since the namespace was last reviewed: the write itself is refused for it (no
     # review is asked per retirement), in the API server's words for the capability policy.
     message = (
-        "workerregistrations.coroner.dev \"w\" is forbidden: ValidatingAdmissionPolicy "
+        'workerregistrations.coroner.dev "w" is forbidden: ValidatingAdmissionPolicy '
         "'coroner-retire-requires-capability' with binding 'coroner-retire-requires-capability' denied request: "
         "retiring needs the retire verb"
     )
@@ -156,9 +156,16 @@ def test_a_conflict_reads_it_again(status: int, fresh: bool) -> None:
 TOO_MANY = ApiError(
     422,
     "Invalid",
-    json.dumps({"kind": "Status", "reason": "Invalid", "code": 422, "message": (
-        'WorkerRegistration.coroner.dev "w" is invalid: status.conditions: Too many: 17: must have at most 16 items'
-    )}),
+    json.dumps(
+        {
+            "kind": "Status",
+            "reason": "Invalid",
+            "code": 422,
+            "message": (
+                'WorkerRegistration.coroner.dev "w" is invalid: status.conditions: Too many: 17: must have at most 16 items'
+            ),
+        }
+    ),
 )
 
 

@@ -69,8 +69,9 @@ def test_the_cache_keeps_a_registration_compactly() -> None:
     finally:
         tracemalloc.stop()
     assert per_registration <= 7000, f"{per_registration:.0f} bytes per registration"
-    first, second = world.bodies[(template["metadata"]["namespace"], "w-0")], world.bodies[
-        (template["metadata"]["namespace"], "w-1")
-    ]
+    first, second = (
+        world.bodies[(template["metadata"]["namespace"], "w-0")],
+        world.bodies[(template["metadata"]["namespace"], "w-1")],
+    )
     assert "managedFields" not in first["metadata"]
     assert next(iter(first["spec"])) is next(iter(second["spec"])), "keys are shared"

@@ -20,7 +20,6 @@ from coroner.core.decision import AgentFacts, Facts, LeaseFacts, NodeFacts, leas
 # One Key, one key_of, one RFC 3339 parser (strict: what does not parse is unknown), in model.
 from coroner.core.model import Key, key_of, parse_time
 
-
 #: Strings up to this long are shared across cached bodies (`World.intern`): names of kinds,
 #: reasons, node names, boot and host ids, timestamps repeat across thousands of registrations.
 _SHARED_STRING_MAX = 128
