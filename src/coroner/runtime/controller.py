@@ -174,7 +174,10 @@ class Controller(Generic[K]):
             try:
                 await free
             except asyncio.CancelledError:
-                task.cancel()
+                # Stopping: the reconciles this runtime started go too, detached ones included
+                # (as one running in the worker itself always did).
+                for running in list(self._running):
+                    running.cancel()
                 raise
 
     async def _reconcile_one(self, key: K, free: asyncio.Future[None]) -> None:
