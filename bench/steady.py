@@ -656,6 +656,22 @@ def goals(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         "met": result["coroner_writes_per_node_per_second"] <= 0.1,
         "issue": 14,
     }
+    if args.registrations >= 150000:
+        out["operator_rss_le_1gb_at_150k"] = {"measured_mb": result["operator_rss_mb"], "met": rss <= 1024, "issue": 28}
+    for key, limit in (("cold_start_seconds_to_all_decided", 60), ("takeover_seconds_to_all_decided", 60)):
+        measured = result.get(key)
+        out[f"{key.removesuffix('_seconds_to_all_decided')}_decides_all_le_60s"] = {
+            "measured_seconds": measured,
+            "met": measured is not None and measured <= limit,
+            "issue": 28,
+        }
+    plan_seconds, plan_rss = result.get("plan_seconds"), result.get("plan_rss_mb")
+    out["plan_all_namespaces_le_90s_under_1_5gb"] = {
+        "measured_seconds": plan_seconds,
+        "measured_mb": plan_rss,
+        "met": plan_seconds is not None and plan_rss is not None and plan_seconds <= 90 and plan_rss <= 1536,
+        "issue": 28,
+    }
     out["agent_rss_le_80mb"] = {"measured_mb": result["agent_rss_mb"], "met": agent_rss <= 80, "issue": 8}
     if args.agent_workers >= 1000:
         out["agent_rss_le_45mb_with_1000_workers"] = {
