@@ -166,7 +166,8 @@ def main() -> None:
             "command": " ".join([".venv/bin/python", "bench/attestation.py", *sys.argv[1:]]),
             "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         }
-        out = REPO / "bench" / "results" / "attestation.json"
+        common.RESULTS.mkdir(parents=True, exist_ok=True)
+        out = common.RESULTS / "attestation.json"
         out.write_text(json.dumps(result, indent=2) + "\n")
         print(json.dumps(result, indent=2))
     finally:

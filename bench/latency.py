@@ -120,7 +120,7 @@ class FloorProbe:
                 "heartbeat": {"intervalSeconds": 10, "ttlSeconds": 30},
             },
         }
-        bench.admin.request("POST", c.registrations_path(NS_FLOOR), body=body)
+        c.create_admitted(bench.admin, c.registrations_path(NS_FLOOR), body)
         beat = {"status": {"lastHeartbeatTime": c.now_text()}}
         patched = bench.admin.request(
             "PATCH",

@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime
+import json
 import pathlib
 import sys
 import threading
@@ -58,7 +59,7 @@ from typing import Any
 import harness as c
 import psutil
 
-from coroner.core import api, procfs
+from coroner.core import api, procfs, wire
 
 NS = "bench"
 NS_FLOOR = "bench-floor"
@@ -310,10 +311,20 @@ def main() -> int:
         event_updates = count("PATCH", "events") + count("PUT", "events")
         ssar = count("POST", "selfsubjectaccessreviews")
         lease_lists = count("LIST", "leases")
+        # The operator's admission-policy check right before a batch of retirements (4 kinds listed).
+        admission_lists = sum(
+            count("LIST", plural, group="admissionregistration.k8s.io")
+            for plural in (
+                "validatingadmissionpolicies",
+                "validatingadmissionpolicybindings",
+                "mutatingadmissionpolicies",
+                "mutatingadmissionpolicybindings",
+            )
+        )
         retirements = len(retired_times) or 1
         writes = attestation_patches + op_writes["retirement"] + op_writes["conditions"] + event_creates + event_updates
-        reads = ssar + lease_lists
-        accounted = status_patches + event_creates + event_updates + ssar + lease_lists
+        reads = ssar + lease_lists + admission_lists
+        accounted = status_patches + event_creates + event_updates + ssar + lease_lists + admission_lists
         breakdown = {
             "status_patches_total": status_patches,
             "heartbeat_patches_by_benchmark": heartbeats,
@@ -324,6 +335,7 @@ def main() -> int:
             "event_updates": event_updates,
             "selfsubjectaccessreviews": ssar,
             "lease_lists": lease_lists,
+            "admission_policy_lists": admission_lists,
             "registration_gets": count("GET", "workerregistrations"),
             "lease_gets": count("GET", "leases"),
             "lease_updates": count("PUT", "leases"),
@@ -337,10 +349,24 @@ def main() -> int:
                 "event_updates": round(event_updates / retirements, 3),
                 "selfsubjectaccessreviews": round(ssar / retirements, 3),
                 "lease_lists": round(lease_lists / retirements, 3),
+                "admission_policy_lists": round(admission_lists / retirements, 3),
+                # Every request class the API server counted in the window (all identities but the
+                # benchmark's own exempt ones are Coroner's), per retirement.
+                "by_request": {name: round(n / retirements, 4) for name, n in requests.items()},
             },
             "apiserver_request_total_diff": requests,
         }
         by_identity = c.Attribution.diff(attr_after, attr_before)
+        # Coroner's requests per retirement by identity and class (FlowSchemas), and what the
+        # operator sent beyond its one retirement write per death: the budget bench/README.md names.
+        breakdown["per_retirement"]["by_identity_and_class"] = {
+            who: {cls: round(n / retirements, 4) for cls, n in classes.items() if n}
+            for who, classes in by_identity.items()
+        }
+        operator_requests = sum((by_identity.get("operator") or {}).values())
+        breakdown["per_retirement"]["operator_requests_beyond_the_retirement_write"] = round(
+            (operator_requests - op_writes["retirement"]) / retirements, 4
+        )
         registration_writes = {who: by_identity[who]["registration_writes"] for who in by_identity}
         counted_identities = ["agent", "operator"] + ([] if args.heartbeat else ["worker"])
         registration_writes_total = sum(registration_writes[who] for who in counted_identities)
@@ -507,10 +533,10 @@ def measure_floor(
         spec = copy.deepcopy(alive["spec"])
         spec["nodeName"] = node.name
         name = f"floor-{i}"
-        created = admin.request(
-            "POST",
+        created = c.create_admitted(
+            admin,
             c.registrations_path(NS_FLOOR),
-            body={
+            {
                 "apiVersion": alive["apiVersion"],
                 "kind": alive["kind"],
                 "metadata": {
@@ -537,14 +563,15 @@ def measure_floor(
         )
         conditions = (alive.get("status") or {}).get("conditions") or []
         if conditions:
+            # The operator's conditions write as the operator builds it (the CRD's rules on status,
+            # `state` among them, are the production wire module's to know).
             attested = operator_http.request(
                 "PATCH",
                 c.registrations_path(NS_FLOOR, name) + "/status",
-                body={
-                    "metadata": {"resourceVersion": attested["metadata"]["resourceVersion"]},
-                    "status": {"conditions": conditions},
-                },
-                content_type="application/merge-patch+json",
+                body=wire.status_ops(
+                    body=attested, resource_version=attested["metadata"]["resourceVersion"], conditions=conditions
+                ),
+                content_type=wire.JSON_PATCH,
             )
         final = latest_bodies[key]
         dead = copy.deepcopy(final["status"]["attestation"])
@@ -553,7 +580,7 @@ def measure_floor(
         return {
             "name": name,
             "node": node.name,
-            "rv": attested["metadata"]["resourceVersion"],
+            "body": attested,
             "dead": dead,
             "retirement": final["status"].get("retirement"),
             "conditions": final["status"].get("conditions") or [],
@@ -570,27 +597,28 @@ def measure_floor(
     def two_writes(plan: dict[str, Any]) -> None:
         path = c.registrations_path(NS_FLOOR, plan["name"]) + "/status"
         try:
+            # Both writes as Coroner's own code builds them (coroner.core.wire): the agent's
+            # attestation patch, then the operator's retirement compare-and-swap (which tests the
+            # resourceVersion and the attestation relied on, and sets conditions, retirement and
+            # the state they make).
             status, data = agent_http[plan["node"]].send(
-                "PATCH",
-                path,
-                body=[
-                    {"op": "test", "path": "/metadata/resourceVersion", "value": plan["rv"]},
-                    {"op": "replace", "path": "/status/attestation", "value": plan["dead"]},
-                ],
-                content_type="application/json-patch+json",
+                "PATCH", path, body=wire.attestation_ops(plan["body"], plan["dead"]), content_type=wire.JSON_PATCH
             )
             if status != 200:
                 raise c.ApiError(status, "", data.decode(errors="replace"))
-            rv = json_rv(data)
+            attested = json.loads(data)
             status, data = operator_http.send(
                 "PATCH",
                 path,
-                body=[
-                    {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
-                    {"op": "add", "path": "/status/retirement", "value": plan["retirement"]},
-                    {"op": "replace", "path": "/status/conditions", "value": plan["conditions"]},
-                ],
-                content_type="application/json-patch+json",
+                body=wire.status_ops(
+                    body=attested,
+                    resource_version=str(attested["metadata"]["resourceVersion"]),
+                    conditions=plan["conditions"],
+                    # The record names the attestation relied on, verbatim (admission checks it):
+                    # this copy's own, not the victim's.
+                    retirement={**plan["retirement"], "attestation": attested["status"]["attestation"]},
+                ),
+                content_type=wire.JSON_PATCH,
             )
             if status != 200:
                 raise c.ApiError(status, "", data.decode(errors="replace"))
@@ -630,12 +658,6 @@ def measure_floor(
         f"resourceVersion; {connections} requests in flight on keep-alive connections; seconds = first send -> "
         "last answer, after Coroner finished in this same run",
     }
-
-
-def json_rv(data: bytes) -> str:
-    import json
-
-    return str(json.loads(data)["metadata"]["resourceVersion"])
 
 
 def draw(

@@ -95,7 +95,7 @@ def main() -> None:
                     "clientInstanceId": f"inst-{name}",
                 },
             }  # fmt: skip
-            created = admin.request("POST", c.registrations_path(NS), body=body)
+            created = c.create_admitted(admin, c.registrations_path(NS), body)
             return str(created["metadata"]["resourceVersion"])
 
         results: dict[str, Any] = {}

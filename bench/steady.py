@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/steady.py            # full: 10000 registrations, 5-minute window (~12 min)
     .venv/bin/python bench/steady.py --registrations 30000 --name steady-30k   # issue 14's second size
+    .venv/bin/python bench/steady.py --registrations 150000 --name steady-150k   # Kubernetes' limit, 100 nodes
     .venv/bin/python bench/steady.py --quick    # 2000 registrations, 2-minute window (~5 min)
     .venv/bin/python bench/steady.py --heartbeat   # registrations heartbeat every 30 s (before issue 14)
 
@@ -37,14 +38,26 @@ Measured over a window after everything settled (all R show Retirable=PidAlive) 
   `coroner_writes_per_worker_per_hour`. Nothing is created, dies or ends in the window, so every
   per-worker write in it is beyond a worker's lifecycle. With `--heartbeat` the benchmark's
   heartbeats are the launcher's writes and count as Coroner's here.
+
+After the window: the API server's and etcd's RSS (`control_plane_rss_mb`); `kubectl coroner plan -A`
+(`plan_seconds`, `plan_rss_mb`: its own peak RSS) and `kubectl get workerregistrations -A`
+(`kubectl_get_all_seconds`) as admin; the operator stopped and a fresh one started, seconds until
+its `coroner_registrations` gauges count every registration (`cold_start_seconds_to_all_decided`);
+then two replicas with `--leader-elect`, the leader SIGKILLed once it decided everything, seconds
+from the kill until the standby's gauges count every registration, its Lease expiry included
+(`takeover_seconds_to_all_decided`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import http.client
 import itertools
 import os
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -55,7 +68,7 @@ from typing import Any
 import harness as c
 import psutil
 
-from coroner.client.rest import upsert_lease
+from coroner.client.rest import leases_path, upsert_lease
 from coroner.core import api
 from coroner.core.wire import attestation_ops
 from coroner.launcher import probe_incarnation
@@ -69,7 +82,12 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--registrations", type=int, default=10000)
     parser.add_argument("--agent-workers", type=int, default=1000, help="real workers on node-1 (the real agent's)")
-    parser.add_argument("--nodes", type=int, default=10)
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        help="nodes (default: 10 up to 30,000 registrations, else one per 1,500 and at least 100: steady-150k)",
+    )
     parser.add_argument("--namespaces", type=int, default=10)
     parser.add_argument(
         "--heartbeat", action="store_true", help="registrations heartbeat (as before issue 14); default: none"
@@ -96,6 +114,8 @@ def parse_args() -> argparse.Namespace:
         args.registrations = min(args.registrations, 2000)
         args.window = min(args.window, 120.0)
         args.idle_seconds = min(args.idle_seconds, 10.0)
+    if args.nodes is None:
+        args.nodes = 10 if args.registrations <= 30000 else max(100, args.registrations // 1500)
     args.name = args.name or ("steady-quick" if args.quick else "steady")
     args.agent_workers = min(args.agent_workers, args.registrations)
     return args
@@ -296,7 +316,7 @@ def main() -> int:
             }
             if spec_interval is not None:
                 body["spec"]["heartbeat"] = {"intervalSeconds": spec_interval, "ttlSeconds": spec_ttl}
-            stored = creator.request("POST", c.registrations_path(namespace), body=body)
+            stored = c.create_admitted(creator, c.registrations_path(namespace), body)
             if args.heartbeat:  # the launcher's first heartbeat, right after the create
                 beat = {"status": {"lastHeartbeatTime": c.now_text()}}
                 stored = creator.request(
@@ -494,6 +514,32 @@ def main() -> int:
                 },
             }
         )
+        # After the window: what the API server and etcd hold, what reading everything costs a
+        # person (plan -A, kubectl get -A), and how long an operator takes to decide everything
+        # again from a cold start and after a leader takeover (everything already decided: the
+        # common restart, which writes nothing).
+        result["control_plane_rss_mb"] = {
+            started.name: round(psutil.Process(started.pid).memory_info().rss / 2**20, 1)
+            for started in bench.cluster.processes
+            if psutil.pid_exists(started.pid)
+        }
+        plan_seconds, plan_rss = timed_child(
+            [str(c.BIN / "kubectl-coroner"), "plan", "-A", f"--kubeconfig={bench.cluster.kubeconfig}"]
+        )
+        result["plan_seconds"], result["plan_rss_mb"] = plan_seconds, plan_rss
+        get_seconds, get_rss = timed_child(
+            [str(bench.cluster.binary("kubectl")), f"--kubeconfig={bench.cluster.kubeconfig}",
+             "get", api.PLURAL, "-A", "--no-headers"]
+        )  # fmt: skip
+        result["kubectl_get_all_seconds"], result["kubectl_get_all_rss_mb"] = get_seconds, get_rss
+        c.log(f"plan -A {plan_seconds} s / {plan_rss} MiB; kubectl get -A {get_seconds} s")
+        operator.stop()
+        result["cold_start_seconds_to_all_decided"] = cold_start(bench, args.registrations)
+        result["takeover_seconds_to_all_decided"], result["takeover"] = takeover(bench, args.registrations)
+        c.log(
+            f"cold start -> all decided {result['cold_start_seconds_to_all_decided']} s; "
+            f"takeover -> all decided {result['takeover_seconds_to_all_decided']} s"
+        )
         result["machine"]["load_during_run"] = bench.load.summary()
         if profile_path is not None:
             result["operator_profile"] = profile_path.summary()
@@ -505,6 +551,88 @@ def main() -> int:
     if result["plot"]:
         c.write_result(args.name, result)
     return 0
+
+
+def timed_child(argv: list[str]) -> tuple[float | None, float | None]:
+    """Runs `argv` (output discarded): its wall seconds and its own peak RSS (MiB, from wait4)."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    seconds = round(time.monotonic() - t0, 2)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        error = proc.stderr.read().decode(errors="replace")[-500:] if proc.stderr else ""
+        c.log(f"{argv[0]} failed ({proc.returncode}): {error}")
+        return None, None
+    return seconds, round(usage.ru_maxrss / 1024, 1)  # ru_maxrss is in KiB on Linux
+
+
+def decided(port: int) -> int:
+    """Registrations the operator on `port` has decided (its `coroner_registrations` gauges)."""
+    with contextlib.suppress(OSError, http.client.HTTPException):
+        metrics = c.scrape_operator(port)
+        return int(sum(v for k, v in metrics.items() if k.startswith("coroner_registrations{")))
+    return 0
+
+
+def wait_decided(port: int, registrations: int, *, since: float, timeout: float = 900.0) -> float | None:
+    deadline = since + timeout
+    while time.monotonic() < deadline:
+        if decided(port) >= registrations:
+            return round(time.monotonic() - since, 1)
+        time.sleep(0.5)
+    return None
+
+
+def cold_start(bench: c.Bench, registrations: int) -> float | None:
+    """A fresh operator process -> every registration decided (its gauges count all of them)."""
+    port = c.free_port()
+    t0 = time.monotonic()
+    operator = bench.start_operator(metrics_port=port)
+    try:
+        return wait_decided(port, registrations, since=t0)
+    finally:
+        operator.stop()
+
+
+def takeover(bench: c.Bench, registrations: int) -> tuple[float | None, dict[str, Any]]:
+    """Two replicas with --leader-elect; the leader, once it decided everything, is SIGKILLed (a
+    crash: its Lease is not given up); seconds from the kill until the standby decided everything
+    (its Lease expiry, default 15 s, included)."""
+    # The operator Lease the single replicas held (without --leader-elect it is written with a
+    # long duration, 180 s): a fresh pair of replicas is a new deployment, not a wait for it.
+    with contextlib.suppress(c.ApiError):
+        bench.admin.request("DELETE", leases_path(c.SYSTEM, api.OPERATOR_LEASE))
+    ports = [c.free_port(), c.free_port()]
+    replicas = [
+        bench.start_operator("--leader-elect", f"--leader-elect-identity=steady-{i}", metrics_port=port)
+        for i, port in enumerate(ports)
+    ]
+    try:
+        leader = None
+        deadline = time.monotonic() + 900
+        while leader is None and time.monotonic() < deadline:
+            for i, port in enumerate(ports):
+                with contextlib.suppress(OSError, http.client.HTTPException):
+                    if (
+                        c.scrape_operator(port).get("coroner_operator_leader", 0) == 1
+                        and decided(port) >= registrations
+                    ):
+                        leader = i
+            time.sleep(0.5)
+        if leader is None:
+            return None, {"error": "no replica led and decided everything within 900 s"}
+        standby = 1 - leader
+        t_kill = time.monotonic()
+        os.killpg(replicas[leader].pid, signal.SIGKILL)
+        seconds = wait_decided(ports[standby], registrations, since=t_kill)
+        return seconds, {
+            "how": "two replicas with --leader-elect (lease 15 s); the leader SIGKILLed once it had decided "
+            "everything; seconds from the kill until the standby's coroner_registrations count every registration",
+        }
+    finally:
+        for replica in replicas:
+            replica.stop()
 
 
 def goals(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
@@ -533,6 +661,22 @@ def goals(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         "measured": result["coroner_writes_per_node_per_second"],
         "met": result["coroner_writes_per_node_per_second"] <= 0.1,
         "issue": 14,
+    }
+    if args.registrations >= 150000:
+        out["operator_rss_le_1gb_at_150k"] = {"measured_mb": result["operator_rss_mb"], "met": rss <= 1024, "issue": 28}
+    for key, limit in (("cold_start_seconds_to_all_decided", 60), ("takeover_seconds_to_all_decided", 60)):
+        measured = result.get(key)
+        out[f"{key.removesuffix('_seconds_to_all_decided')}_decides_all_le_60s"] = {
+            "measured_seconds": measured,
+            "met": measured is not None and measured <= limit,
+            "issue": 28,
+        }
+    plan_seconds, plan_rss = result.get("plan_seconds"), result.get("plan_rss_mb")
+    out["plan_all_namespaces_le_90s_under_1_5gb"] = {
+        "measured_seconds": plan_seconds,
+        "measured_mb": plan_rss,
+        "met": plan_seconds is not None and plan_rss is not None and plan_seconds <= 90 and plan_rss <= 1536,
+        "issue": 28,
     }
     out["agent_rss_le_80mb"] = {"measured_mb": result["agent_rss_mb"], "met": agent_rss <= 80, "issue": 8}
     if args.agent_workers >= 1000:

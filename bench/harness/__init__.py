@@ -26,6 +26,7 @@ from harness.cluster import Watch as Watch
 from harness.cluster import apiserver_requests as apiserver_requests
 from harness.cluster import client as client
 from harness.cluster import create as create
+from harness.cluster import create_admitted as create_admitted
 from harness.cluster import diff_requests as diff_requests
 from harness.cluster import metrics_text as metrics_text
 from harness.cluster import operator_status_writes as operator_status_writes

@@ -28,7 +28,16 @@ if TYPE_CHECKING:
     from harness.cluster import Bench
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-RESULTS = REPO / "bench" / "results"
+#: Where results go; CORONER_BENCH_RESULTS redirects a quick run (a check, a trial) away from the
+#: committed results.
+RESULTS = pathlib.Path(os.environ.get("CORONER_BENCH_RESULTS") or REPO / "bench" / "results")
+
+
+def shown(path: pathlib.Path) -> str:
+    """`path` relative to the repository where it is inside it (results, profiles), else as is."""
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
 MANIFESTS = REPO / "manifests"
 BIN = pathlib.Path(sys.executable).parent
 REAL_BOOT_ID_FILE = pathlib.Path("/proc/sys/kernel/random/boot_id")
@@ -257,7 +266,7 @@ class Profile:
 
     def summary(self) -> dict[str, Any]:
         self.wait()
-        return {"file": str(self.path.relative_to(REPO)), **top_frames(self.path)}
+        return {"file": str(shown(self.path)), **top_frames(self.path)}
 
 
 def py_spy(bench: Bench, pid: int, *, name: str, seconds: float) -> Profile | None:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from coroner.core import model
-from harness.machine import REPO, RESULTS, log
+from harness.machine import RESULTS, log, shown
 
 
 def percentiles(values_s: Sequence[float]) -> dict[str, Any]:
@@ -41,7 +41,7 @@ def write_result(name: str, result: dict[str, Any]) -> pathlib.Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(result, indent=2, sort_keys=False) + "\n")
-    log(f"wrote {path.relative_to(REPO)}")
+    log(f"wrote {shown(path)}")
     return path
 
 
@@ -62,8 +62,8 @@ def plot(name: str, draw: Callable[[Any], None]) -> str | None:
         plt.savefig(path, dpi=110, bbox_inches="tight")
     finally:
         plt.close("all")
-    log(f"wrote {path.relative_to(REPO)}")
-    return str(path.relative_to(REPO))
+    log(f"wrote {shown(path)}")
+    return str(shown(path))
 
 
 def summarize(obj: dict[str, Any]) -> dict[str, Any]:

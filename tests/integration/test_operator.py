@@ -245,6 +245,86 @@ def test_grant_revoked_between_two_deaths(
         components.install(granted, grant=True)
 
 
+def _reviews_sent(cluster: Cluster) -> float:
+    """SelfSubjectAccessReviews the API server has answered so far (its own request counter)."""
+    text = kube.kubectl(cluster, "get", "--raw", "/metrics").stdout
+    pattern = r'^apiserver_request_total\{[^}]*resource="selfsubjectaccessreviews"[^}]*\} ([0-9.e+]+)$'
+    return sum(float(found) for found in re.findall(pattern, text, re.MULTILINE))
+
+
+def test_a_retirement_sends_no_review_and_a_revocation_bites_at_the_write(
+    granted: Cluster, agent_a: k8s.ApiClient, admin: k8s.ApiClient, namespace: str, tmp_path: pathlib.Path
+) -> None:
+    """The retire verb is enforced by admission on the retirement write itself: the operator asks
+    no review per retirement, and a revocation the periodic refresh has not seen yet (it runs once
+    an hour here) is found by the write's refusal and recorded as RetirePermissionMissing."""
+    config = components.operator_kubeconfig(granted)
+    argv = components.operator_argv(config, "--permission-refresh-seconds=3600")
+    with components.process(argv, log=tmp_path / "operator.log"):
+        _register(admin, namespace, "first", heartbeat_age=120)
+        components.attest(agent_a, namespace, "first")
+        kube.wait_for(lambda: components.retired(admin, namespace, "first"), what="first retired")
+        reviews = _reviews_sent(granted)
+        _register(admin, namespace, "second", heartbeat_age=120)
+        components.attest(agent_a, namespace, "second")
+        kube.wait_for(lambda: components.retired(admin, namespace, "second"), what="second retired")
+        assert _reviews_sent(granted) == reviews, "a retirement asked a SelfSubjectAccessReview"
+        kube.kubectl(granted, "delete", "clusterrolebinding", "coroner-operator-retire")
+        try:
+            _register(admin, namespace, "third", heartbeat_age=120)
+            components.attest(agent_a, namespace, "third")
+            kube.wait_for(
+                lambda: components.reason(admin, namespace, "third") == "RetirePermissionMissing", what="plan-only"
+            )
+            assert not components.retired(admin, namespace, "third")
+            logs = (tmp_path / "operator.log").read_text()
+            assert "cause=RetirePermissionMissing" in logs and "refused the retirement" in logs, logs[-3000:]
+        finally:
+            components.install(granted, grant=True)
+
+
+def _refused_status_patches(cluster: Cluster) -> float:
+    """Status PATCHes of registrations the API server answered 422, so far (its own counter)."""
+    text = kube.kubectl(cluster, "get", "--raw", "/metrics").stdout
+    found = 0.0
+    for line in text.splitlines():
+        if (
+            line.startswith("apiserver_request_total{")
+            and 'code="422"' in line
+            and 'resource="workerregistrations"' in line
+            and 'subresource="status"' in line
+            and 'verb="PATCH"' in line
+        ):
+            found += float(line.rsplit(" ", 1)[1])
+    return found
+
+
+def test_conditions_stuffed_to_the_crds_limit_back_off_instead_of_spinning(
+    granted: Cluster, agent_a: k8s.ApiClient, admin: k8s.ApiClient, namespace: str, tmp_path: pathlib.Path
+) -> None:
+    """A peer fills status.conditions up to the CRD's maxItems (16): the operator's conditions
+    write, which appends Attested and Retirable, is refused 422 though nothing moved. It must back
+    off (capped exponential) and say so, not re-read and write again at once."""
+    _register(admin, namespace, "stuffed")
+    stuffing = [
+        {"type": f"Peer{i}", "status": "True", "reason": "Stuffed", "message": "a peer's",
+         "lastTransitionTime": components.now_text()}
+        for i in range(16)
+    ]  # fmt: skip
+    kube.patch_status(admin, namespace, "stuffed", {"status": {"conditions": stuffing}})
+    before = _refused_status_patches(granted)
+    config = components.operator_kubeconfig(granted)
+    log = tmp_path / "operator.log"
+    with components.process(components.operator_argv(config), log=log):
+        kube.wait_for(lambda: _refused_status_patches(granted) > before, what="the first refused write")
+        first = _refused_status_patches(granted)
+        time.sleep(8)
+        refused = _refused_status_patches(granted) - first
+    assert refused <= 6, f"{refused} refused writes in 8 s: a hot loop, not a backoff"
+    text = log.read_text()
+    assert "refused though it had not moved" in text and "retry_in=" in text, text[-3000:]
+
+
 def _metric(port: int, name: str, labels: str = "") -> float:
     import urllib.request
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coroner.runtime.controller import Controller, Result, _Requeue, decorrelated_jitter
+from coroner.runtime.controller import Controller, Result, _Requeue, decorrelated_jitter, detach
 from coroner.runtime.timers import TimerHeap
 
 pytestmark = pytest.mark.unit
@@ -192,6 +192,46 @@ def test_a_gate_holds_every_reconcile_until_it_opens() -> None:
         open_.set()
         await controller.drain()
         assert seen == ["a"]
+        worker.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_a_detached_reconcile_frees_its_worker_and_still_counts_as_running() -> None:
+    """A reconcile that waits on a shared read (a retirement's fence) detaches: the worker takes the
+    next key, so the keys decided meanwhile join the same read; the detached one still holds its key
+    (no second reconcile of it at once), is drained, and its failure is retried with backoff."""
+    seen: list[str] = []
+    failures: list[str] = []
+    release = asyncio.Event()
+
+    async def reconcile(key: str) -> None:
+        seen.append(key)
+        if key.startswith("parked"):
+            detach()
+            await release.wait()
+            if key == "parked-failing":
+                raise ValueError(key)
+
+    async def scenario() -> None:
+        controller: Controller[str] = Controller(reconcile, on_failure=lambda k, e, d: failures.append(k), jitter=False)
+        worker = asyncio.create_task(controller.run_worker())  # one worker only
+        for key in ("parked", "parked-failing", "b"):
+            controller.enqueue(key)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert seen == ["parked", "parked-failing", "b"], "the one worker moved on past the detached reconciles"
+        controller.enqueue("parked")  # asked again while it runs: once more afterwards, never twice at once
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert seen.count("parked") == 1
+        drained = asyncio.ensure_future(controller.drain())
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not drained.done(), "drain waits for the detached reconciles"
+        release.set()
+        await drained
+        assert seen.count("parked") == 2 and failures == ["parked-failing"]
         worker.cancel()
 
     asyncio.run(scenario())

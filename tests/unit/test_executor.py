@@ -18,7 +18,7 @@ from coroner.core.model import format_time
 from coroner.core.world import World
 from coroner.retire import RetireOutcome
 from coroner_operator.app import Operator
-from coroner_operator.executor import RetireFailed
+from coroner_operator.executor import RetireFailed, WriteRefused
 from coroner_operator.metrics import Metrics
 from coroner_operator.settings import OperatorSettings
 from unit.builders import NAME, NAMESPACE, make_registration, shipped_admission_policies
@@ -115,9 +115,16 @@ def test_a_retirement_is_cached_counted_and_its_event_recorded() -> None:
 
 
 def test_a_revoked_permission_is_recorded_and_the_registration_decided_again() -> None:
-    op = operator(FakeKube(granted=True))
+    # The verb went since the namespace was last reviewed: the write itself is refused for it (no
+    # review is asked per retirement), in the API server's words for the capability policy.
+    message = (
+        'workerregistrations.coroner.dev "w" is forbidden: ValidatingAdmissionPolicy '
+        "'coroner-retire-requires-capability' with binding 'coroner-retire-requires-capability' denied request: "
+        "retiring needs the retire verb"
+    )
+    refusal = ApiError(403, "Forbidden", json.dumps({"kind": "Status", "message": message, "code": 403}))
+    op = operator(FakeKube(granted=True, patch_error=refusal))
     op.world.set_retire_permission(NAMESPACE, True)
-    op.kube.granted = False  # type: ignore[attr-defined]
     reconcile(op)
     assert op.world.retire_permission[NAMESPACE] is False
     assert sample(op, "coroner_retire_abandoned_total", {"cause": "RetirePermissionMissing"}) == 1
@@ -144,6 +151,38 @@ def test_a_conflict_reads_it_again(status: int, fresh: bool) -> None:
         assert op.controller.queue.pending == 1
     else:
         assert KEY not in op.world.bodies, "gone: forgotten"
+
+
+TOO_MANY = ApiError(
+    422,
+    "Invalid",
+    json.dumps(
+        {
+            "kind": "Status",
+            "reason": "Invalid",
+            "code": 422,
+            "message": (
+                'WorkerRegistration.coroner.dev "w" is invalid: status.conditions: Too many: 17: must have at most 16 items'
+            ),
+        }
+    ),
+)
+
+
+@pytest.mark.parametrize("verdict", ["Dead", "Alive"], ids=["retirement", "conditions"])
+def test_a_422_for_an_object_that_did_not_move_backs_off_instead_of_spinning(verdict: str) -> None:
+    """A peer stuffed the conditions up to the CRD's maxItems: every write that appends one is
+    refused 422 though nothing moved. Read again, the object is the one that was tested: not a
+    conflict, so it is not reconciled again at once (a hot loop) but raised for the runtime's
+    capped exponential backoff, logged and counted as a reconcile failure."""
+    body = make_registration(verdict=verdict, paths={"metadata.resourceVersion": "1000"})
+    op = operator(FakeKube(patch_error=TOO_MANY, fresh=body))
+    op.world.put_registration(body)
+    with pytest.raises(WriteRefused):
+        reconcile(op)
+    assert len(op.kube.patches) == 1  # type: ignore[attr-defined]
+    assert op.controller.queue.pending == 0, "not reconciled again at once"
+    assert sample(op, "coroner_cas_conflicts_total") == 0, "not a conflict"
 
 
 @pytest.mark.parametrize("error", [ApiError(500, "InternalError", "etcd"), ConnectionRefusedError("down")])

@@ -187,3 +187,41 @@ def test_every_answer_was_sent_no_earlier_than_its_callers_decision(steps: list[
         assert reads.most_in_flight <= 1
 
     asyncio.run(scenario())
+
+
+def test_the_next_read_waits_until_every_holder_of_the_last_one_released_it() -> None:
+    """Group commit, write phase included: callers holding a read's result (their retirement writes
+    in progress) keep the next read of the key unsent, so every decision made meanwhile joins one
+    batch; an isolated caller (nothing held) gets its read at once."""
+
+    async def scenario() -> None:
+        reads = Reads()
+        fresh: FreshRead[str, float] = FreshRead(reads.fetch, clock=reads.clock)
+        released = asyncio.Event()
+        answers: list[float] = []
+
+        async def writer(decided_at: float) -> None:
+            async with fresh.hold("ns", decided_at=decided_at) as value:
+                answers.append(value)
+                await released.wait()  # its write, in flight
+
+        reads.now = 1.0
+        first = asyncio.ensure_future(writer(0.5))
+        await settle()
+        reads.complete_oldest()
+        await settle()
+        assert answers == [1.0], "an isolated caller is answered by one read, sent at once"
+        reads.now = 2.0
+        late = [asyncio.ensure_future(fresh.get("ns", decided_at=1.5 + i / 10)) for i in range(3)]
+        await settle()
+        assert len(reads.sent) == 1, "no read is sent while the last one's holders write"
+        reads.now = 3.0
+        released.set()
+        await first
+        await settle()
+        assert reads.sent == [("ns", 1.0), ("ns", 3.0)], "one read for everything decided meanwhile"
+        reads.complete_oldest()
+        assert [await t for t in late] == [3.0, 3.0, 3.0]
+        assert fresh.requests == 2
+
+    asyncio.run(scenario())

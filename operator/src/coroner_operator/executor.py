@@ -5,14 +5,17 @@ retirement (the retire protocol, `coroner.retire`, over `OperatorPort`), and the
 terminal registration. Outcomes, one mapping each:
 
 * conditions write: 200 → the answer is cached (it is newer than the watch's copy); 404/409/422
-  (gone, or moved since it was read) → read it again: gone is forgotten, moved is reconciled again;
-  anything else raises (the runtime's backoff retries).
-* retirement: `RetireOutcome` → RETIRED is counted, logged and cached; PERMISSION_MISSING records
-  the namespace as not granted and reconciles again; REFUSED_BY_ADMISSION (a policy other than the
+  (gone, or moved since it was read) → read it again: gone is forgotten, moved is reconciled again,
+  and not moved at all (the write itself was refused: a 422 for the CRD's limits) raises
+  `WriteRefused`; anything else raises too (the runtime's capped backoff retries, never a hot loop).
+* retirement: `RetireOutcome` → RETIRED is counted, logged and cached; PERMISSION_MISSING (the write
+  refused for the missing `retire` verb, or the cached capability already revoked) records the
+  namespace as not granted and reconciles again; REFUSED_BY_ADMISSION (a policy other than the
   verb's refused the write: the grant stands) is counted and logged under its reason, written into
   Retirable (level-based: once per wording), and raises (`RetireFailed`, retried with backoff: the
   same write would be refused again now); LEASE_FENCE_MOVED and ABANDONED take the live Leases into
-  the cache and reconcile again; CONFLICT reads it again; UNREACHABLE and FAILED raise
+  the cache and reconcile again; CONFLICT reads it again (as a conditions
+  write's 404/409/422 does, with the same `WriteRefused` when it did not move); UNREACHABLE and FAILED raise
   (`RetireFailed`, retried with backoff).
 * delete: 200 counted; 404 (already gone: its watch event forgets it) and 409 (changed since the
   read: left alone, its own watch event brings it back) are not errors; anything else raises.
@@ -20,6 +23,7 @@ terminal registration. Outcomes, one mapping each:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import logging
@@ -37,7 +41,7 @@ from coroner_operator import step
 from coroner_operator.effects import Delete, Effects, Key, WriteConditions
 from coroner_operator.events import EventPoster
 from coroner_operator.freshread import FreshRead
-from coroner_operator.kubeapi import KubeApi
+from coroner_operator.kubeapi import KubeApi, describe
 from coroner_operator.metrics import DecisionGauge, Metrics
 
 logger = logging.getLogger("coroner.operator")
@@ -49,6 +53,12 @@ class RetireFailed(Exception):
     def __init__(self, result: RetireResult) -> None:
         super().__init__(result.detail)
         self.result = result
+
+
+class WriteRefused(Exception):
+    """A write answered 404/409/422 although the object, read again, is exactly the one it tested:
+    nothing moved, so the answer was a refusal (a schema limit, say), not a conflict. Raised for
+    the runtime's capped exponential backoff; reconciling again at once would only repeat it."""
 
 
 async def _port_call(call: Any) -> Any:
@@ -65,32 +75,40 @@ class OperatorPort(RetirePort):
     """The retire protocol's port for the operator, for the decisions made at `decided_at` (a
     `time.monotonic()` reading taken before the cache was read).
 
-    The namespace-wide capability and the Lease list are each read once for every retirement of the
-    namespace decided before the read was sent (`FreshRead`); only a "no" asks again for this one
-    name (grants scoped by resourceNames). Events go to the poster (aggregated under bursts)."""
+    The `retire` verb costs no request here: admission enforces it on the retirement write itself
+    (policy coroner-retire-requires-capability, and RBAC), so a review before the write would only
+    repeat it. `can_retire` answers from the namespace's cached capability (asked at the first
+    decision there and every `--permission-refresh-seconds` since); a revocation the cache has not
+    seen yet bites at the write, whose refusal is PERMISSION_MISSING.
+
+    The Lease fence is a live read, one per namespace for every retirement decided before it was
+    sent; each retirement holds that read until its write is answered (`holds`, closed by the
+    executor), so the next read goes out for the whole batch decided meanwhile (`FreshRead.hold`).
+    Events go to the poster (aggregated under bursts)."""
 
     def __init__(
         self,
         *,
         kube: KubeApi,
-        permission_reads: FreshRead[str, bool],
+        granted: Callable[[str], bool | None],
         lease_reads: FreshRead[str, list[dict[str, Any]]],
         events: EventPoster,
         decided_at: float,
     ) -> None:
         self.kube = kube
-        self.permission_reads = permission_reads
+        self.granted = granted
         self.lease_reads = lease_reads
         self.events = events
         self.decided_at = decided_at
+        self.holds = contextlib.AsyncExitStack()
+        """The reads this retirement acts on, held until its write is answered."""
 
     async def can_retire(self, *, namespace: str, name: str) -> bool | None:
-        if await self.permission_reads.get(namespace, decided_at=self.decided_at):
-            return True
-        return await self.kube.can_retire(namespace=namespace, name=name)
+        return self.granted(namespace)
 
     async def list_leases(self, *, namespace: str) -> Sequence[Mapping[str, Any]]:
-        result: list[dict[str, Any]] = await _port_call(self.lease_reads.get(namespace, decided_at=self.decided_at))
+        held = self.lease_reads.hold(namespace, decided_at=self.decided_at)
+        result: list[dict[str, Any]] = await _port_call(self.holds.enter_async_context(held))
         return result
 
     async def patch_status(self, *, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
@@ -122,9 +140,8 @@ class Executor:
         self.enqueue = enqueue
         self.retirer = Retirer(name=identity)
         self.clock = clock
-        # Right before a retirement: the namespace-wide capability and the Lease fence, each read
-        # once for every retirement in the namespace decided before the read started.
-        self.permission_reads: FreshRead[str, bool] = FreshRead(lambda ns: self.kube.can_retire(namespace=ns))
+        # Right before a retirement: the Lease fence, read once for every retirement in the namespace
+        # decided before the read started (and held by each until its write is answered).
         self.lease_reads: FreshRead[str, list[dict[str, Any]]] = FreshRead(
             lambda ns: self.kube.list_leases(namespace=ns)
         )
@@ -147,12 +164,13 @@ class Executor:
         if effects.retire is not None:
             port = OperatorPort(
                 kube=self.kube,
-                permission_reads=self.permission_reads,
+                granted=self.world.retire_permission.get,
                 lease_reads=self.lease_reads,
                 events=self.events,
                 decided_at=decided_at,
             )
-            result = await retire(port, effects.retire, retirer=self.retirer, clock=self.clock)
+            async with port.holds:
+                result = await retire(port, effects.retire, retirer=self.retirer, clock=self.clock)
             await self._retired(key, effects.retire, result)
 
     # --- conditions ----------------------------------------------------------------------------
@@ -162,21 +180,31 @@ class Executor:
             patched = await self.kube.patch_status(namespace=key[0], name=key[1], ops=[dict(op) for op in write.ops])
         except ApiError as exc:
             if exc.status in (404, 409, 422):
-                await self.reread(key)
+                await self.reread(key, tested=write.resource_version, refusal=exc)
                 return
             raise
         self.metrics.status_writes.labels("conditions").inc()
         self.world.observe_registration(patched)
 
-    async def reread(self, key: Key) -> None:
-        """After a write refused for moving: the object as it is now, reconciled again (or forgotten)."""
+    async def reread(self, key: Key, *, tested: str | None = None, refusal: Exception | None = None) -> None:
+        """After a write refused for moving: the object as it is now, reconciled again (or forgotten).
+
+        If it did not move (still at `tested`, the resourceVersion the write tested), the write was
+        refused for what it said, not for a conflict — a 422 for the CRD's limits (conditions at
+        maxItems), say: the same write would be refused again, so `WriteRefused` is raised for the
+        runtime's capped backoff (logged and counted as a reconcile failure) instead of a hot loop."""
         fresh = await self.kube.get_registration(namespace=key[0], name=key[1])
         if fresh is None:
             self.world.forget_registration(key)
             self.gauge.set(key, None)
-        else:
-            self.world.observe_registration(fresh)
-            self.enqueue(key)
+            return
+        self.world.observe_registration(fresh)
+        if tested is not None and str((fresh.get("metadata") or {}).get("resourceVersion")) == tested:
+            raise WriteRefused(
+                f"the write to workerregistration {key[0]}/{key[1]} at resourceVersion {tested} was refused "
+                f"though it had not moved: {describe(refusal) if refusal is not None else 'no answer'}"
+            )
+        self.enqueue(key)
 
     # --- the retirement ------------------------------------------------------------------------
 
@@ -189,7 +217,8 @@ class Executor:
             self._count_retirement(key, registration, result)
             return
         if outcome is RetireOutcome.PERMISSION_MISSING:
-            # Revoked since the namespace was last checked (or admission refused the write: 403).
+            # Revoked since the namespace was last checked: admission refused the write (its policy
+            # for the verb, or RBAC's 403), or the periodic refresh saw it first.
             self.world.set_retire_permission(namespace, False)
             self.metrics.retire_abandoned.labels(outcome.value).inc()
             logger.info(
@@ -206,12 +235,12 @@ class Executor:
                 logger.info("retire abandoned workerregistration=%s/%s cause=%s", namespace, name, outcome.value)
             self.enqueue(key)
         elif outcome is RetireOutcome.CONFLICT:
-            self.metrics.cas_conflicts.inc()
             logger.info(
                 "retire conflict workerregistration=%s/%s status=%s resourceVersion=%s: re-reading",
                 namespace, name, result.error.status if result.error else None, registration.resource_version,
             )  # fmt: skip
-            await self.reread(key)
+            await self.reread(key, tested=registration.resource_version, refusal=result.error)
+            self.metrics.cas_conflicts.inc()  # it moved (reread raises when it did not)
         else:  # UNREACHABLE, FAILED: retried with backoff
             raise RetireFailed(result)
 

@@ -12,6 +12,7 @@ import os
 import pathlib
 import signal
 import socket
+import sys
 import time
 import uuid
 from typing import Any
@@ -66,7 +67,7 @@ def build_registry(
         kube = KubeApi(Rest.default(kubeconfig, user_agent="coroner-operator", pool_size=16))
         identity = await _whoami(kube)
         operator = Operator(
-            world=World(system_namespace=settings_.system_namespace),
+            world=World(system_namespace=settings_.system_namespace, intern=sys.intern),
             kube=kube,
             policy=policy,
             metrics=metrics,

@@ -4,22 +4,25 @@ Two facts, each asked for before the first decision that needs it and again ever
 `interval_seconds`; a flip reconciles what it may change, so no restart is ever needed:
 
 * the ``retire`` verb, per namespace: the first reconcile in a namespace asks (`ensure`), a flip (a
-  grant, or a revocation) reconciles that namespace again. The retire protocol asks once more right
-  before each write, so a revocation never waits for this loop.
+  grant, or a revocation) reconciles that namespace again. A revocation never waits for this loop:
+  admission enforces the verb on the retirement write itself, and the executor records its refusal
+  as the capability gone (no review is asked per retirement).
 * the admission policies and bindings (the API server's half of every safety rule): listed, and compared by content with what
   the manifests ship (`coroner.core.admission_digest.compare`). While one is missing or differs, or
   they cannot be read (unknown is never intact), every decision that would retire says
   AdmissionPoliciesUnverified instead: the operator fails closed. Any change (what is missing or
   differing, or restored) reconciles every registration again. Right before each retirement the
-  reconciler asks once more (`admission_verified`: a read sent after the decision, shared by every
-  retirement decided before it), so nothing is retired once a weakening is visible in the API.
+  reconciler asks once more (`admission_held`: a read sent after the decision, shared by every
+  retirement decided before it and held by each until its write is answered, so a burst of deaths
+  costs one read per batch), so nothing is retired once a weakening is visible in the API.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 
 from coroner.core import admission_digest, api
 from coroner.core.model import Key
@@ -91,6 +94,14 @@ class PermissionRefresher:
         why = await self._admission_reads.get("", decided_at=decided_at)
         self._record(why)
         return not why
+
+    @contextlib.asynccontextmanager
+    async def admission_held(self, *, decided_at: float) -> AsyncIterator[bool]:
+        """`admission_verified`, and the next read waits until this caller (a retirement, whose
+        write happens inside the block) leaves it: the reads form batches (`FreshRead.hold`)."""
+        async with self._admission_reads.hold("", decided_at=decided_at) as why:
+            self._record(why)
+            yield not why
 
     async def _read_admission(self, _: str) -> tuple[str, ...]:
         """What keeps the policies from being verified (empty: nothing); never raises."""

@@ -14,7 +14,7 @@ Three phases, one module each:
 1. **gather** (here): the facts from the cache (`World.facts_for`) plus the two live reads the
    decision may need — the namespace's ``retire`` capability the first time it is seen (and the
    admission policies before the first decision, `PermissionRefresher.ensure`, and again right
-   before a retirement, `PermissionRefresher.admission_verified`), and a
+   before a retirement, `PermissionRefresher.admission_held`), and a
    live GET of a Node missing from the cache once its quarantine ended (like the pod garbage
    collector: only a 404, or another UID, counts as the Node being gone);
 2. **decide** (`coroner_operator.step.reconcile`): pure, returns `Effects`;
@@ -32,7 +32,7 @@ from coroner.core import model
 from coroner.core.decision import NodeFacts, Policy
 from coroner.core.model import Key
 from coroner.core.world import World
-from coroner.runtime.controller import Result
+from coroner.runtime.controller import Result, detach
 from coroner_operator import step
 from coroner_operator.effects import Effects
 from coroner_operator.executor import Executor
@@ -69,12 +69,20 @@ class Reconciler:
         while True:
             decided_at = self.monotonic()  # before the cache is read: the retire fence's reads come after it
             effects = await self.effects(key)
-            # A retirement waits for a read of the admission policies sent after its decision; one
-            # that finds them weakened is recorded, and the registration decided again from it.
             if effects is None or effects.retire is None:
                 break
-            if await self.permissions.admission_verified(decided_at=decided_at):
-                break
+            # A retirement waits for reads shared with every retirement decided meanwhile (the
+            # admission policies here, the Lease fence in the executor): its worker goes on to the
+            # next key, so a burst of deaths is one batch per read, not one per worker.
+            detach()
+            # The admission policies, read after the decision; one that finds them weakened is
+            # recorded, and the registration decided again from it. The read is held until the
+            # write is answered, so the next read serves the whole batch decided meanwhile.
+            async with self.permissions.admission_held(decided_at=decided_at) as verified:
+                if verified:
+                    self.gauge.set(key, effects.reason)
+                    await self.executor.run(effects, decided_at=decided_at)
+                    return Result(requeue_at=effects.requeue_at)
         if effects is None:
             self.gauge.set(key, None)
             return Result()

@@ -14,6 +14,9 @@ unexpected error), and this runtime owns everything around it —
   (the last delay repeats). The random source is `rng` (seeded in tests);
 * leadership: with a `gate`, workers take and reconcile keys only while it is open (awaited before
   each reconcile): a standby keeps its queue and caches warm but writes nothing;
+* detaching: a reconcile that is about to wait on something shared with other keys (a batch's
+  read) may `detach()`: its worker takes the next key at once, while the reconcile runs on as its
+  own task and still holds its key (never reconciled twice at once, drained, retried on failure);
 * alarms: one named timer per token (e.g. an agent Lease's expiry) that calls back when due and
   that a later `alarm` for the same token moves (earlier or later).
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import datetime
 import random
@@ -37,6 +41,22 @@ from coroner.runtime.workqueue import KeyedQueue
 K = TypeVar("K", bound=Hashable)
 
 _IDLE_SECONDS = 3600.0
+
+#: Inside a reconcile run by a worker: the future that frees that worker (see `detach`).
+_FREE_WORKER: contextvars.ContextVar[asyncio.Future[None] | None] = contextvars.ContextVar(
+    "coroner_free_worker", default=None
+)
+
+
+def detach() -> None:
+    """From inside a reconcile: let its worker take the next key while this reconcile goes on.
+
+    For a reconcile about to wait on a read shared with other keys' reconciles: without it, the
+    read's batch could never be larger than the number of workers. A no-op outside a worker (a
+    reconcile called directly, as tests and the simulation do)."""
+    free = _FREE_WORKER.get()
+    if free is not None and not free.done():
+        free.set_result(None)
 
 
 def utcnow() -> datetime.datetime:
@@ -88,6 +108,7 @@ class Controller(Generic[K]):
         self._alarms: dict[Hashable, Callable[[], None]] = {}
         self._failures: dict[K, tuple[int, float | None]] = {}  # attempts so far, the last delay
         self._wakeup = asyncio.Event()
+        self._running: set[asyncio.Future[None]] = set()  # reconciles in progress, detached or not
 
     # --- asking for work -------------------------------------------------------------------------
 
@@ -146,20 +167,37 @@ class Controller(Generic[K]):
             if self._gate is not None:
                 await self._gate()
             key = await self.queue.get()
+            free: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            task = asyncio.ensure_future(self._reconcile_one(key, free))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
             try:
-                if self._gate is not None:
-                    await self._gate()  # leadership may have been lost while waiting for a key
-                result = await self._reconcile(key)
+                await free
             except asyncio.CancelledError:
+                # Stopping: the reconciles this runtime started go too, detached ones included
+                # (as one running in the worker itself always did).
+                for running in list(self._running):
+                    running.cancel()
                 raise
-            except Exception as exc:
-                self._failed(key, exc)
-            else:
-                self._failures.pop(key, None)
-                if result is not None and result.requeue_at is not None:
-                    self.requeue_at(key, result.requeue_at)
-            finally:
-                self.queue.done(key)
+
+    async def _reconcile_one(self, key: K, free: asyncio.Future[None]) -> None:
+        _FREE_WORKER.set(free)  # this task's own context: `detach` frees exactly this worker
+        try:
+            if self._gate is not None:
+                await self._gate()  # leadership may have been lost while waiting for a key
+            result = await self._reconcile(key)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._failed(key, exc)
+        else:
+            self._failures.pop(key, None)
+            if result is not None and result.requeue_at is not None:
+                self.requeue_at(key, result.requeue_at)
+        finally:
+            self.queue.done(key)
+            if not free.done():
+                free.set_result(None)
 
     async def drain(self) -> None:
         """Waits until the queue is empty and nothing is being reconciled."""
