@@ -1,8 +1,10 @@
 """Virtual time: seconds (a float) since a fixed epoch; each component reads it through its own skew.
 
-The production code reads the wall clock in two places the simulation drives (the agent's
-attestation time, and its confirmation timer): `installed()` points those at the component whose
-code is running (`CURRENT`), for the duration of a batch, and puts the real ones back after.
+The operator is given its clock (`dt` of the trial's loop time plus its skew) and its loop (`sim.loop`).
+The agent's service still reads the wall clock and the running loop's timer itself, in two places
+(its attestation time, and its confirmation timer): until it takes them as arguments, `installed()`
+points those two names of `coroner_agent.service` at the agent whose code is running (`CURRENT`), for
+the duration of a batch, and puts the real ones back after.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from sim import memo
-from sim.prod import agent_service, model, retire_protocol
+from sim.prod import agent_service, model
 
 EPOCH = datetime.datetime(2026, 12, 1, 12, 0, 0, tzinfo=datetime.UTC)
 
@@ -73,36 +75,6 @@ class _SimAsyncio(types.SimpleNamespace):
 _asyncio_module = _SimAsyncio(get_running_loop=lambda: _SimLoop())
 
 
-async def _gather_in_order(*awaitables: Any, return_exceptions: bool = False) -> list[Any]:
-    """`asyncio.gather` for requests that answer at once (the simulation's ports): each awaited in
-    turn, in the order a loop would have started them; with `return_exceptions`, an exception is a result."""
-    results: list[Any] = []
-    for awaitable in awaitables:
-        try:
-            results.append(await awaitable)
-        except Exception as exc:
-            if not return_exceptions:
-                raise
-            results.append(exc)
-    return results
-
-
-#: asyncio as the retire protocol sees it in the simulation: its `gather` needs no event loop, so a
-#: whole `retire(...)` runs as one `send` (`run_now`); everything else is the real module.
-_retire_asyncio = _SimAsyncio(gather=_gather_in_order)
-
-
-def run_now(coroutine: Any) -> Any:
-    """Run a coroutine that never waits (the simulation's ports answer at once) to its end, with
-    no event loop: one `send`. A coroutine that does wait is a change the simulation must model."""
-    try:
-        coroutine.send(None)
-    except StopIteration as done:
-        return done.value
-    coroutine.close()
-    raise RuntimeError("a coroutine driven by the simulation waited on something: model it (sim/clock.py)")
-
-
 #: parse_registration results by the identity of the (immutable) body parsed; see `installed`.
 PARSED: dict[int, tuple[Any, Any]] = {}
 _parse = model.parse_registration
@@ -124,16 +96,14 @@ def installed(*, memos: bool = True) -> Iterator[None]:
     Also memoizes `model.parse_registration` by the identity of the body: the model API server's
     bodies are immutable, the parse is pure, and the agent, the operator and the oracles parse
     the very same objects (the trial clears the memo, which also keeps each body alive while its
-    id is a key). With `memos`, the pure functions of `sim.memo` are memoized by value too; the
-    retire protocol's `asyncio.gather` answers without an event loop (`run_now`)."""
-    saved = agent_service.datetime, agent_service.asyncio, retire_protocol.asyncio, model.parse_registration
+    id is a key). With `memos`, the pure functions of `sim.memo` are memoized by value too."""
+    saved = agent_service.datetime, agent_service.asyncio, model.parse_registration
     agent_service.datetime = _datetime_module  # type: ignore[assignment]
     agent_service.asyncio = _asyncio_module  # type: ignore[assignment]
-    retire_protocol.asyncio = _retire_asyncio  # type: ignore[assignment]
     model.parse_registration = _memo_parse  # type: ignore[assignment]
     try:
         with memo.installed() if memos else contextlib.nullcontext():
             yield
     finally:
-        agent_service.datetime, agent_service.asyncio, retire_protocol.asyncio, model.parse_registration = saved
+        agent_service.datetime, agent_service.asyncio, model.parse_registration = saved
         PARSED.clear()

@@ -9,6 +9,7 @@ CPython: see docs/simulation.md, "The scale goals"), `CORONER_SIM_JOBS` its proc
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 
@@ -254,6 +255,36 @@ def test_every_fault_and_sieve_pattern_is_drawn() -> None:
     assert any(k.startswith("sieve:unobserved") for k in stats)
     assert sum(1 for label in NOTIFICATIONS if stats.get(f"sieve:time_travel:{label}:retirement")) >= 4
     assert not summary["failures"], summary["failures"][:3]
+
+
+def test_a_retirement_refused_by_admission_is_handled_by_the_production_executor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Seed 22 without faults: one worker, killed, retired by the one operator. Here an admission
+    # policy refuses every retirement (in kube-apiserver's words): the operator's executor says so
+    # in Retirable (RetireRefusedByAdmission) and keeps the registration, as it does in a cluster.
+    said = "held by the test"
+    denial = (
+        'workerregistrations.coroner.dev "w0" is forbidden: ValidatingAdmissionPolicy '
+        f"'coroner-retire-requires-evidence' with binding 'coroner-retire-requires-evidence' denied request: {said}"
+    )
+    patch = Server.patch
+
+    def refusing(server: Server, identity: str, kind: str, namespace: str, name: str, ops: list[Any],
+                 **kwargs: Any) -> dict[str, Any]:  # fmt: skip
+        if any(op.get("path") == "/status/retirement" for op in ops):
+            raise SimApiError(422, "Invalid", denial)
+        return patch(server, identity, kind, namespace, name, ops, **kwargs)
+
+    monkeypatch.setattr(Server, "patch", refusing)
+    with run.installed():
+        trial = run.one(22, faults=())
+    body = trial.server.objects[("wreg", "jobs", "w0")]
+    conditions = {c["type"]: c for c in body["status"]["conditions"]}
+    assert conditions["Retirable"]["reason"] == "RetireRefusedByAdmission", conditions["Retirable"]
+    assert said in conditions["Retirable"]["message"]
+    assert "retirement" not in body["status"]
+    assert trial.stats["operator:coroner_retire_abandoned:RetireRefusedByAdmission"] >= 1
 
 
 @pytest.mark.parametrize("seed", sorted(REGRESSIONS) or [pytest.param(0, marks=pytest.mark.skip("none"))])

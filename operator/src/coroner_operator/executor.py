@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -113,6 +114,7 @@ class Executor:
         enqueue: Callable[[Key], None],
         identity: str,
         clock: Callable[[], datetime.datetime],
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.world = world
         self.kube = kube
@@ -124,9 +126,11 @@ class Executor:
         self.clock = clock
         # Right before a retirement: the namespace-wide capability and the Lease fence, each read
         # once for every retirement in the namespace decided before the read started.
-        self.permission_reads: FreshRead[str, bool] = FreshRead(lambda ns: self.kube.can_retire(namespace=ns))
+        self.permission_reads: FreshRead[str, bool] = FreshRead(
+            lambda ns: self.kube.can_retire(namespace=ns), clock=monotonic
+        )
         self.lease_reads: FreshRead[str, list[dict[str, Any]]] = FreshRead(
-            lambda ns: self.kube.list_leases(namespace=ns)
+            lambda ns: self.kube.list_leases(namespace=ns), clock=monotonic
         )
         # Terminal registrations kept for lack of a parsable time, by the resourceVersion last logged.
         self._kept_logged: dict[Key, str | None] = {}

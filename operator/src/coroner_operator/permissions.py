@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping
 
 from coroner.core import admission_digest, api
@@ -43,6 +44,7 @@ class PermissionRefresher:
         node_evidence: bool = False,
         identity: str = "",
         verified: Callable[[bool], None] = lambda _: None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.kube = kube
         self.world = world
@@ -60,7 +62,7 @@ class PermissionRefresher:
         """Told after each read whether the policies are verified (the operator's gauge)."""
         self._admission_checked = False
         self._admission_lock = asyncio.Lock()
-        self._admission_reads: FreshRead[str, tuple[str, ...]] = FreshRead(self._read_admission)
+        self._admission_reads: FreshRead[str, tuple[str, ...]] = FreshRead(self._read_admission, clock=monotonic)
 
     async def ensure(self, namespace: str) -> None:
         """Asks what was never asked before a decision needs it (an answer, even "unknown")."""

@@ -289,12 +289,20 @@ def leases_path(namespace: str, name: str | None = None) -> str:
 
 
 def upsert_lease(
-    client: Rest, *, namespace: str, name: str, holder: str, duration: int, annotations: dict[str, str]
+    client: Rest,
+    *,
+    namespace: str,
+    name: str,
+    holder: str,
+    duration: int,
+    annotations: dict[str, str],
+    now: datetime.datetime | None = None,
 ) -> None:
-    """Creates or renews a Lease (the agent's liveness, the operator's own heartbeat): renewTime now,
-    the given holder and duration, annotations merged. The renewal is a PUT carrying the
-    resourceVersion read: a compare-and-swap, so a concurrent writer makes it fail, not vanish."""
-    now = datetime.datetime.now(datetime.UTC)
+    """Creates or renews a Lease (the agent's liveness, the operator's own heartbeat): renewTime `now`
+    (the wall clock by default), the given holder and duration, annotations merged. The renewal is a
+    PUT carrying the resourceVersion read: a compare-and-swap, so a concurrent writer makes it fail,
+    not vanish."""
+    now = now if now is not None else datetime.datetime.now(datetime.UTC)
     try:
         lease = client.request("GET", leases_path(namespace, name))
     except ApiError as exc:
