@@ -100,12 +100,12 @@ class SimRest:
                               resource_version=preconditions.get("resourceVersion", ""))  # fmt: skip
                 return {}
         elif path.startswith(_LEASES):
-            namespace, _plural, *name = path[len(_LEASES) :].split("/")
-            if method == "GET" and not name:
+            namespace, _plural, *named = path[len(_LEASES) :].split("/")
+            if method == "GET" and not named:
                 items, rv = server.list("lease", lambda b: (b.get("metadata") or {}).get("namespace") == namespace)
                 return {"items": items, "metadata": {"resourceVersion": str(rv)}}
             if method == "GET":
-                return server.get("lease", namespace, name[0])
+                return server.get("lease", namespace, named[0])
             if method == "POST":
                 return server.create(self.identity, "lease", body)
             if method == "PUT":
