@@ -282,33 +282,10 @@ def digests(
 ) -> dict[tuple[str, str], str]:
     """(kind, name) -> digest of every admission policy and binding among `documents`."""
     return {
-        key(document): _stored_digest(document, system_namespace=system_namespace, name_prefix=name_prefix)
+        key(document): digest(document, system_namespace=system_namespace, name_prefix=name_prefix)
         for document in documents
         if isinstance(document, Mapping) and document.get("kind") in _ESSENTIAL_SPEC
     }
-
-
-#: Digests of objects as an API server stored them, by (kind, uid, resourceVersion, namespace,
-#: prefix): the server gives an object a new resourceVersion at every change, so one version has one
-#: content. The operator compares the same few unchanged objects every few seconds; this is what
-#: makes that a lookup (about 1.6 ms of hashing each time otherwise). Bounded by `_STORED_MAX`.
-_STORED: dict[tuple[str, str, str, str, str], str] = {}
-_STORED_MAX: Final = 4096
-
-
-def _stored_digest(document: Mapping[str, Any], *, system_namespace: str, name_prefix: str) -> str:
-    meta = document.get("metadata")
-    uid = meta.get("uid") if isinstance(meta, Mapping) else None
-    version = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
-    if not isinstance(uid, str) or not isinstance(version, str) or not uid or not version:
-        return digest(document, system_namespace=system_namespace, name_prefix=name_prefix)
-    stored = (str(document.get("kind")), uid, version, system_namespace, name_prefix)
-    found = _STORED.get(stored)
-    if found is None:
-        if len(_STORED) >= _STORED_MAX:
-            _STORED.clear()
-        found = _STORED[stored] = digest(document, system_namespace=system_namespace, name_prefix=name_prefix)
-    return found
 
 
 def with_node_loss(document: Mapping[str, Any]) -> dict[str, Any]:
