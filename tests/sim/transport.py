@@ -133,7 +133,7 @@ class Latency:
 
     async def run(self, call: Callable[[], T]) -> T:
         future: asyncio.Future[T] = self.loop.create_future()
-        view_rv = _retirement_view()
+        view_rv = _retirement_view() if _is_patch(call) else None
 
         def arrive() -> None:
             if future.cancelled():
@@ -156,6 +156,12 @@ class Latency:
 
 
 _RETIRE_CODE = retire_protocol.retire.__code__
+
+
+def _is_patch(call: Callable[[], Any]) -> bool:
+    """Whether `call` is a PATCH (`KubeApi` hands `Rest.request` over as a partial: method first)."""
+    args = getattr(call, "args", ())
+    return bool(args) and args[0] == "PATCH"
 
 
 def _retirement_view() -> int | None:
