@@ -2,22 +2,23 @@
 
 Each runs production code for everything it decides and every shape it writes, and owns only the
 I/O around it — which in the simulation is a call on the model API server, delayed by the API
-latency, and dropped if the component crashed meanwhile (each component has an `epoch`; a crash
-bumps it, and every callback scheduled by an older epoch is a no-op).
+latency, and dropped if the component crashed meanwhile.
 
+- `SimOperator`: the production operator, whole (`coroner_operator.app.Operator`), on the trial's
+  virtual-time loop (`sim.loop`), its `KubeApi` over the model API server (`sim.transport`); a
+  crash ends its `Owner`, and nothing of that life runs again.
 - `SimAgent`: the production `coroner_agent.service.Agent` (its watch handlers, `attestation_for`,
   `_confirmed` and `needs_write`), the production probe (`coroner_agent.probe.probe`, `PidIndex`,
   `PidfdTable`, `LocalNode.read`) over a `SimProcReader`, and the production `attestation_ops`.
   What is the sim's own: `Agent.attest`'s four lines of I/O (it is async and calls the network
-  inline), the prober's bookkeeping (`ProcProber` opens a real /proc), and the Lease body.
-- `SimOperator`: the production `World` cache, `decide`, `status.desired_conditions`,
-  `conditions_ops`, `retirement_ops`; the reconcile flow around them mirrors
-  `coroner_operator.reconciler.Reconciler.reconcile` (the effects-as-data step of issue 15 will
-  replace `SimOperator.reconcile` and `_retire`: see docs/simulation.md).
+  inline), the prober's bookkeeping (`ProcProber` opens a real /proc), the Lease body, and the
+  agent's queue and timers (each component has an `epoch`; a crash bumps it, and every callback
+  scheduled by an older epoch is a no-op). To be driven as `SimOperator` is once the agent is a
+  step and an executor over an API port (docs/simulation.md).
 - `Worker`: records its incarnation with the production `procfs.incarnation_from` over its own
   /proc texts, says goodbye with the production `wire.release_apply`.
 - `Human`: `kubectl coroner apply`'s production `plan.build_world`, `fingerprint.decide_all`, `candidates`
-  and `retirement_patch`.
+  and the one retire protocol (a task on the trial's loop).
 """
 
 from __future__ import annotations
