@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -69,16 +69,9 @@ class SimRest:
         """The resourceVersion the request's writer decided on (the oracles' record, never sent)."""
         self.events = 0
 
-    def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Mapping[str, Any] | None = None,
-        body: Any = None,
-        content_type: str | None = None,
-        timeout: float | None = None,
-    ) -> dict[str, Any]:
+    def request(self, method: str, path: str, *, body: Any = None, **_: Any) -> dict[str, Any]:
+        """`Rest.request`: the query, content type and timeout change nothing here (every status
+        write is a JSON patch, as `KubeApi` sends it)."""
         try:
             return self._answer(method, path, body)
         except SimApiError as exc:
