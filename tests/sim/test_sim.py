@@ -8,6 +8,7 @@ CPython: see docs/simulation.md, "The scale goals"), `CORONER_SIM_JOBS` its proc
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any
 
@@ -15,6 +16,7 @@ import pytest
 
 from sim import run
 from sim.apiserver import Server, SimApiError, Watcher
+from sim.loop import ROOT, Owner, SimLoop
 from sim.mutants import MUTANTS
 from sim.trial import COUNTERS, FAULTS, NOTIFICATIONS
 
@@ -233,6 +235,33 @@ def test_the_holder_of_a_root_namespace_pid_may_live_in_a_child_namespace() -> N
     assert node.holder(ns=ROOT_NS, ns_pid=303) is child
     assert node.holder(ns=CHILD_NS_POOL[0], ns_pid=child.ns_pid) is child
     assert node.holder(ns=CHILD_NS_POOL[1], ns_pid=child.ns_pid) is None
+
+
+# --- the loop ----------------------------------------------------------------------------------
+
+
+def test_the_loop_runs_in_virtual_time_and_drops_every_callback_of_a_dead_owner() -> None:
+    loop, seen = SimLoop(), []
+    owner = Owner("operator")
+
+    async def component() -> None:
+        seen.append(("slept", loop.time()))
+        await asyncio.sleep(5.0)
+        seen.append(("woke", loop.time()))  # never: its owner died at 3 s
+        await asyncio.sleep(1.0)
+
+    async def request_in_flight() -> None:
+        future = loop.create_future()
+        loop.call_later(4.0, future.set_result, "answer")  # scheduled in the owner's context
+        seen.append(("answered", await future))
+
+    loop.start(owner, component())
+    loop.start(owner, request_in_flight())
+    loop.call_at(3.0, lambda: setattr(owner, "alive", False), context=ROOT)
+    loop.call_at(7.0, lambda: seen.append(("trial", loop.time())), context=ROOT)
+    loop.run_until(10.0)
+    assert seen == [("slept", 0.0), ("trial", 7.0)]
+    assert loop.time() == 10.0 and not loop.errors
 
 
 # --- the simulation ------------------------------------------------------------------------------
