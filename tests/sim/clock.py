@@ -1,20 +1,19 @@
 """Virtual time: seconds (a float) since a fixed epoch; each component reads it through its own skew.
 
-The agent takes its clock as a parameter (`SimAgent.clock`) and asks for its timers as data
-(`AgentEffects.requeue_at`): nothing of it is patched here.
+The operator is given its clock (`dt` of the trial's loop time plus its skew) and its loop
+(`sim.loop`). The agent takes its clock as a parameter (`SimAgent.clock`) and asks for its timers as
+data (`AgentEffects.requeue_at`): nothing of either is patched here.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import datetime
-import types
 from collections.abc import Iterator
 from typing import Any
 
 from sim import memo
-from sim.prod import model, retire_protocol
+from sim.prod import model
 
 EPOCH = datetime.datetime(2026, 12, 1, 12, 0, 0, tzinfo=datetime.UTC)
 
@@ -36,41 +35,15 @@ def iso(t: float, *, fraction: bool = True) -> str:
     return model.format_time(dt(t), fraction=fraction)
 
 
-class _SimAsyncio(types.SimpleNamespace):
-    """asyncio with some names replaced (everything else is the real module)."""
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(asyncio, name)
-
-
-async def _gather_in_order(*awaitables: Any, return_exceptions: bool = False) -> list[Any]:
-    """`asyncio.gather` for requests that answer at once (the simulation's ports): each awaited in
-    turn, in the order a loop would have started them; with `return_exceptions`, an exception is a result."""
-    results: list[Any] = []
-    for awaitable in awaitables:
-        try:
-            results.append(await awaitable)
-        except Exception as exc:
-            if not return_exceptions:
-                raise
-            results.append(exc)
-    return results
-
-
-#: asyncio as the retire protocol sees it in the simulation: its `gather` needs no event loop, so a
-#: whole `retire(...)` runs as one `send` (`run_now`); everything else is the real module.
-_retire_asyncio = _SimAsyncio(gather=_gather_in_order)
-
-
 def run_now(coroutine: Any) -> Any:
-    """Run a coroutine that never waits (the simulation's ports answer at once) to its end, with
-    no event loop: one `send`. A coroutine that does wait is a change the simulation must model."""
+    """Run a coroutine that never waits (a port that answers at once) to its end, with no event
+    loop: one `send`. A coroutine that does wait belongs on the trial's loop (`sim.loop`)."""
     try:
         coroutine.send(None)
     except StopIteration as done:
         return done.value
     coroutine.close()
-    raise RuntimeError("a coroutine driven by the simulation waited on something: model it (sim/clock.py)")
+    raise RuntimeError("a coroutine driven by the simulation waited on something: run it on the trial's loop")
 
 
 #: parse_registration results by the identity of the (immutable) body parsed; see `installed`.
@@ -92,14 +65,12 @@ def installed(*, memos: bool = True) -> Iterator[None]:
     """Memoizes `model.parse_registration` by the identity of the body: the model API server's
     bodies are immutable, the parse is pure, and the agent, the operator and the oracles parse
     the very same objects (the trial clears the memo, which also keeps each body alive while its
-    id is a key). With `memos`, the pure functions of `sim.memo` are memoized by value too; the
-    retire protocol's `asyncio.gather` answers without an event loop (`run_now`)."""
-    saved = retire_protocol.asyncio, model.parse_registration
-    retire_protocol.asyncio = _retire_asyncio  # type: ignore[assignment]
+    id is a key). With `memos`, the pure functions of `sim.memo` are memoized by value too."""
+    saved = model.parse_registration
     model.parse_registration = _memo_parse  # type: ignore[assignment]
     try:
         with memo.installed() if memos else contextlib.nullcontext():
             yield
     finally:
-        retire_protocol.asyncio, model.parse_registration = saved
+        model.parse_registration = saved
         PARSED.clear()

@@ -2,23 +2,22 @@
 
 Each runs production code for everything it decides and every shape it writes, and owns only the
 I/O around it — which in the simulation is a call on the model API server, delayed by the API
-latency, and dropped if the component crashed meanwhile (each component has an `epoch`; a crash
-bumps it, and every callback scheduled by an older epoch is a no-op).
+latency, and dropped if the component crashed meanwhile.
 
+- `SimOperator`: the production operator, whole (`coroner_operator.app.Operator`), on the trial's
+  virtual-time loop (`sim.loop`), its `KubeApi` over the model API server (`sim.transport`); a
+  crash ends its `Owner`, and nothing of that life runs again.
 - `SimAgent`: the production `coroner_agent.service.Agent` (its watch handlers, its reconciler's
   gather and pure step, its executor over `SimAgentPort`, its clock injected), the production probe
   (`coroner_agent.probe.probe`, `PidIndex`, `PidfdTable`, `LocalNode.read`) over a `SimProcReader`.
-  What is the sim's own: the scheduling (the API latency between the step and the executor), the
-  prober's bookkeeping (`ProcProber` opens a real /proc), and its port's Lease upsert (the
-  transport of `coroner.client.rest.upsert_lease`).
-- `SimOperator`: the production `World` cache, `decide`, `status.desired_conditions`,
-  `conditions_ops`, `retirement_ops`; the reconcile flow around them mirrors
-  `coroner_operator.reconciler.Reconciler.reconcile` (the effects-as-data step of issue 15 will
-  replace `SimOperator.reconcile` and `_retire`: see docs/simulation.md).
+  What is the sim's own: the scheduling (the API latency between the step and the executor; each
+  agent has an `epoch`, a crash bumps it, and every callback scheduled by an older epoch is a
+  no-op), the prober's bookkeeping (`ProcProber` opens a real /proc), and its port's Lease upsert
+  (the transport of `coroner.client.rest.upsert_lease`).
 - `Worker`: records its incarnation with the production `procfs.incarnation_from` over its own
   /proc texts, says goodbye with the production `wire.release_apply`.
 - `Human`: `kubectl coroner apply`'s production `plan.build_world`, `fingerprint.decide_all`, `candidates`
-  and `retirement_patch`.
+  and the one retire protocol (a task on the trial's loop).
 """
 
 from __future__ import annotations
@@ -26,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import random
 import tempfile
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from sim import kernel
 from sim.apiserver import SimApiError, Watcher
 from sim.clock import dt, run_now
+from sim.loop import Owner
 from sim.prod import (
     AgentEffects,
     ApiError,
@@ -44,12 +45,15 @@ from sim.prod import (
     cli_plan,
     fingerprint,
     model,
-    operator_inputs,
-    operator_step,
+    operator_app,
+    operator_kubeapi,
+    operator_metrics,
+    operator_settings,
     procfs,
     retire_protocol,
     wire,
 )
+from sim.transport import Latency, SimRest
 
 if TYPE_CHECKING:
     from sim.trial import Trial
@@ -395,11 +399,19 @@ class SimAgent:
 # --- the operator ------------------------------------------------------------------------------
 
 
+#: The operator's settings in every trial (the shipped defaults but where a trial is too short for
+#: them: terminal registrations are kept, so the oracles see every one to the end).
+OPERATOR_SETTINGS = operator_settings.OperatorSettings(
+    resync_seconds=60.0, permission_refresh_seconds=5.0, terminal_retention_seconds=0
+)
+
+
 class SimOperator:
-    """The operator: its production `World` fed by the production `WatchInputs`, the production
-    reconcile step, and the production retire protocol; the sim owns the runtime around them (the
-    queue, the timers and alarms, the sweep, the capability refresh) and `Executor.run`'s mapping
-    of outcomes, each in a few lines below."""
+    """The production operator (`coroner_operator.app.Operator`: its runtime, watch inputs,
+    reconciler, step, executor, retire protocol, permission refresher, sweeper and Event poster),
+    run on the trial's loop with the ports the simulation owns: its `KubeApi` talks to the model API
+    server through `SimRest` and `Latency`, its clock is the trial's plus its skew, its backoff
+    draws from the seed, and the model watches feed its `WatchInputs` as kopf's handlers do."""
 
     def __init__(self, trial: Trial, name: str, *, skew: float = 0.0, lag: float = 0.05) -> None:
         self.trial = trial
@@ -412,96 +424,83 @@ class SimOperator:
         self.writes = 0
         self.crash_after_write: int | None = None
         self.watches: list[Watcher] = []
-        self.policy = Policy()
+        self.owner: Owner | None = None
 
     def now(self) -> float:
         return self.trial.now + self.skew
 
     def clock(self) -> datetime.datetime:
-        return dt(self.now())
-
-    def later(self, delay: float, fn: Callable[[], None]) -> None:
-        epoch = self.epoch
-
-        def run() -> None:
-            if self.up and self.epoch == epoch:
-                fn()
-
-        self.trial.at(self.trial.now + max(0.0, delay), run)
+        return dt(self.trial.now + self.skew)
 
     def start(self, *, cap: int | None = None) -> None:
         self.epoch += 1
         self.up = True
-        self.world = World()
-        self.queued: set[tuple[str, str]] = set()
-        self.alarms: dict[Any, float] = {}
-        self.timer_due: dict[tuple[str, str], float] = {}
-        self.inputs = operator_inputs.WatchInputs(
-            world=self.world,
-            controller=self,
-            executor=self,
-            gauge=self,
-            clock=self.clock,  # type: ignore[arg-type]
+        trial = self.trial
+        self.owner = owner = Owner(self.name)
+        self.context = owner.context()
+        self.rest = SimRest(trial.server, identity=self.identity, wrote=self._wrote)
+        kube = operator_kubeapi.KubeApi(
+            self.rest,  # type: ignore[arg-type]
+            blocking=Latency(trial.loop, self.rest, latency=trial.latency),
+            clock=self.clock,
         )
+        self.operator = operator_app.Operator(
+            world=World(),
+            kube=kube,
+            policy=Policy(),
+            metrics=operator_metrics.Metrics(process_collectors=False),
+            settings=OPERATOR_SETTINGS,
+            identity=self.identity,
+            clock=self.clock,
+            monotonic=trial.loop.time,
+            rng=random.Random(trial.rng.random()),
+        )
+        self.inputs = self.operator.inputs
         self.watches = [
-            Watcher(self.trial.server, name=f"{self.name}-wreg", kind="wreg", selector=lambda b: True, lag=self.lag,
+            Watcher(trial.server, name=f"{self.name}-wreg", kind="wreg", selector=lambda b: True, lag=self.lag,
                     on_event=self.on_registration, on_relist=self.on_relist),
-            Watcher(self.trial.server, name=f"{self.name}-lease", kind="lease", selector=lambda b: True, lag=self.lag,
+            Watcher(trial.server, name=f"{self.name}-lease", kind="lease", selector=lambda b: True, lag=self.lag,
                     on_event=self.on_lease, on_relist=self.on_lease_relist),
         ]  # fmt: skip
         for watch in self.watches:
             watch.cap = cap
-            self.trial.server.watchers.append(watch)
+            trial.server.watchers.append(watch)
             watch.start()
-        self.later(60.0, self.sweep)
-        self.later(5.0, self.refresh_permission)
+        for loop in self.operator.loops():
+            trial.loop.start(owner, loop)
 
     def crash(self) -> None:
         if not self.up:
             return
         self.up = False
         self.epoch += 1
+        self.harvest()
+        assert self.owner is not None
+        self.owner.alive = False  # its tasks, timers and requests in flight never run again
         for watch in self.watches:
             watch.stop()
 
-    # --- what WatchInputs needs of the runtime, the executor and the gauge ----------------------
+    def harvest(self) -> None:
+        """This life's counts of what the production executor did, into the trial's stats."""
+        stats = self.trial.stats
+        metrics = self.operator.metrics
+        for counter in (metrics.retirements, metrics.retire_abandoned, metrics.cas_conflicts,
+                        metrics.reconcile_errors, metrics.status_writes):  # fmt: skip
+            for family in counter.collect():
+                for sample in family.samples:
+                    if sample.name.endswith("_total") and sample.value:
+                        label = next(iter(sample.labels.values()), "")
+                        stats[f"operator:{family.name}" + (f":{label}" if label else "")] += int(sample.value)
+        stats["events"] += self.rest.events
 
-    def enqueue(self, key: tuple[str, str]) -> None:
-        if key in self.queued:
-            return
-        self.queued.add(key)
-
-        def run() -> None:
-            self.queued.discard(key)
-            self.reconcile(key)
-
-        self.later(0.001, run)
-
-    def alarm(self, token: Any, when: datetime.datetime, fire: Callable[[], None]) -> None:
-        at = (when - dt(0)).total_seconds() - self.skew  # the true time at which this clock reads `when`
-        self.alarms[token] = at
-
-        def ring() -> None:
-            if self.alarms.get(token) == at:
-                del self.alarms[token]
-                fire()
-
-        self.later(at - self.trial.now + 0.001, ring)
-
-    def cancel_alarm(self, token: Any) -> None:
-        self.alarms.pop(token, None)
-
-    def forget(self, key: tuple[str, str]) -> None:
-        """Executor.forget: nothing is kept per key here."""
-
-    def set(self, key: tuple[str, str], reason: Any) -> None:
-        """DecisionGauge.set: the sim keeps no gauge."""
-
-    # --- inputs: the production WatchInputs (plus Sieve's time-travel trigger) ------------------
+    # --- the watches: what kopf's handlers hand to WatchInputs (plus Sieve's time-travel trigger) ---
 
     def on_relist(self, items: list[dict[str, Any]]) -> None:
+        self.context.run(self._relist, items)
+
+    def _relist(self, items: list[dict[str, Any]]) -> None:
         listed = {_key(body) for body in items}
-        for key, body in list(self.world.bodies.items()):
+        for key, body in list(self.operator.world.bodies.items()):
             if key not in listed:
                 self.inputs.on_registration(body, deleted=True)
         for body in items:
@@ -512,119 +511,19 @@ class SimOperator:
         rv = _rv(body)
         if travel is not None and travel[0] is self and self.trial.labels.get(rv) == travel[1]:
             self.trial.at(self.trial.now, lambda: self.trial.time_travel(rv))
-        self.inputs.on_registration(body, deleted=etype == "DELETED")
+        self.context.run(self.inputs.on_registration, body, deleted=etype == "DELETED")
 
     def on_lease_relist(self, items: list[dict[str, Any]]) -> None:
         for body in items:
-            self.inputs.on_lease(body, deleted=False)
+            self.context.run(self.inputs.on_lease, body, deleted=False)
 
     def on_lease(self, etype: str, body: dict[str, Any]) -> None:
-        self.inputs.on_lease(body, deleted=etype == "DELETED")
-
-    # --- the runtime's timers and services ------------------------------------------------------
-
-    def schedule(self, key: tuple[str, str], when: float) -> None:
-        at = when - self.skew
-        due = self.timer_due.get(key)
-        if due is not None and due <= at and due > self.trial.now:
-            return
-        self.timer_due[key] = at
-
-        def fire() -> None:
-            if self.timer_due.get(key) == at:
-                del self.timer_due[key]
-                self.enqueue(key)
-
-        self.later(at - self.trial.now + 0.001, fire)
-
-    def sweep(self) -> None:
-        for key in list(self.world.bodies):
-            self.enqueue(key)
-        self.later(60.0, self.sweep)
-
-    def refresh_permission(self) -> None:
-        """PermissionRefresher.refresh: a flip of the retire capability re-queues the namespace."""
-        for namespace in self.world.namespaces():
-            if self.world.set_retire_permission(namespace, self.trial.server.holds_retire(self.identity)):
-                for key in self.world.keys_in_namespace(namespace):
-                    self.enqueue(key)
-        self.later(5.0, self.refresh_permission)
-
-    # --- the reconcile: the production step, its Effects run as Executor.run runs them ----------
-
-    def reconcile(self, key: tuple[str, str]) -> None:
-        self.trial.stats["reconciles"] += 1
-        body = self.world.bodies.get(key)
-        if body is None:
-            return
-        registration = self.world.parsed[key]
-        now = self.clock()
-        namespace = key[0]
-        if not registration.terminal and namespace not in self.world.retire_permission:  # PermissionRefresher.ensure
-            self.world.set_retire_permission(namespace, self.trial.server.holds_retire(self.identity))
-        facts = self.world.facts_for(key, now=now)
-        effects = operator_step.reconcile(
-            body=body, registration=registration, facts=facts, policy=self.policy, now=now, retention_seconds=0
-        )
-        if effects.write_conditions is not None:
-            ops = [dict(op) for op in effects.write_conditions.ops]
-            self.trial.stats["operator_writes_sent"] += 1
-            self.later(self.trial.latency(), lambda: self._write_conditions(key, ops))
-        if effects.retire is not None:
-            intent = effects.retire
-            # Steps 1-2 of the retire protocol are requests: they answer one round trip later.
-            self.later(self.trial.latency(), lambda: self._run_retire(key, intent))
-        if effects.requeue_at is not None:
-            self.schedule(key, (effects.requeue_at - dt(0)).total_seconds())
-
-    def _write_conditions(self, key: tuple[str, str], ops: list[dict[str, Any]]) -> None:
-        try:
-            patched = self.trial.server.patch(self.identity, "wreg", key[0], key[1], ops)
-        except SimApiError as exc:
-            if exc.status in (404, 409, 422):
-                self.trial.stats["cas_conflicts"] += 1
-                self._reread(key)
-                return
-            raise
-        self.world.observe_registration(patched)
-        self._wrote()
-
-    def _run_retire(self, key: tuple[str, str], intent: Any) -> None:
-        port = _RetirePort(self.trial, self.identity, view_rv=int(intent.resource_version or 0))
-        retirer = retire_protocol.Retirer(name=self.identity)
-        result = run_now(retire_protocol.retire(port, intent, retirer=retirer, clock=self.clock))
-        outcome = result.outcome
-        self.trial.stats[f"retire:{outcome.value}"] += 1
-        if outcome is retire_protocol.RetireOutcome.RETIRED:
-            self.world.observe_registration(result.patched)
-            self._wrote()
-        elif outcome is retire_protocol.RetireOutcome.PERMISSION_MISSING:
-            self.world.set_retire_permission(key[0], False)
-            self.enqueue(key)
-        elif outcome in (retire_protocol.RetireOutcome.LEASE_FENCE_MOVED, retire_protocol.RetireOutcome.ABANDONED):
-            self.world.replace_leases(key[0], dict(result.leases or {}))
-            self.enqueue(key)
-        elif outcome is retire_protocol.RetireOutcome.CONFLICT:
-            self.trial.stats["cas_conflicts"] += 1
-            self._reread(key)
-        else:  # UNREACHABLE, FAILED: the runtime retries with backoff
-            self.later(1.0, lambda: self.enqueue(key))
+        self.context.run(self.inputs.on_lease, body, deleted=etype == "DELETED")
 
     def _wrote(self) -> None:
         self.writes += 1
         if self.crash_after_write is not None and self.writes == self.crash_after_write:
             self.trial.sieve_crash(self)
-
-    def _reread(self, key: tuple[str, str]) -> None:
-        """Executor.reread: a GET without a resourceVersion (a quorum read: fresh even from a lagging
-        API server, whose watch cache serves the stale lists and events)."""
-        try:
-            fresh = self.trial.server.get("wreg", key[0], key[1])
-        except SimApiError:
-            self.world.forget_registration(key)
-            return
-        self.world.observe_registration(fresh)
-        self.enqueue(key)
 
 
 class _RetirePort:
@@ -776,5 +675,8 @@ class Human:
             )
             retirer = retire_protocol.Retirer(name="human", writer=wire.Writer.PERSON, via="kubectl coroner apply")
             port = _RetirePort(self.trial, "human", view_rv=int(registration.resource_version or 0))
-            result = run_now(retire_protocol.retire(port, intent, retirer=retirer, clock=lambda: dt(self.trial.now)))
-            self.trial.stats[f"human:{result.outcome.value}"] += 1
+            self.trial.loop.start(None, self._retire(port, intent, retirer))
+
+    async def _retire(self, port: _RetirePort, intent: Any, retirer: Any) -> None:
+        result = await retire_protocol.retire(port, intent, retirer=retirer, clock=lambda: dt(self.trial.now))
+        self.trial.stats[f"human:{result.outcome.value}"] += 1

@@ -6,7 +6,8 @@ the simulation that changes. Nothing here is a copy: each name is the shipped ob
 
 from __future__ import annotations
 
-# The operator: its watch inputs, its reconcile step (effects as data), the one retire protocol.
+# The operator as shipped (`app.Operator`: runtime, watch inputs, reconciler, step, executor), its
+# API client (`kubeapi.KubeApi`, over the simulation's transport), and the one retire protocol.
 from coroner import retire as retire_protocol
 
 # `kubectl coroner apply`: the human's compare-and-swap retirement.
@@ -27,8 +28,10 @@ from coroner.core.world import World, lease_facts
 from coroner_agent import probe as agent_probe
 from coroner_agent import service as agent_service
 from coroner_agent.effects import AgentEffects
-from coroner_operator import inputs as operator_inputs
-from coroner_operator import step as operator_step
+from coroner_operator import app as operator_app
+from coroner_operator import kubeapi as operator_kubeapi
+from coroner_operator import metrics as operator_metrics
+from coroner_operator import settings as operator_settings
 
 __all__ = [
     "AgentEffects",
@@ -54,8 +57,10 @@ __all__ = [
     "lease_expiry",
     "lease_facts",
     "model",
-    "operator_inputs",
-    "operator_step",
+    "operator_app",
+    "operator_kubeapi",
+    "operator_metrics",
+    "operator_settings",
     "procfs",
     "retire_protocol",
     "wire",

@@ -8,12 +8,15 @@ CPython: see docs/simulation.md, "The scale goals"), `CORONER_SIM_JOBS` its proc
 
 from __future__ import annotations
 
+import asyncio
 import os
+from typing import Any
 
 import pytest
 
 from sim import run
 from sim.apiserver import Server, SimApiError, Watcher
+from sim.loop import ROOT, Owner, SimLoop
 from sim.mutants import MUTANTS
 from sim.trial import COUNTERS, FAULTS, NOTIFICATIONS
 
@@ -234,6 +237,33 @@ def test_the_holder_of_a_root_namespace_pid_may_live_in_a_child_namespace() -> N
     assert node.holder(ns=CHILD_NS_POOL[1], ns_pid=child.ns_pid) is None
 
 
+# --- the loop ----------------------------------------------------------------------------------
+
+
+def test_the_loop_runs_in_virtual_time_and_drops_every_callback_of_a_dead_owner() -> None:
+    loop, seen = SimLoop(), []
+    owner = Owner("operator")
+
+    async def component() -> None:
+        seen.append(("slept", loop.time()))
+        await asyncio.sleep(5.0)
+        seen.append(("woke", loop.time()))  # never: its owner died at 3 s
+        await asyncio.sleep(1.0)
+
+    async def request_in_flight() -> None:
+        future = loop.create_future()
+        loop.call_later(4.0, future.set_result, "answer")  # scheduled in the owner's context
+        seen.append(("answered", await future))
+
+    loop.start(owner, component())
+    loop.start(owner, request_in_flight())
+    loop.call_at(3.0, lambda: setattr(owner, "alive", False), context=ROOT)
+    loop.call_at(7.0, lambda: seen.append(("trial", loop.time())), context=ROOT)
+    loop.run_until(10.0)
+    assert seen == [("slept", 0.0), ("trial", 7.0)]
+    assert loop.time() == 10.0 and not loop.errors
+
+
 # --- the simulation ------------------------------------------------------------------------------
 
 
@@ -254,6 +284,36 @@ def test_every_fault_and_sieve_pattern_is_drawn() -> None:
     assert any(k.startswith("sieve:unobserved") for k in stats)
     assert sum(1 for label in NOTIFICATIONS if stats.get(f"sieve:time_travel:{label}:retirement")) >= 4
     assert not summary["failures"], summary["failures"][:3]
+
+
+def test_a_retirement_refused_by_admission_is_handled_by_the_production_executor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Seed 22 without faults: one worker, killed, retired by the one operator. Here an admission
+    # policy refuses every retirement (in kube-apiserver's words): the operator's executor says so
+    # in Retirable (RetireRefusedByAdmission) and keeps the registration, as it does in a cluster.
+    said = "held by the test"
+    denial = (
+        'workerregistrations.coroner.dev "w0" is forbidden: ValidatingAdmissionPolicy '
+        f"'coroner-retire-requires-evidence' with binding 'coroner-retire-requires-evidence' denied request: {said}"
+    )
+    patch = Server.patch
+
+    def refusing(server: Server, identity: str, kind: str, namespace: str, name: str, ops: list[Any],
+                 **kwargs: Any) -> dict[str, Any]:  # fmt: skip
+        if any(op.get("path") == "/status/retirement" for op in ops):
+            raise SimApiError(422, "Invalid", denial)
+        return patch(server, identity, kind, namespace, name, ops, **kwargs)
+
+    monkeypatch.setattr(Server, "patch", refusing)
+    with run.installed():
+        trial = run.one(22, faults=())
+    body = trial.server.objects[("wreg", "jobs", "w0")]
+    conditions = {c["type"]: c for c in body["status"]["conditions"]}
+    assert conditions["Retirable"]["reason"] == "RetireRefusedByAdmission", conditions["Retirable"]
+    assert said in conditions["Retirable"]["message"]
+    assert "retirement" not in body["status"]
+    assert trial.stats["operator:coroner_retire_abandoned:RetireRefusedByAdmission"] >= 1
 
 
 @pytest.mark.parametrize("seed", sorted(REGRESSIONS) or [pytest.param(0, marks=pytest.mark.skip("none"))])

@@ -10,7 +10,6 @@ liveness oracle once the tail has run.
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import json
 import random
 from collections import Counter
@@ -21,6 +20,7 @@ from sim import kernel, memo
 from sim.apiserver import Key, Server, released, retired
 from sim.clock import PARSED, dt
 from sim.components import LEASE_SECONDS, Human, SimAgent, SimOperator, Worker
+from sim.loop import ROOT, SimLoop
 from sim.prod import Evidence, Policy, Verdict, model
 
 #: Every fault a trial may draw; `Trial.faults` is the list a seed drew (empty: none).
@@ -88,10 +88,7 @@ class Trial:
     def __init__(self, seed: int, *, faults: tuple[str, ...] | None = None, trace: bool = False) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
-        self.now = 0.0
-        self.steps = 0
-        self._queue: list[tuple[float, int, Callable[[], None]]] = []
-        self._seq = 0
+        self.loop = SimLoop()
         self.trace: list[str] | None = [] if trace else None
         self.stats: Counter[str] = Counter()
         self.violations: list[Violation] = []
@@ -111,18 +108,24 @@ class Trial:
 
     # --- the scheduler -------------------------------------------------------------------------
 
+    @property
+    def now(self) -> float:
+        """True virtual time (seconds since the trial's start): the loop's clock."""
+        return self.loop._now
+
+    @property
+    def steps(self) -> int:
+        return self.loop.steps
+
     def at(self, when: float, fn: Callable[[], None]) -> None:
-        self._seq += 1
-        heapq.heappush(self._queue, (max(when, self.now), self._seq, fn))
+        """Calls `fn` at `when`, as the trial's own step (no component's life ends it)."""
+        self.loop.call_at(when, fn, context=ROOT)
 
     def run(self, until: float) -> None:
-        queue = self._queue
-        while queue and queue[0][0] <= until:
-            when, _, fn = heapq.heappop(queue)
-            self.now = when
-            self.steps += 1
-            fn()
-        self.now = until
+        self.loop.run_until(until)
+        if self.loop.errors:
+            error = self.loop.errors[0]
+            raise RuntimeError(f"seed {self.seed}: {error.get('message')}") from error.get("exception")
 
     def latency(self) -> float:
         extra = self.rng.random() * 2.0 if self.now < self.lag_until else 0.0
@@ -664,6 +667,9 @@ class Trial:
         while self.now < end and not self.settled():
             self.run(min(end, self.now + 2.0))
         self.liveness()
+        for op in self.operators:
+            if op.up:
+                op.harvest()
         for verb, count in self.server.counts.items():
             self.stats[f"api:{verb}"] += count
         if self.server.counts.get("refused:evidence"):

@@ -162,6 +162,33 @@ def test_refresh_asks_for_the_admission_policies_each_time() -> None:
     assert kube.lists == 2
 
 
+def _versioned(documents: list[dict[str, Any]], version: str) -> list[dict[str, Any]]:
+    """The objects as the API server stores them: each with a uid and a resourceVersion."""
+    for index, document in enumerate(documents):
+        document["metadata"].update(uid=f"uid-{index}", resourceVersion=version)
+    return documents
+
+
+def test_an_unchanged_listing_is_not_digested_again_and_a_new_version_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    compared: list[int] = []
+    compare = ad.compare
+    monkeypatch.setattr(ad, "compare", lambda listed, **kw: compared.append(1) or compare(listed, **kw))
+    world, enqueued = world_with(*KEYS), []
+    kube = FakeKube(_versioned(served(), "1"))
+    r = refresher(kube, world, enqueued)
+    asyncio.run(r.refresh_admission())
+    asyncio.run(r.refresh_admission())
+    assert (kube.lists, len(compared), world.admission_unverified) == (2, 1, ())
+    kube.listed = _versioned(served(warn=BINDING), "2")  # weakened: the server gave it a new version
+    asyncio.run(r.refresh_admission())
+    assert len(compared) == 2
+    assert world.admission_unverified == (f"{BINDING[0]}/{BINDING[1]} (differs)",)
+    kube.listed = served(warn=BINDING)  # without versions (not as a server lists): compared every time
+    asyncio.run(r.refresh_admission())
+    asyncio.run(r.refresh_admission())
+    assert len(compared) == 4
+
+
 def test_ensure_reads_them_once_before_the_first_decision_even_when_asked_at_once() -> None:
     kube = FakeKube(served(without=BINDING))
     world = world_with(*KEYS)

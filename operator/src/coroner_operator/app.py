@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import datetime
 import logging
+import random
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -51,6 +53,8 @@ class Operator:
         settings: OperatorSettings,
         identity: str = "unknown",
         clock: Callable[[], datetime.datetime] = utcnow,
+        monotonic: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
     ) -> None:
         self.world = world
         self.kube = kube
@@ -77,6 +81,7 @@ class Operator:
             backoff=settings.error_backoff,
             on_failure=self._failed,
             clock=clock,
+            rng=rng,
             gate=None if self.elector is None else self.elector.wait_leader,
         )
         self.events = EventPoster(
@@ -96,6 +101,7 @@ class Operator:
             node_evidence=admission_digest.uses_node_evidence(policy),
             identity=identity,
             verified=lambda verified: metrics.admission_verified.set(1 if verified else 0),
+            monotonic=monotonic,
         )
         self.executor = Executor(
             world=world,
@@ -106,6 +112,7 @@ class Operator:
             enqueue=self.controller.enqueue,
             identity=identity,
             clock=clock,
+            monotonic=monotonic,
         )
         self.reconciler = Reconciler(
             world=world,
@@ -116,6 +123,7 @@ class Operator:
             permissions=self.permissions,
             gauge=self.gauge,
             clock=clock,
+            monotonic=monotonic,
         )
         self.sweeper = Sweeper(
             world=world,

@@ -27,6 +27,7 @@ import contextlib
 import dataclasses
 import datetime
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -131,6 +132,7 @@ class Executor:
         enqueue: Callable[[Key], None],
         identity: str,
         clock: Callable[[], datetime.datetime],
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.world = world
         self.kube = kube
@@ -143,7 +145,7 @@ class Executor:
         # Right before a retirement: the Lease fence, read once for every retirement in the namespace
         # decided before the read started (and held by each until its write is answered).
         self.lease_reads: FreshRead[str, list[dict[str, Any]]] = FreshRead(
-            lambda ns: self.kube.list_leases(namespace=ns)
+            lambda ns: self.kube.list_leases(namespace=ns), clock=monotonic
         )
         # Terminal registrations kept for lack of a parsable time, by the resourceVersion last logged.
         self._kept_logged: dict[Key, str | None] = {}

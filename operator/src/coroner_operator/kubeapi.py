@@ -1,8 +1,10 @@
 """The operator's only door to the API server besides kopf's watches.
 
 Blocking HTTP calls (`coroner.client.rest`, JSON over urllib3: see there why not the kubernetes package)
-run in a bounded thread pool so that the event loop (and with it every watch) never stalls on one
-slow request. Each method is one API request; the reconciler composes them.
+run in a bounded thread pool (`ThreadPool`, the default `Blocking`) so that the event loop (and with it
+every watch) never stalls on one slow request. Each method is one API request; the reconciler composes
+them. The deterministic simulation (tests/sim) gives a `Rest` over its model API server and a
+`Blocking` that answers in virtual time: everything else here is what it runs.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ import functools
 import logging
 import uuid
 from collections.abc import Callable
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 from coroner.client.rest import ApiError, Rest, leases_path, registrations_path, upsert_lease
 from coroner.core import admission_digest, api, wire
 from coroner.core.wire import JSON_PATCH
 from coroner.retire import PortError
+from coroner.runtime.controller import utcnow
 
 T = TypeVar("T")
 
@@ -36,22 +39,51 @@ assert tuple(ADMISSION_RESOURCES) == admission_digest.KINDS
 logger = logging.getLogger("coroner.operator")
 
 
+class Blocking(Protocol):
+    """How a blocking call of the client is awaited without stalling the event loop."""
+
+    async def run(self, call: Callable[[], T]) -> T: ...
+
+    def close(self) -> None: ...
+
+
+class ThreadPool:
+    """`Blocking` on a bounded pool of threads: at most `workers` requests in flight."""
+
+    def __init__(self, *, workers: int) -> None:
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kubeapi")
+
+    async def run(self, call: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, call)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
 class KubeApi:
     """Async facade over one Rest client (one identity)."""
 
-    def __init__(self, rest: Rest, *, workers: int = 16) -> None:
+    def __init__(
+        self,
+        rest: Rest,
+        *,
+        workers: int = 16,
+        blocking: Blocking | None = None,
+        clock: Callable[[], datetime.datetime] = utcnow,
+    ) -> None:
         self.rest = rest
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kubeapi")
+        self._blocking: Blocking = blocking if blocking is not None else ThreadPool(workers=workers)
+        self.clock = clock
+        """The time written into the Events and the Lease renewals this client sends."""
 
     async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
+        return await self._blocking.run(functools.partial(fn, *args, **kwargs))
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         return await self._run(self.rest.request, method, path, **kwargs)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._blocking.close()
 
     async def whoami(self) -> str:
         answer = await self._request("POST", wire.SELF_SUBJECT_REVIEW_PATH, body=dict(wire.SELF_SUBJECT_REVIEW))
@@ -172,7 +204,7 @@ class KubeApi:
             message=message,
             component=component,
             instance=component,
-            now=datetime.datetime.now(datetime.UTC),
+            now=self.clock(),
             suffix=uuid.uuid4().hex[:12],
             event_type=event_type,
             count=count,
@@ -187,7 +219,7 @@ class KubeApi:
         """Creates or renews a Lease (the operator's own heartbeat, read by `kubectl coroner doctor`)."""
         await self._run(
             upsert_lease, self.rest, namespace=namespace, name=name, holder=holder, duration=duration,
-            annotations=annotations,
+            annotations=annotations, now=self.clock(),
         )  # fmt: skip
 
 

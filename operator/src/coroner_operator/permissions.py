@@ -22,7 +22,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
 
 from coroner.core import admission_digest, api
 from coroner.core.model import Key
@@ -46,6 +48,7 @@ class PermissionRefresher:
         node_evidence: bool = False,
         identity: str = "",
         verified: Callable[[bool], None] = lambda _: None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.kube = kube
         self.world = world
@@ -63,7 +66,10 @@ class PermissionRefresher:
         """Told after each read whether the policies are verified (the operator's gauge)."""
         self._admission_checked = False
         self._admission_lock = asyncio.Lock()
-        self._admission_reads: FreshRead[str, tuple[str, ...]] = FreshRead(self._read_admission)
+        self._admission_reads: FreshRead[str, tuple[str, ...]] = FreshRead(self._read_admission, clock=monotonic)
+        # The last comparison and the object versions it compared: an unchanged listing (the API
+        # server gives an object a new resourceVersion at every change) is not digested again.
+        self._compared: tuple[tuple[tuple[str, str, str], ...], tuple[str, ...]] | None = None
 
     async def ensure(self, namespace: str) -> None:
         """Asks what was never asked before a decision needs it (an answer, even "unknown")."""
@@ -109,10 +115,16 @@ class PermissionRefresher:
             listed = await self.kube.list_admission_policies()
         except Exception as exc:  # HTTP or connection error alike: unknown is never intact
             return (f"the admission policies could not be read ({describe(exc)})",)
+        versions = _versions(listed)
+        if versions is not None and self._compared is not None and self._compared[0] == versions:
+            return self._compared[1]
         comparison = admission_digest.compare(
             listed, alternates=self.alternates, system_namespace=self.system_namespace, name_prefix=self.name_prefix
         )
-        return tuple(comparison.names())
+        why = tuple(comparison.names())
+        if versions is not None:
+            self._compared = (versions, why)
+        return why
 
     def _record(self, why: tuple[str, ...]) -> None:
         self._admission_checked = True
@@ -139,3 +151,15 @@ class PermissionRefresher:
                 if elector is not None and not elector.is_leader:
                     continue
             await self.refresh()
+
+
+def _versions(listed: list[dict[str, Any]]) -> tuple[tuple[str, str, str], ...] | None:
+    """(kind, uid, resourceVersion) of each object listed, in order; None if one lacks them."""
+    versions = []
+    for item in listed:
+        meta = item.get("metadata") or {}
+        uid, version = meta.get("uid"), meta.get("resourceVersion")
+        if not uid or not version:
+            return None
+        versions.append((str(item.get("kind")), str(uid), str(version)))
+    return tuple(versions)

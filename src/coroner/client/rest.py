@@ -299,8 +299,9 @@ def upsert_lease(
     now: datetime.datetime | None = None,
 ) -> None:
     """Creates or renews a Lease (the agent's liveness, the operator's own heartbeat): renewTime `now`
-    (default: the wall clock), the given holder and duration, annotations merged. The renewal is a PUT
-    carrying the resourceVersion read: a compare-and-swap, so a concurrent writer makes it fail, not vanish."""
+    (the wall clock by default), the given holder and duration, annotations merged. The renewal is a
+    PUT carrying the resourceVersion read: a compare-and-swap, so a concurrent writer makes it fail,
+    not vanish."""
     now = now if now is not None else datetime.datetime.now(datetime.UTC)
     try:
         lease = client.request("GET", leases_path(namespace, name))

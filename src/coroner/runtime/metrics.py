@@ -4,6 +4,7 @@ object (tests run several operators or agents in one interpreter), so nothing he
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import os
 import platform
@@ -15,11 +16,17 @@ BUILD_INFO = "coroner_build_info"
 
 def build_labels() -> tuple[str, str, str]:
     """version, python, commit of `coroner_build_info`."""
+    return _installed_version(), platform.python_version(), os.environ.get("CORONER_GIT_COMMIT") or "unknown"
+
+
+@functools.cache
+def _installed_version() -> str:
+    """The package's version, read once: the installed metadata is parsed from its files (about half
+    a millisecond), and the code a process runs does not change under it."""
     try:
-        version = importlib.metadata.version("kube-coroner")
+        return importlib.metadata.version("kube-coroner")
     except importlib.metadata.PackageNotFoundError:
-        version = "unknown"
-    return version, platform.python_version(), os.environ.get("CORONER_GIT_COMMIT") or "unknown"
+        return "unknown"
 
 
 def process_registry(*, process_collectors: bool = True) -> tuple[CollectorRegistry, Gauge]:

@@ -1,0 +1,171 @@
+"""The API transport port: the model API server behind the client interface production uses.
+
+`SimRest` is a `coroner.client.rest.Rest` as far as its callers can tell — `request(method, path,
+body=..., content_type=...)` returns the decoded JSON of a success and raises `ApiError` for an
+error status — but each request is answered by `sim.apiserver.Server`, as one identity. `Latency`
+is the `coroner_operator.kubeapi.Blocking` that awaits it: the request reaches the server one API
+latency after it is sent (drawn from the trial's seed) and its answer is back at that instant; a
+component that died meanwhile never sends it (`sim.loop`: the callback belongs to its life).
+
+So the production `KubeApi` — every request it builds, every status it reads an answer from — and
+everything above it run as shipped; only the bytes on the wire are not there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import yaml
+
+from coroner.client.rest import ApiError
+from sim.apiserver import Server, SimApiError
+from sim.prod import api, retire_protocol
+
+if TYPE_CHECKING:
+    from sim.loop import SimLoop
+
+T = TypeVar("T")
+
+_REGISTRATIONS = f"/apis/{api.GROUP}/{api.VERSION}/namespaces/"
+_LEASES = "/apis/coordination.k8s.io/v1/namespaces/"
+_ACCESS_REVIEW = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+_ADMISSION = "/apis/admissionregistration.k8s.io/v1/"
+_ADMISSION_PLURALS = {
+    "validatingadmissionpolicies": "ValidatingAdmissionPolicy",
+    "validatingadmissionpolicybindings": "ValidatingAdmissionPolicyBinding",
+    "mutatingadmissionpolicies": "MutatingAdmissionPolicy",
+    "mutatingadmissionpolicybindings": "MutatingAdmissionPolicyBinding",
+}
+_MANIFEST = Path(__file__).resolve().parents[2] / "manifests" / "base" / "admission-policies.yaml"
+
+
+@functools.cache
+def _installed_policies() -> dict[str, list[dict[str, Any]]]:
+    """The shipped admission policies and bindings, as the model API server lists them (by plural):
+    installed as manifests/base ships them, each with a uid and a resourceVersion that never change
+    (no fault of the simulation edits them)."""
+    by_kind: dict[str, list[dict[str, Any]]] = {kind: [] for kind in _ADMISSION_PLURALS.values()}
+    for index, document in enumerate(d for d in yaml.safe_load_all(_MANIFEST.read_text()) if d):
+        meta = {**document.get("metadata", {}), "uid": f"admission-{index}", "resourceVersion": "1"}
+        by_kind[document["kind"]].append({key: value for key, value in document.items() if key != "kind"} | {
+            "metadata": meta})  # fmt: skip
+    return {plural: by_kind[kind] for plural, kind in _ADMISSION_PLURALS.items()}
+
+
+class SimRest:
+    """The requests Coroner's operator sends, answered by the model API server as `identity`."""
+
+    def __init__(self, server: Server, *, identity: str, wrote: Callable[[], None] = lambda: None) -> None:
+        self.server = server
+        self.identity = identity
+        self.wrote = wrote
+        """Called after each status write of a registration that landed (Sieve's crash-after-write)."""
+        self.view_rv: int | None = None
+        """The resourceVersion the request's writer decided on (the oracles' record, never sent)."""
+        self.events = 0
+
+    def request(self, method: str, path: str, *, body: Any = None, **_: Any) -> dict[str, Any]:
+        """`Rest.request`: the query, content type and timeout change nothing here (every status
+        write is a JSON patch, as `KubeApi` sends it)."""
+        try:
+            return self._answer(method, path, body)
+        except SimApiError as exc:
+            raise ApiError(exc.status, exc.reason, exc.message) from None
+
+    def _answer(self, method: str, path: str, body: Any) -> dict[str, Any]:
+        server = self.server
+        if path.startswith(_REGISTRATIONS):
+            namespace, _plural, name, *sub = path[len(_REGISTRATIONS) :].split("/")
+            if method == "GET":
+                return server.get("wreg", namespace, name)  # a quorum read: fresh even from a lagging replica
+            if method == "PATCH" and sub == ["status"]:
+                written = server.patch(self.identity, "wreg", namespace, name, body, view_rv=self.view_rv)
+                self.wrote()
+                return written
+            if method == "DELETE":
+                preconditions = (body or {}).get("preconditions") or {}
+                server.delete(self.identity, "wreg", namespace, name, uid=preconditions.get("uid", ""),
+                              resource_version=preconditions.get("resourceVersion", ""))  # fmt: skip
+                return {}
+        elif path.startswith(_LEASES):
+            namespace, _plural, *named = path[len(_LEASES) :].split("/")
+            if method == "GET" and not named:
+                items, rv = server.list("lease", lambda b: (b.get("metadata") or {}).get("namespace") == namespace)
+                return {"items": items, "metadata": {"resourceVersion": str(rv)}}
+            if method == "GET":
+                return server.get("lease", namespace, named[0])
+            if method == "POST":
+                return server.create(self.identity, "lease", body)
+            if method == "PUT":
+                return server.upsert(self.identity, "lease", body)
+        elif path == _ACCESS_REVIEW and method == "POST":
+            return {"status": {"allowed": server.holds_retire(self.identity)}}
+        elif path.startswith(_ADMISSION) and method == "GET":
+            return {"items": _installed_policies()[path[len(_ADMISSION) :]]}
+        elif path.startswith("/api/v1/namespaces/") and path.endswith("/events") and method == "POST":
+            self.events += 1
+            return dict(body)
+        elif path.startswith("/api/v1/nodes/") and method == "GET":
+            raise SimApiError(404, "NotFound", "nodes are not modelled")
+        raise SimApiError(405, "MethodNotAllowed", f"{method} {path} is not modelled")
+
+
+class Latency:
+    """`coroner_operator.kubeapi.Blocking` in virtual time: a call reaches the server `latency()`
+    seconds after it was sent, and its answer (or error) is back at that instant."""
+
+    def __init__(self, loop: SimLoop, rest: SimRest, *, latency: Callable[[], float]) -> None:
+        self.loop = loop
+        self.rest = rest
+        self.latency = latency
+
+    async def run(self, call: Callable[[], T]) -> T:
+        future: asyncio.Future[T] = self.loop.create_future()
+        view_rv = _retirement_view() if _is_patch(call) else None
+
+        def arrive() -> None:
+            if future.cancelled():
+                return
+            self.rest.view_rv = view_rv
+            try:
+                result = call()
+            except Exception as exc:
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+            finally:
+                self.rest.view_rv = None
+
+        self.loop.call_at(self.loop.time() + self.latency(), arrive)
+        return await future
+
+    def close(self) -> None:
+        """Nothing to release: no threads, no sockets."""
+
+
+_RETIRE_CODE = retire_protocol.retire.__code__
+
+
+def _is_patch(call: Callable[[], Any]) -> bool:
+    """Whether `call` is a PATCH (`KubeApi` hands `Rest.request` over as a partial: method first)."""
+    args = getattr(call, "args", ())
+    return bool(args) and args[0] == "PATCH"
+
+
+def _retirement_view() -> int | None:
+    """The resourceVersion the retire protocol running this request decided on (its intent's), if a
+    retirement sends it: read off the caller's frames, for the `stale_view` oracle only (the request
+    itself carries only what production put in it)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code is _RETIRE_CODE:
+            intent = frame.f_locals.get("intent")
+            version = getattr(getattr(intent, "registration", None), "resource_version", None)
+            return int(version) if version is not None else None
+        frame = frame.f_back  # type: ignore[assignment]
+    return None
