@@ -42,6 +42,8 @@ _ADMISSION_PLURALS = {
     "mutatingadmissionpolicybindings": "MutatingAdmissionPolicyBinding",
 }
 _MANIFEST = Path(__file__).resolve().parents[2] / "manifests" / "base" / "admission-policies.yaml"
+_CRD_MANIFEST = _MANIFEST.with_name("crd.yaml")
+_CRD = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{api.CRD_NAME}"
 
 
 @functools.cache
@@ -55,6 +57,15 @@ def _installed_policies() -> dict[str, list[dict[str, Any]]]:
         by_kind[document["kind"]].append({key: value for key, value in document.items() if key != "kind"} | {
             "metadata": meta})  # fmt: skip
     return {plural: by_kind[kind] for plural, kind in _ADMISSION_PLURALS.items()}
+
+
+@functools.cache
+def _installed_crd() -> dict[str, Any]:
+    """The shipped WorkerRegistration CRD, as the model API server serves it (verified with the
+    admission policies; no fault of the simulation edits it)."""
+    document = yaml.safe_load(_CRD_MANIFEST.read_text())
+    meta = {**document.get("metadata", {}), "uid": "crd", "resourceVersion": "1"}
+    return {key: value for key, value in document.items() if key != "kind"} | {"metadata": meta}
 
 
 class SimRest:
@@ -105,6 +116,8 @@ class SimRest:
                 return server.upsert(self.identity, "lease", body)
         elif path == _ACCESS_REVIEW and method == "POST":
             return {"status": {"allowed": server.holds_retire(self.identity)}}
+        elif path == _CRD and method == "GET":
+            return _installed_crd()
         elif path.startswith(_ADMISSION) and method == "GET":
             return {"items": _installed_policies()[path[len(_ADMISSION) :]]}
         elif path.startswith("/api/v1/namespaces/") and path.endswith("/events") and method == "POST":
