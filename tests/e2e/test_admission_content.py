@@ -1,4 +1,4 @@
-"""Admission content as the API server serves it (issue 17, item 3): the objects `kubectl apply -k`
+"""Admission content as the API server serves it: the objects `kubectl apply -k`
 installs compare intact with coroner.core.admission_digest (the server's defaults and its YAML
 reading do not count as changes), and `kubectl coroner doctor` fails on a binding that only warns
 — which the names-only check passes."""
