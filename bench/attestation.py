@@ -57,6 +57,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1000)
     parser.add_argument("--kills", type=int, default=120)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--name", default="attestation", help="result name: bench/results/NAME.json")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -188,7 +189,7 @@ def main() -> None:
             "command": " ".join([".venv/bin/python", "bench/attestation.py", *sys.argv[1:]]),
             "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         }
-        out = REPO / "bench" / "results" / "attestation.json"
+        out = REPO / "bench" / "results" / f"{args.name}.json"
         out.write_text(json.dumps(result, indent=2) + "\n")
         print(json.dumps(result, indent=2))
     finally:
