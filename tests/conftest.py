@@ -4,9 +4,10 @@ the test lanes, by folder.
 Set CORONER_TEST_CLUSTER_DIR to reuse a running dev cluster between runs (it is then left
 running); otherwise a fresh one is started in a temporary directory and stopped at the end.
 
-The lanes (README, "Development"): `make unit` runs `-m "unit and not sim"`; `make test` runs `-m "not slow"` (every
-unit test, the simulation at 10,000 trials, and per feature the one integration or e2e test that
-drives it end to end against the real API server, `QUICK` below); `make check` runs everything.
+The lanes (README, "Development"): `make unit` runs `-m "unit and not sim"`; `make test` runs
+`-m "not slow"` (every unit test, the simulation at 10,000 trials, and per feature the one
+integration or e2e test that drives it end to end against the real API server, `QUICK` below);
+`make check` runs everything.
 Each folder's marker is set here, so a new test file is in its lane without marking itself:
 
 - tests/unit: `unit`; so are the fault harness's pure parts (tests/faults without the `plane`);
