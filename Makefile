@@ -1,4 +1,10 @@
-# The two commands a new user runs: `make demo` and `make test` (what CI runs via .ci/run).
+# What a new user runs: `make demo`, and `make test` before pushing; CI runs `make check` (.ci/run).
+# The test lanes (README, "Tests"; tests/conftest.py gives each test folder its markers):
+#   make unit   the pure tests, no control plane (about 45 s);
+#   make test   lint, every unit test, the simulation at 10,000 trials, and per feature the one test
+#               that drives it end to end against the real API server (at most 8 minutes);
+#   make check  everything: the slow integration and e2e tests, the 100,000-trial simulation, the
+#               fault injection, the real node's tests and a quick run of every benchmark.
 VENV ?= .venv
 # The interpreter the venv is made from: the distribution's CPython first, when it is 3.11 or newer
 # and can make a venv (distributions build it with PGO and LTO, as python:3.11.7, the images' base,
@@ -11,7 +17,7 @@ PYTHON ?= $(shell for p in /usr/bin/python3 python3; do \
   >/dev/null 2>&1 && { echo $$p; break; }; done)
 BIN := $(VENV)/bin
 
-.PHONY: demo demo-real-node test lint unit install locks sim sim-bench node-deps
+.PHONY: demo demo-real-node test check lint unit install locks sim sim-bench bench-quick node-deps
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || { python="$(PYTHON)"; [ -n "$$python" ] || { echo "make: no python3 3.11+ that can make a venv (Debian/Ubuntu: apt install python3-venv); or make PYTHON=/path/to/python3" >&2; exit 1; }; $$python -m venv $(VENV); }
 	$(BIN)/pip install -q --upgrade pip
@@ -50,17 +56,32 @@ node-deps:
 	if [ -n "$$missing" ]; then echo "installing $$missing"; apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
 
-# Builds the control plane, the real node and Coroner's images on first use (cached under
-# ~/.cache/coroner), then runs every test, the real node's (tests/node, marker `node`) included.
-test: lint node-deps
+# pytest prints the slowest tests of every lane (--durations). The simulation's batch has the size
+# CORONER_SIM_TRIALS (docs/simulation.md, "The scale goals").
+PYTEST_DURATIONS := --durations=25
+
+# The fast lane. The control plane is built on first use (cached under ~/.cache/coroner).
+test: lint
+	CORONER_SIM_TRIALS=10000 $(BIN)/pytest -m "not slow" $(PYTEST_DURATIONS)
+
+# Everything (what CI runs): builds the control plane, the real node and Coroner's images on first
+# use (cached under ~/.cache/coroner), then runs every test, the real node's (tests/node, marker
+# `node`) included, and every benchmark once at its smallest size.
+check: lint node-deps
 	$(BIN)/coroner dev-cluster build --node
-	$(BIN)/pytest
+	CORONER_SIM_TRIALS=100000 $(BIN)/pytest $(PYTEST_DURATIONS)
+	$(MAKE) bench-quick
 
 unit: $(BIN)/.installed
-	$(BIN)/pytest -m unit
+	$(BIN)/pytest -m "unit and not sim" $(PYTEST_DURATIONS)
+
+# Every benchmark at its smallest size, its results in a temporary directory (never bench/results):
+# that each still starts, runs and writes its record. BENCH_OUT=DIR keeps them there.
+bench-quick: $(BIN)/.installed
+	$(BIN)/python bench/quick.py $(if $(BENCH_OUT),--out $(BENCH_OUT))
 
 # The deterministic simulation (docs/simulation.md): the CI batch of 100,000 seeded trials over every
-# CPU and the mutants (part of `make test` too); sim-bench runs 1,000,000 into bench/results/sim.json,
+# CPU and the mutants (`make check` runs it too; `make test` at 10,000); sim-bench runs 1,000,000 into bench/results/sim.json,
 # resumably: stop it at any time (^C) and run it again to continue where it stopped.
 sim: $(BIN)/.installed
 	$(BIN)/pytest -q tests/sim

@@ -56,6 +56,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1000)
     parser.add_argument("--kills", type=int, default=120)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--name", default="attestation", help="result name: bench/results/NAME.json")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -167,7 +168,7 @@ def main() -> None:
             "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         }
         common.RESULTS.mkdir(parents=True, exist_ok=True)
-        out = common.RESULTS / "attestation.json"
+        out = common.RESULTS / f"{args.name}.json"
         out.write_text(json.dumps(result, indent=2) + "\n")
         print(json.dumps(result, indent=2))
     finally:

@@ -88,6 +88,7 @@ def build(image: str, roots: list[str], work: pathlib.Path) -> pathlib.Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5, help="interpreters started per process (median RSS)")
+    parser.add_argument("--name", default="images", help="result name: bench/results/NAME.json")
     args = parser.parse_args()
     result: dict[str, Any] = {
         "machine": c.machine_info(),
@@ -119,7 +120,7 @@ def main() -> None:
                 },
             }
     result["dev_venv_installed_kib"] = installed_kib(dev_site)
-    c.write_result("images", result)
+    c.write_result(args.name, result)
     print(json.dumps(result["images"], indent=2))
 
 

@@ -2,7 +2,7 @@
 against the API server's own floor.
 
     .venv/bin/python bench/latency.py                 # full: 1000 workers, 200 kills per variant
-    .venv/bin/python bench/latency.py --workers 3000 --name latency-3000   # issue 14's second size
+    .venv/bin/python bench/latency.py --workers 3000 --name latency-3000   # the per-node cost goals' second size
     .venv/bin/python bench/latency.py --workers 100 --kills 20 --kill-window 20   # quick
     .venv/bin/python bench/latency.py --heartbeat     # workers heartbeat (10 s, TTL 30 s), for comparison
 
@@ -12,7 +12,7 @@ registers them (`coroner.launcher.probe_incarnation` + `coroner.launcher.registe
 ServiceAccount bound to the ClusterRole coroner-worker). By default they do not heartbeat (issue
 14: liveness is the agent's pidfd and the agent's node Lease; no spec.heartbeat is written); with
 `--heartbeat` they carry a heartbeat spec and a benchmark thread heartbeats each every
-`--heartbeat-seconds` (TTL `--ttl`), as before issue 14. K of them are SIGKILLed at random moments
+`--heartbeat-seconds` (TTL `--ttl`), as before workers stopped heartbeating by default. K of them are SIGKILLed at random moments
 spread over `--kill-window` seconds. Per kill, the figure is the time from just before `os.kill` to
 the moment the benchmark's own watch of workerregistrations delivers the object with
 `status.retirement` set.
@@ -22,7 +22,7 @@ Variants, run one after the other on the same cluster with N live workers each:
 - coroner_pidfd: agents as shipped (pidfds pinned; death is an event).
 - coroner_proc_resync: agents restarted with `--no-pidfd --resync-seconds=5
   --absence-confirm-seconds=S`: a death is found by the periodic /proc resync (`ProcAbsent`) and
-  attested Dead only after the agent re-confirmed the absence S seconds later (issue 14; with
+  attested Dead only after the agent re-confirmed the absence S seconds later (no heartbeat witnesses it; with
   `--heartbeat` and a build without that flag: retired after 2 x the heartbeat interval of silence).
 - baseline_ttl: no Coroner at all; a naive TTL reaper (in this file) lists plain registrations in
   another namespace every `--sweep-seconds` as admin and deletes those silent >= `--ttl` seconds;
@@ -62,7 +62,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--heartbeat",
         action="store_true",
-        help="workers carry a heartbeat spec and heartbeat (as before issue 14); default: no heartbeats",
+        help="workers carry a heartbeat spec and heartbeat (the old default); default: no heartbeats",
     )
     parser.add_argument(
         "--heartbeat-seconds", type=int, default=10, help="heartbeat interval (--heartbeat, and the baseline)"
@@ -548,7 +548,7 @@ def main() -> int:
     if pidfd.get("p50_ms") and base.get("p50_ms"):
         ratios["baseline_p50_over_coroner_pidfd_p50"] = round(base["p50_ms"] / pidfd["p50_ms"], 1)
     result["ratios"] = ratios
-    # Issue 14's goals (issue 8's, now without heartbeats): at 1,000 workers p50 <= 100 ms, p99 <=
+    # The latency goals (now without heartbeats): at 1,000 workers p50 <= 100 ms, p99 <=
     # 500 ms, within 3x the floor, >= 100x faster than the TTL-30 s reaper; at 3,000 workers still
     # p99 <= 1 s. Reported, never asserted.
     goals = {}
@@ -567,7 +567,7 @@ def main() -> int:
         goal["issue"] = 14 if goal_name == "pidfd_p99_le_1s_at_3000_workers" else "8, 14"
     result["goals"] = goals
     result["goals_note"] = (
-        "issue 14: workers without heartbeats; the 100 ms / 500 ms / 3x / 100x goals are stated at 1,000 workers, "
+        "workers without heartbeats; the 100 ms / 500 ms / 3x / 100x goals are stated at 1,000 workers, "
         "p99 <= 1 s at 3,000"
     )
     result["wall_seconds"] = round(time.time() - started_wall, 1)

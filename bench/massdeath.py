@@ -2,14 +2,14 @@
 Retired, how many API requests each retirement costs, and that no survivor is touched.
 
     .venv/bin/python bench/massdeath.py                       # full: 3000 workers, 2000 killed
-    .venv/bin/python bench/massdeath.py --heartbeat           # survivors heartbeat (before issue 14)
+    .venv/bin/python bench/massdeath.py --heartbeat           # survivors heartbeat (the old default)
     .venv/bin/python bench/massdeath.py --workers 300 --killed 200   # quick
 
 W real worker processes (`sleep`) on `--nodes` simulated nodes, each with a real coroner-agent
 (pidfds, defaults) and one operator (defaults, serving the namespaces `bench` and coroner-system
 only, so that it never sees the floor's objects). The killed workers fill the first `--lost-nodes`
 nodes entirely; the survivors fill the other nodes. Every worker is registered as the launcher
-registers it; by default without heartbeats (issue 14), with `--heartbeat` heartbeated from the
+registers it; by default without heartbeats (writes grow with nodes, not workers), with `--heartbeat` heartbeated from the
 benchmark. Once all are attested Alive, every worker on the lost nodes gets SIGKILL in one tight
 loop (the shape of a node whose whole workload dies at once while its agent lives: a runtime crash,
 a cgroup-wide OOM kill, or a scale-down whose agent sweep sees them go).
@@ -72,7 +72,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--nodes", type=int, default=10)
     parser.add_argument("--lost-nodes", type=int, default=5, help="nodes whose workers all die")
     parser.add_argument(
-        "--heartbeat", action="store_true", help="workers heartbeat (as before issue 14); default: no heartbeats"
+        "--heartbeat", action="store_true", help="workers heartbeat (the old default); default: no heartbeats"
     )
     parser.add_argument("--heartbeat-seconds", type=int, default=30, help="with --heartbeat: interval (TTL = 3x)")
     parser.add_argument("--register-threads", type=int, default=16, help="registrations in flight during setup")
@@ -252,7 +252,7 @@ def main() -> int:
                 tracker.dead_observed[k] - first_kill for k in victims if k in tracker.dead_observed
             )
         # The Event of the last retirement is posted after its write: wait for it (bounded). Events
-        # may be aggregated under a burst (issue 14): then wait until their count stops growing.
+        # may be aggregated under a burst (one series, not one Event each): then wait until their count stops growing.
         deadline = time.monotonic() + 60
         last_events, steady_polls = -1, 0
         while time.monotonic() < deadline:
@@ -306,7 +306,7 @@ def main() -> int:
             for kind in ("retirement", "conditions")
         }
         attestation_patches = status_patches - heartbeats - op_writes["retirement"] - op_writes["conditions"]
-        # Events may be aggregated under a burst (issue 14): a series is created once, then updated.
+        # Events may be aggregated under a burst: a series is created once, then updated.
         event_creates = count("POST", "events")
         event_updates = count("PATCH", "events") + count("PUT", "events")
         ssar = count("POST", "selfsubjectaccessreviews")
@@ -464,7 +464,7 @@ def main() -> int:
             "met": result["api_reads_per_retirement"] <= 2,
         },
         "live_retired_eq_0": {"measured": result["live_retired"], "met": result["live_retired"] == 0},
-        # Issue 14's:
+        # The per-node cost goals:
         "all_retired_le_1_3x_same_run_floor": {
             "measured_ratio": result.get("seconds_to_all_retired_over_floor"),
             "met": result.get("seconds_to_all_retired_over_floor") is not None

@@ -1,6 +1,6 @@
 """patchcost — what a conditional status write of a WorkerRegistration costs the API server, by kind.
 
-Issue 14 asks to measure before choosing how the operator's compare-and-swap writes are sent: a
+Measured before choosing how the operator's compare-and-swap writes are sent: a
 JSON patch whose first op `test`s metadata.resourceVersion (what Coroner sends), or a merge patch
 carrying metadata.resourceVersion (also a compare-and-swap: 409 on a mismatch). This writes the
 same status change (the operator's conditions list, as the operator writes it, with the operator's

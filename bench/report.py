@@ -59,7 +59,8 @@ def header(result: dict[str, Any], name: str) -> list[str]:
 
 
 def heartbeats(p: dict[str, Any]) -> str:
-    """How the workers of a run heartbeated (results from before issue 14 have no `heartbeats`)."""
+    """How the workers of a run heartbeated (results from when workers heartbeated by default have no
+    `heartbeats`)."""
     mode = (p.get("heartbeats") or {}).get("mode")
     if mode == "none":
         return "no heartbeats"

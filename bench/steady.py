@@ -1,13 +1,13 @@
 """Steady state: what Coroner costs while nothing dies.
 
     .venv/bin/python bench/steady.py            # full: 10000 registrations, 5-minute window (~12 min)
-    .venv/bin/python bench/steady.py --registrations 30000 --name steady-30k   # issue 14's second size
+    .venv/bin/python bench/steady.py --registrations 30000 --name steady-30k   # the per-node cost goals' second size
     .venv/bin/python bench/steady.py --registrations 150000 --name steady-150k   # Kubernetes' limit, 100 nodes
     .venv/bin/python bench/steady.py --quick    # 2000 registrations, 2-minute window (~5 min)
-    .venv/bin/python bench/steady.py --heartbeat   # registrations heartbeat every 30 s (before issue 14)
+    .venv/bin/python bench/steady.py --heartbeat   # registrations heartbeat every 30 s (the old default)
 
 R registrations while the operator runs (all namespaces, defaults, `--metrics-port`). By default
-they do not heartbeat (issue 14: no spec.heartbeat, no periodic write by the launcher); with
+they do not heartbeat (no spec.heartbeat, no periodic write by the launcher); with
 `--heartbeat` each carries a heartbeat spec and the benchmark heartbeats it every 30 s (spread
 evenly over the interval). `--agent-workers` of them (default 1000) are real `sleep` processes
 registered on node-1, watched by one real coroner-agent; the rest are registrations on nodes 2..N
@@ -90,7 +90,7 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--namespaces", type=int, default=10)
     parser.add_argument(
-        "--heartbeat", action="store_true", help="registrations heartbeat (as before issue 14); default: none"
+        "--heartbeat", action="store_true", help="registrations heartbeat (the old default); default: none"
     )
     parser.add_argument("--heartbeat-seconds", type=int, default=30, help="with --heartbeat (TTL = 3x)")
     parser.add_argument(
@@ -636,7 +636,8 @@ def takeover(bench: c.Bench, registrations: int) -> tuple[float | None, dict[str
 
 
 def goals(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    """Issue 8's goals (at 10,000 registrations) and issue 14's: reported, never asserted."""
+    """The latency and cost goals (at 10,000 registrations) and the per-node cost goals: reported,
+    never asserted."""
     rss = result["operator_rss_mb"] or 1e9
     cpu = result["operator_cpu_cores"]
     agent_rss = result["agent_rss_mb"] or 1e9

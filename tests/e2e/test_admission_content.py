@@ -1,7 +1,7 @@
-"""Admission content as the API server serves it (issue 17, item 3): the objects `kubectl apply -k`
-installs, and the CRD, compare intact with coroner.core.admission_digest (the server's defaults and
-its YAML reading do not count as changes), and `kubectl coroner doctor` fails on a binding that only
-warns — which the names-only check passes — and on a CRD without its status subresource."""
+"""Admission content as the API server serves it: the objects `kubectl apply -k` installs, and the
+CRD, compare intact with coroner.core.admission_digest (the server's defaults and its YAML reading do
+not count as changes), and `kubectl coroner doctor` fails on a binding that only warns — which the
+names-only check passes — and on a CRD without its status subresource."""
 
 from __future__ import annotations
 

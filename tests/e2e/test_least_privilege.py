@@ -1,4 +1,4 @@
-"""Least privilege (issue 17, item 5): what each identity of the manifests can no longer do.
+"""Least privilege: what each identity of the manifests can no longer do.
 
 RBAC answers are the API server's own (`kubectl auth can-i` as the ServiceAccount); the admission
 answers come from real writes with tokens from the TokenRequest API.

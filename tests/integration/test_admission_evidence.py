@@ -1,4 +1,5 @@
-"""The API server enforces the evidence of a retirement, not only the `retire` verb (issue 17, item 1).
+"""The API server enforces the evidence of a retirement, not only the `retire` verb:
+holding the verb alone retires nothing without the evidence the policy asks for.
 
 Every identity that holds `retire` (the cluster admin, a person bound to coroner-retirer, the
 operator with the production overlay) tries to retire registrations that have no evidence of

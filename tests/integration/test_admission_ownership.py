@@ -1,4 +1,4 @@
-"""Workers own only their own registration (issue 17, item 4), with the tokens pods really get.
+"""Workers own only their own registration (a stolen worker token reaches no other), with the tokens pods really get.
 
 Two workers in one namespace share one ServiceAccount, each in its own Pod with a Pod-bound token
 (what the kubelet projects). The API server records who registered each registration

@@ -1,4 +1,4 @@
-"""An admission refusal of a retirement is recorded as what it is (issue 17): the real operator,
+"""An admission refusal of a retirement is recorded as what it is (never as a generic failure to retry): the real operator,
 holding the `retire` grant, meets a ValidatingAdmissionPolicy that refuses its retirement write.
 
 The API server answers such a refusal with 403 (a validation with ``reason: Forbidden``, as all of

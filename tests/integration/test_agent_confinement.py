@@ -1,4 +1,4 @@
-"""The confined agent (issue 17, item 2): the real agent still attests under the seccomp profile the
+"""The confined agent (a compromised agent must not reach other processes): the real agent still attests under the seccomp profile the
 manifests ship, and what that profile denies is refused.
 
 The profile is manifests/base/agent-seccomp.json, the very file the DaemonSet's init container
@@ -38,7 +38,7 @@ PROFILE = kube.MANIFESTS / "base" / "agent-seccomp.json"
 SECCOMP_EXEC = pathlib.Path(__file__).resolve().parents[1] / "support" / "seccomp_exec.py"
 REAL_BOOT = pathlib.Path("/proc/sys/kernel/random/boot_id").read_text().strip()
 #: What the profile must deny: everything that reads or writes another process's memory or steals
-#: its file descriptors (issue 17).
+#: its file descriptors: what a compromised agent would use against the workers it watches.
 DENIED = ("ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd", "process_madvise")
 
 

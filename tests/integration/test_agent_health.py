@@ -1,4 +1,4 @@
-"""The real agent's /metrics, /healthz and /readyz (issue 18 item 3), against the real API server.
+"""The real agent's /metrics, /healthz and /readyz , what a kubelet probe and Prometheus read, against the real API server.
 
 The agent runs as a process with a node-bound token, under the very seccomp profile the DaemonSet
 installs (its server needs listen and accept4), and reaches the API server through a loopback proxy

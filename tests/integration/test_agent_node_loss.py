@@ -1,4 +1,4 @@
-"""Issue 13 on the agent side, with a real agent process, real workers (`coroner run`) and the real
+"""Node loss on the agent side (no death goes unattested when a node goes away), with a real agent process, real workers (`coroner run`) and the real
 API server: the drain after SIGTERM attests every death before the agent exits (and never holds
 it past the grace), and a Reused registration turns Dead as soon as the process that took its pid
 number exits — not at the next resync.
@@ -239,7 +239,8 @@ def test_a_reused_registration_is_dead_within_a_second_of_the_reusers_exit(
     assert reuser["pid"] == number  # premise: another process holds the number now
     # A resync that cannot be what catches the transition.
     # The Reused sighting is the agent's first look at this incarnation's absence; the reuser's exit
-    # is the confirming one once --absence-confirm-seconds have passed since (issue 14).
+    # is the confirming one once --absence-confirm-seconds have passed since (a /proc absence is
+    # attested only once seen twice, as no heartbeat witnesses it).
     agent.start("--resync-seconds=600", "--absence-confirm-seconds=1")
     kube.wait_for(lambda: verdict(admin, namespace, "old") == "Reused", timeout=30, what="Reused")
     assert attestation(admin, namespace, "old")["evidence"] == "StartTimeDiffers"

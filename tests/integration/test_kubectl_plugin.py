@@ -668,7 +668,8 @@ def test_doctor_reports_the_retire_grant_and_registrations_blocked_or_unattested
 def test_doctor_reviews_the_grant_of_a_name_prefixed_operator(installed: Cluster, admin: k8s.ApiClient) -> None:
     """A Helm release with namePrefix (charts/coroner) runs its operator as `<prefix>coroner-operator`
     and binds `<prefix>coroner-operator-retire` to it: doctor pointed at that release's namespace
-    reviews that ServiceAccount's grant, learned from the operator's Deployment there (issue 18)."""
+    reviews that ServiceAccount's grant, learned from the operator's Deployment there
+    (never a green doctor for a release it did not review)."""
     system, prefix = f"prefixed-{SUFFIX}", "team-a-"
     account = f"{prefix}coroner-operator"
     user = f"system:serviceaccount:{system}:{account}"

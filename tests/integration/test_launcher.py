@@ -134,7 +134,7 @@ def test_python_api_registers_the_calling_process(coroner_api: Cluster, admin: k
 def test_by_default_a_worker_is_written_once_and_says_goodbye_once(
     coroner_api: Cluster, admin: k8s.ApiClient, namespace: str
 ) -> None:
-    # Issue 14: no heartbeats unless asked; the creation and the goodbye are the worker's writes.
+    # No heartbeats unless asked (writes grow with nodes, not workers): the creation and the goodbye are the worker's writes.
     argv = [CORONER, "run", "-n", namespace, "--node-name=node-a", "--name=quiet",
             f"--kubeconfig={coroner_api.kubeconfig}", "--", "sh", "-c", "sleep 2"]  # fmt: skip
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -175,7 +175,7 @@ def test_the_goodbye_lands_whatever_was_written_since_and_never_on_a_retired_reg
                         "retiredTime": components.now_text(),
                         "retiredBy": "admin",
                         "reason": "NodeOutOfService",
-                        "statement": "Human",  # a person's node evidence says so (issue 17)
+                        "statement": "Human",  # a person's node evidence says so (admission requires it)
                     },
                     "state": "Retired",
                 }

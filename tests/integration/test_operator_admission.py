@@ -1,4 +1,5 @@
-"""The operator fails closed on its admission policies (issue 17, item 3), against the real API server.
+"""The operator fails closed on its admission policies (a weakened policy stops its retirements),
+against the real API server.
 
 The operator reads the admission policies and bindings (as its own ServiceAccount, through the
 ClusterRole's read-only grant) at startup and with each permission refresh, compares their content

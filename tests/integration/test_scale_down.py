@@ -1,5 +1,6 @@
 """Every scale-down shape a cluster puts a node through, with real agents, real workers and the real
-operator against the real API server (issue 13).
+operator against the real API server: a node that goes away never leaves a registration stuck
+or retires a live one.
 
 - graceful drain (cluster-autoscaler, Karpenter): workers terminated, then the agent, then the Node;
 - kubelet graceful node shutdown: workers first, the agent (system-node-critical) last;
@@ -8,7 +9,7 @@ operator against the real API server (issue 13).
   (NodeDeleted after the quarantine);
 - a Node deleted and recreated by a kubelet that never stopped: nothing is retired.
 
-Workers are registered as `coroner run` does by default: once, with no heartbeats (issue 14).
+Workers are registered as `coroner run` does by default: once, with no heartbeats (so API writes grow with nodes, not workers).
 Timings are small on purpose (agent Lease 4 s, quarantine 3 s) but never zero: every shape still
 has to outlast a real Lease expiry.
 """
@@ -57,7 +58,8 @@ def operator(installed: Cluster, tmp_path: pathlib.Path) -> Iterator[Callable[..
 
     def start(*extra: str) -> None:
         # The operator's opt-in into node evidence is the node-loss component, whose admission half
-        # lets its retirements on node evidence through (issue 17); an operator without it finds
+        # lets its retirements on node evidence through (the API server checks the evidence, not only
+        # the verb); an operator without it finds
         # that half a weaker evidence policy than it needs and retires nothing (fails closed), so a
         # test after one with node evidence gets the base install back.
         node_loss = "--node-deletion-evidence" in extra
@@ -285,7 +287,7 @@ def test_abrupt_loss_without_the_component_is_preserved_and_reported_honestly(
         assert terminal(admin, namespace, worker.name) == "Retired (NodeDeleted)"
         # Recorded as what it is: a person's statement (the API server admits it only so).
         assert kube.get_registration(admin, namespace, worker.name)["status"]["retirement"]["statement"] == "Human"
-        # ...and the operator makes the human's retirement read terminal everywhere (issue 13).
+        # ...and the operator makes the human's retirement read terminal everywhere (not RetirePermissionMissing next to RETIRED=True).
         kube.wait_for(
             lambda w=worker: retirable(admin, namespace, w.name).get("reason") == "AlreadyTerminal",
             timeout=15,

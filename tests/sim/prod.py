@@ -1,6 +1,6 @@
 """Every production name the simulation drives, imported in one place.
 
-The package layout moves (issue 15): when a module changes its name, this file is the only one of
+The package layout may move: when a module changes its name, this file is the only one of
 the simulation that changes. Nothing here is a copy: each name is the shipped object.
 """
 

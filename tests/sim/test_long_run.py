@@ -32,7 +32,6 @@ def _totals(path: pathlib.Path) -> dict[str, object]:
     return run.totals(json.loads(path.read_text())["totals"])
 
 
-@pytest.mark.unit
 def test_the_totals_do_not_depend_on_processes_or_chunks() -> None:
     one = run.parallel(5_000, 90, jobs=1, chunk=90)
     two = run.parallel(5_000, 90, jobs=2, chunk=7)
@@ -40,13 +39,11 @@ def test_the_totals_do_not_depend_on_processes_or_chunks() -> None:
     assert run.totals(one) == run.totals(two)
 
 
-@pytest.mark.unit
 def test_the_memos_of_pure_functions_change_nothing() -> None:
     seeds = range(7_000, 7_120)
     assert run.totals(run.batch(seeds, memos=True)) == run.totals(run.batch(seeds, memos=False))
 
 
-@pytest.mark.unit
 def test_the_failures_kept_are_those_of_the_lowest_seeds_whatever_the_order() -> None:
     def part(*seeds: int) -> dict[str, object]:
         summary = run.empty()
@@ -64,7 +61,6 @@ def test_the_failures_kept_are_those_of_the_lowest_seeds_whatever_the_order() ->
     assert len(forward["failures"]) == run.MAX_FAILURES
 
 
-@pytest.mark.unit
 def test_a_run_stopped_and_resumed_records_what_an_unbroken_one_does(tmp_path: pathlib.Path) -> None:
     bench = _bench()
     common = ["--trials", "120", "--seed", "3000", "--chunk", "10", "--no-mutants"]
@@ -85,7 +81,6 @@ def test_a_run_stopped_and_resumed_records_what_an_unbroken_one_does(tmp_path: p
     assert _totals(broken) == _totals(unbroken)
 
 
-@pytest.mark.unit
 def test_resume_refuses_a_record_of_another_run(tmp_path: pathlib.Path) -> None:
     bench = _bench()
     out = tmp_path / "sim.json"

@@ -20,8 +20,6 @@ from sim.loop import ROOT, Owner, SimLoop
 from sim.mutants import MUTANTS
 from sim.trial import COUNTERS, FAULTS, NOTIFICATIONS
 
-pytestmark = pytest.mark.unit
-
 #: The CI batch: seeds from 1,000,000,000 (apart from bench/sim.py's), in chunks over every CPU.
 CI_TRIALS = 100_000
 CI_FIRST_SEED = 1_000_000_000

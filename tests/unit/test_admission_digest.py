@@ -1,4 +1,4 @@
-"""coroner.core.admission_digest: the content of the admission policies, not their names (issue 17, item 3).
+"""coroner.core.admission_digest: the content of the admission policies, not their names.
 
 A change that weakens a rule (an expression, failurePolicy, a match rule, a binding's actions or
 scope, a deletion) is reported; what the API server adds by itself (defaults, metadata) and the

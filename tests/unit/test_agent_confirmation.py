@@ -1,4 +1,4 @@
-"""A death read from /proc is attested only once the agent has seen it twice (issue 14).
+"""A death read from /proc is attested only once the agent has seen it twice.
 
 Without heartbeats there is no worker-side witness, so a ProcAbsent or BootBoundary verdict is
 corroborated by the agent's own repeated observation: first seen, remembered, re-probed after
@@ -107,7 +107,7 @@ def test_a_pidfd_death_is_written_at_once() -> None:
 
 
 def test_a_reused_sighting_is_the_first_look_at_the_absence() -> None:
-    # Issue 13's "as fast as a death": the number was held by another process (Reused) before it
+    # A Reused registration turns Dead as fast as a death: the number was held by another process (Reused) before it
     # was held by none, so the absence was first seen then; its confirmation counts from there.
     async def scenario() -> FakeKube:
         kube = FakeKube([registration("w", pid=42)])

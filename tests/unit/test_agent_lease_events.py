@@ -122,7 +122,7 @@ def test_a_deleted_agent_lease_re_decides_the_node() -> None:
 
 
 def test_the_node_is_re_decided_when_its_agent_lease_runs_out() -> None:
-    # A stale Alive is not alive (issue 13): an agent that dies renews nothing, so no Lease event
+    # A stale Alive is not alive: an agent that dies renews nothing, so no Lease event
     # arrives; the node's expiry timer is what turns PidAlive into AgentUnavailable.
     r = reconciler_with_three_registrations()
     now = datetime.datetime.now(UTC)

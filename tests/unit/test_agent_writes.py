@@ -30,7 +30,7 @@ def test_an_unchanged_live_verdict_is_never_rewritten_however_old() -> None:
 
 
 def test_an_unchanged_dead_verdict_is_never_rewritten_however_old() -> None:
-    # Issue 14: a death is final and current while the agent's Lease is live on its boot.
+    # Attestations are written on change only: a death is final and current while the agent's Lease is live on its boot.
     assert not _check("Dead", "ProcAbsent", observed=NOW - HOUR)
     assert not _check("Dead", "PidfdExited", observed=NOW - datetime.timedelta(seconds=10))
 

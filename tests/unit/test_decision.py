@@ -54,7 +54,7 @@ NODE_DELETION = Policy(node_deletion_evidence=True)
 GONE = make_node(exists=False, uid=None, boot_id=None, missing_since=NOW - 60 * S)
 GONE_FACTS = make_facts(agent=None, node=GONE)
 SHUT_DOWN_FACTS = make_facts(agent=None, node=make_node(out_of_service=True))
-#: A worker that did not opt into heartbeats (the default of `coroner run` since issue 14).
+#: A worker that did not opt into heartbeats (the default of `coroner run`: writes grow with nodes).
 NO_HEARTBEAT: dict[str, Any] = {"heartbeat": False}
 ALIVE: dict[str, Any] = {"verdict": "Alive", "evidence": "PidfdPinned"}
 #: The agent's Lease ran out 60 s ago: it died (with its node, perhaps) and speaks for nothing now.
@@ -91,7 +91,7 @@ unattested_peer = make_peer(attested=False)
 REASON_CASES = [
     # --- eligible ------------------------------------------------------------------------------
     case(Reason.ELIGIBLE_STALE_ORPHAN, "eligible-pidfd-exited"),
-    # Without heartbeats (issue 14): the kernel's pidfd at once; /proc reads once seen twice.
+    # Without heartbeats: the kernel's pidfd at once; /proc reads once seen twice.
     case(Reason.ELIGIBLE_STALE_ORPHAN, "eligible-no-heartbeat-pidfd-exited", registration=NO_HEARTBEAT),
     case(
         Reason.ELIGIBLE_STALE_ORPHAN,
@@ -166,7 +166,7 @@ REASON_CASES = [
         registration={"attested": False},
         facts=SHUT_DOWN_FACTS,
     ),
-    # Node loss after the agent attested Alive (issue 13): what the agent said before it died
+    # Node loss after the agent attested Alive: what the agent said before it died
     # does not block node-level evidence once no agent on the incarnation's boot can speak.
     case(
         Reason.ELIGIBLE_STALE_ORPHAN,
@@ -496,7 +496,7 @@ REASON_CASES = [
     case(Reason.LIVENESS_UNKNOWN, "boot-boundary-claimed-on-the-same-boot", registration={"evidence": "BootBoundary"}),
     # --- 9. agent unavailable / boot identity unknown ------------------------------------------
     case(Reason.AGENT_UNAVAILABLE, "no-agent-lease", facts=make_facts(agent=None)),
-    # A stale Alive is not alive (issue 13): the reason names the agent, never "attests alive".
+    # A stale Alive is not alive: the reason names the agent, never "attests alive".
     case(
         Reason.AGENT_UNAVAILABLE, "alive-agent-lease-expired", registration=ALIVE, facts=make_facts(agent=EXPIRED_AGENT)
     ),
@@ -969,7 +969,7 @@ class TestNextEvaluation:
         assert decision.next_evaluation_at == NOW + 25 * S
 
     def test_a_dead_attestation_never_ages(self) -> None:
-        # Attestations are written on change only (issue 14): a death stays a death while its agent
+        # Attestations are written on change only (no periodic write per worker): a death stays a death while its agent
         # is live on the boot it saw it from; only that agent's Lease expiry can change this.
         decision = decide_raw(make_registration(observed_at=NOW - 86400 * S))
         assert decision.retirable
@@ -1457,7 +1457,7 @@ def _life_evidence(state: State) -> Iterator[tuple[str, State, bool]]:
         set_path(obj, "status.lastHeartbeatTime", stamp(at))
         yield f"heartbeat at {at}", dataclasses.replace(state, obj=obj), decisive
     # An Alive verdict is evidence of life only while an agent on the incarnation's boot may speak
-    # for it: from an agent whose Lease is gone it is evidence of nothing (issue 13).
+    # for it: from an agent whose Lease is gone it is evidence of nothing.
     if _agent_may_speak(state):
         obj = json.loads(json.dumps(state.obj))
         status = obj.setdefault("status", {})
@@ -1545,7 +1545,7 @@ class TestRemovingOneFactFromAnEligibleBaseline:
         "metadata.creationTimestamp", "metadata.labels", "metadata.labels.coroner.dev/node", "spec.nodeUID",
         "spec.sessionId", "spec.generationId", "spec.role", "status.attestation.detail",
         "status.attestation.agent.podName", "status.attestation.agent.identity",
-        # Heartbeats are the worker's opt-in second witness (issue 14): without them a pidfd death
+        # Heartbeats are the worker's opt-in second witness: without them a pidfd death
         # needs nothing more, and the node path no TTL.
         "spec.heartbeat",
         # The registrant matters only against peers that share a claim (none here).

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coroner.client.rest import ApiError
+from coroner.core import wire
 from coroner.runtime.leader import (
     Create,
     ElectionConfig,
@@ -102,6 +103,24 @@ def test_release_empties_the_holder_on_the_lease_as_held() -> None:
     body = released(lease("b"), now=NOW)
     assert body["spec"]["holderIdentity"] == "" and body["spec"]["leaseDurationSeconds"] == 1
     assert body["metadata"]["resourceVersion"] == "7"
+
+
+def test_every_lease_the_elector_writes_is_wires() -> None:
+    """The elector decides when to write; coroner.core.wire builds what it writes."""
+    policy = {"coroner.dev/policy": "{}"}
+    step, _ = run(None)
+    assert isinstance(step, Create)
+    assert step.body == wire.lease_body(
+        namespace="coroner-system", name="coroner-operator", holder="b", duration=15, annotations=policy, now=NOW,
+        transitions=0,
+    )  # fmt: skip
+    for holder in ("a", "", "b"):
+        current = lease(holder)
+        _, seen = run(current, mono=0.0)
+        step, _ = run(current, seen=seen, mono=100.0)
+        assert isinstance(step, Replace)
+        assert step.body == wire.lease_acquisition(current, holder="b", duration=15, annotations=policy, now=NOW)
+    assert released(lease("b"), now=NOW) == wire.lease_release(lease("b"), now=NOW)
 
 
 @pytest.mark.parametrize(("duration", "deadline", "retry"), [(10, 10, 2), (15, 2.3, 2), (15, 10, 0)])

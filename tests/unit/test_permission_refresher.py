@@ -1,4 +1,4 @@
-"""The permission refresher's admission half (issue 17, item 3): the operator fails closed.
+"""The permission refresher's admission half: the operator fails closed.
 
 The refresher lists the admission policies and bindings, compares them by content
 (`coroner.core.admission_digest`) and records in the World what keeps them from being verified;

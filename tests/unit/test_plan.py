@@ -179,7 +179,7 @@ class TestFacts:
         ],
     )
     def test_a_node_a_live_get_found_gone_is_deleted_from_then(self, quarantine: float, expected: Reason) -> None:
-        # Issue 13: the human path after an abrupt loss; the Alive its dead agent wrote is no bar.
+        # The human path after an abrupt node loss: the Alive its dead agent wrote is no bar.
         lost = worker("a", verdict="Alive", evidence="PidfdPinned")
         expired = agent_lease(renewed_at=NOW - 600 * S)
         world = plan.build_world(

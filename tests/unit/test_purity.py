@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 import tomllib
 
 import pytest
@@ -111,3 +112,12 @@ def test_the_scan_sees_a_violation() -> None:
     """The scanner itself must not pass everything."""
     tree = ast.parse("import os\nfrom kubernetes import client\nfrom coroner.client import kube\n")
     assert imports_of(tree) - ALLOWED == {"os", "kubernetes", "coroner.client", "coroner.client.kube"}
+
+
+def test_the_architecture_names_exactly_the_pure_modules_of_the_contract() -> None:
+    """docs/architecture.md lists the pure modules: the very ones of the contract, none more or less."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text[text.index('"Pure" is defined once') :].split("\n\n", 1)[0]
+
+    named = set(re.findall(r"`(coroner[a-z_.]*)`", section))
+    assert named == set(pure_contract()["source_modules"])

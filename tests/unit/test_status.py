@@ -53,7 +53,7 @@ def test_the_operators_retirement_reads_terminal_at_once() -> None:
 
 def test_a_human_retirement_is_made_to_read_terminal_and_keeps_its_retired_condition() -> None:
     # `kubectl coroner apply` may not write Retirable (admission): the row read RETIRED=True next
-    # to REASON=RetirePermissionMissing until the operator says AlreadyTerminal (issue 13).
+    # to REASON=RetirePermissionMissing until the operator says AlreadyTerminal.
     human = {
         "type": "Retired",
         "status": "True",

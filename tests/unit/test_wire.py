@@ -421,6 +421,83 @@ def test_a_lease_parses_back_as_written_and_renewed(
     assert stored["metadata"]["annotations"] == {"other": "kept"}, "the Lease read is not changed"
 
 
+@given(holder=names, other=names, duration=st.integers(1, 3600), now=moments, later=moments)
+def test_an_elected_lease_counts_its_transitions_and_parses_back(
+    holder: str, other: str, duration: int, now: datetime.datetime, later: datetime.datetime
+) -> None:
+    """The operator's leader Lease, with client-go's semantics: created held with 0 transitions; taken
+    over by another holder (or from none) it is acquired again and counts one more; renewed by its
+    holder it keeps both; released, nobody holds it for 1 s. Every write keeps the resourceVersion
+    read (a compare-and-swap)."""
+    created = wire.lease_body(
+        namespace=api.SYSTEM_NAMESPACE, name="coroner-operator", holder=holder, duration=duration,
+        annotations={"coroner.dev/policy": "{}"}, now=now, transitions=0,
+    )  # fmt: skip
+    assert created["spec"]["leaseTransitions"] == 0
+    assert world.lease_facts(created).holder_identity == holder
+    stored = {**created, "metadata": {**created["metadata"], "resourceVersion": "7"}}
+    annotations = {"coroner.dev/last-sweep": "{}"}
+    renewed = wire.lease_acquisition(stored, holder=holder, duration=duration, annotations=annotations, now=later)
+    assert renewed["spec"]["leaseTransitions"] == 0 and renewed["spec"]["acquireTime"] == created["spec"]["acquireTime"]
+    assert renewed["metadata"]["annotations"] == {"coroner.dev/policy": "{}", **annotations}
+    assert world.lease_facts(renewed).renew_time == later
+    for taker in {other, ""} - {holder}:
+        taken = wire.lease_acquisition(stored, holder=taker, duration=duration, annotations={}, now=later)
+        assert taken["spec"]["leaseTransitions"] == 1, taker
+        assert model.parse_time(taken["spec"]["acquireTime"]) == later
+        assert taken["metadata"]["resourceVersion"] == "7", "the PUT is a compare-and-swap"
+    released = wire.lease_release(stored, now=later)
+    assert (released["spec"]["holderIdentity"], released["spec"]["leaseDurationSeconds"]) == ("", 1)
+    assert released["metadata"]["resourceVersion"] == "7", "never releases a Lease another wrote since"
+    assert stored["spec"]["holderIdentity"] == holder, "the Lease read is not changed"
+
+
+def test_access_reviews_ask_about_the_retire_verb_on_registrations() -> None:
+    attributes = {"group": api.GROUP, "resource": api.PLURAL, "verb": api.RETIRE_VERB, "namespace": "jobs"}
+    assert wire.self_access_review(namespace="jobs") == {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SelfSubjectAccessReview",
+        "spec": {"resourceAttributes": attributes},
+    }
+    assert wire.self_access_review(namespace="jobs", name="w")["spec"]["resourceAttributes"] == {
+        **attributes,
+        "name": "w",
+    }
+    review = wire.access_review(user="system:serviceaccount:coroner-system:op", groups=["g"], namespace="jobs")
+    assert review["kind"] == "SubjectAccessReview" and review["apiVersion"] == "authorization.k8s.io/v1"
+    assert review["spec"] == {
+        "user": "system:serviceaccount:coroner-system:op",
+        "groups": ["g"],
+        "resourceAttributes": attributes,
+    }
+    assert wire.SELF_ACCESS_REVIEW_PATH == "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+
+
+def test_a_delete_holds_only_for_the_object_as_read() -> None:
+    assert wire.delete_options(uid="u-1", resource_version="42") == {
+        "apiVersion": "v1",
+        "kind": "DeleteOptions",
+        "preconditions": {"uid": "u-1", "resourceVersion": "42"},
+    }
+
+
+#: The kinds Coroner sends to the API server: each body is built in coroner.core.wire only.
+SENT_KINDS = ("Lease", "DeleteOptions", "SelfSubjectAccessReview", "SubjectAccessReview", "SelfSubjectReview", "Event")
+
+
+def test_every_body_sent_is_built_in_wire() -> None:
+    """No other module of the shipped code spells the kind of a body it sends: it calls wire."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    sources = [p for tree in ("src/coroner", "operator/src", "node-agent/src") for p in (root / tree).rglob("*.py")]
+    kinds = "|".join(SENT_KINDS)
+    spelled = re.compile(rf"""["']kind["']\s*:\s*["']({kinds})["']""")
+    builders = sorted({str(p.relative_to(root)) for p in sources if spelled.search(p.read_text())})
+    assert builders == ["src/coroner/core/wire.py"]
+
+
 @given(message=st.text(max_size=2000), count=st.integers(-3, 50), instance=st.text(max_size=300))
 def test_an_event_is_about_the_registration_as_written(message: str, count: int, instance: str) -> None:
     involved = as_stored(make_registration())

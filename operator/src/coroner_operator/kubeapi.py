@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any, Final, Protocol, TypeVar
 
 from coroner.client.rest import ApiError, Rest, leases_path, registrations_path, upsert_lease
-from coroner.core import admission_digest, api, wire
+from coroner.core import admission_digest, wire
 from coroner.core.wire import JSON_PATCH
 from coroner.retire import PortError
 from coroner.runtime.controller import utcnow
@@ -94,16 +94,9 @@ class KubeApi:
 
     async def can_retire(self, *, namespace: str, name: str | None = None) -> bool:
         """SelfSubjectAccessReview for the `retire` verb; errors are "not allowed" (unknown ≠ granted)."""
-        attributes = {"group": api.GROUP, "resource": api.PLURAL, "verb": api.RETIRE_VERB, "namespace": namespace}
-        if name:
-            attributes["name"] = name
-        review = {
-            "apiVersion": "authorization.k8s.io/v1",
-            "kind": "SelfSubjectAccessReview",
-            "spec": {"resourceAttributes": attributes},
-        }
+        review = wire.self_access_review(namespace=namespace, name=name)
         try:
-            result = await self._request("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", body=review)
+            result = await self._request("POST", wire.SELF_ACCESS_REVIEW_PATH, body=review)
         except Exception as exc:  # HTTP or connection error alike: unknown is never granted
             logger.warning("retire capability unknown namespace=%s error=%r", namespace, exc)
             return False
@@ -149,11 +142,7 @@ class KubeApi:
         """Deletes exactly the registration as read: the server refuses (409) if another object now
         has the name (uid) or this one changed since (resourceVersion), so nothing is deleted on a
         stale read. A 404 propagates too (already gone)."""
-        options = {
-            "kind": "DeleteOptions",
-            "apiVersion": "v1",
-            "preconditions": {"uid": uid, "resourceVersion": resource_version},
-        }
+        options = wire.delete_options(uid=uid, resource_version=resource_version)
         await self._request("DELETE", registrations_path(namespace, name), body=options)
 
     async def list_leases(self, *, namespace: str) -> list[dict[str, Any]]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
+import importlib.metadata
 import sys
 
 import click
@@ -72,23 +72,27 @@ def run_command(
     sys.exit(status)
 
 
-def _add_dev_commands(group: click.Group) -> None:
-    """`coroner dev-cluster` and `coroner demo`, where the dev tooling is installed (never in an image).
-
-    Imported by name at run time, so that nothing shipped depends on `coroner_dev`
-    (tests/unit/test_packaging.py reads the imports of what each image runs).
-    """
-    try:
-        commands = importlib.import_module("coroner_dev.commands")
-    except ModuleNotFoundError as exc:
-        if exc.name is None or not exc.name.startswith("coroner_dev"):
-            raise
-        return
-    group.add_command(commands.dev_cluster)
-    group.add_command(commands.demo)
+#: The entry point group of commands other distributions add to `coroner` (pyproject.toml's
+#: `[project.entry-points."coroner.commands"]`: the dev tooling's `dev-cluster` and `demo`).
+COMMANDS_GROUP = "coroner.commands"
 
 
-_add_dev_commands(main)
+def add_plugin_commands(group: click.Group) -> None:
+    """Adds the commands of the entry point group, found through the installed packages' metadata, so
+    that the shipped CLI imports no layer above it. A command whose package is not installed is left
+    out: the images install the same metadata but copy only the packages they ship. Any other import
+    error is a bug and propagates."""
+    for entry in importlib.metadata.entry_points(group=COMMANDS_GROUP):
+        try:
+            command = entry.load()
+        except ModuleNotFoundError as exc:
+            if exc.name is None or not (entry.module == exc.name or entry.module.startswith(f"{exc.name}.")):
+                raise
+            continue
+        group.add_command(command)
+
+
+add_plugin_commands(main)
 
 if __name__ == "__main__":
     main()

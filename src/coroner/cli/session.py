@@ -266,29 +266,14 @@ class Session:
 
     def can_retire(self, *, namespace: str, name: str | None = None) -> bool | None:
         """SelfSubjectAccessReview for ``retire``; None when it cannot be asked (unknown ≠ granted)."""
-        body = {
-            "apiVersion": "authorization.k8s.io/v1",
-            "kind": "SelfSubjectAccessReview",
-            "spec": {"resourceAttributes": _retire_attributes(namespace=namespace, name=name)},
-        }
+        body = wire.self_access_review(namespace=namespace, name=name)
         return self._review(k8s.AuthorizationV1Api(self.client).create_self_subject_access_review, body)
 
     def operator_may_retire(self, *, user: str, system_namespace: str, namespace: str | None) -> bool | None:
         """SubjectAccessReview for the operator's ServiceAccount `user` (doctor's `operator_identity`), one of
         `system_namespace`; None when not allowed to ask."""
-        body = {
-            "apiVersion": "authorization.k8s.io/v1",
-            "kind": "SubjectAccessReview",
-            "spec": {
-                "user": user,
-                "groups": [
-                    "system:serviceaccounts",
-                    f"system:serviceaccounts:{system_namespace}",
-                    "system:authenticated",
-                ],
-                "resourceAttributes": _retire_attributes(namespace=namespace or "", name=None),
-            },
-        }
+        groups = ["system:serviceaccounts", f"system:serviceaccounts:{system_namespace}", "system:authenticated"]
+        body = wire.access_review(user=user, groups=groups, namespace=namespace or "")
         return self._review(k8s.AuthorizationV1Api(self.client).create_subject_access_review, body)
 
     def _review(self, call: Callable[..., Any], body: dict[str, Any]) -> bool | None:
@@ -334,13 +319,6 @@ class Session:
             event,
             what=f"post the {reason} Event on WorkerRegistration {meta.get('namespace')}/{meta.get('name')}",
         )
-
-
-def _retire_attributes(*, namespace: str, name: str | None) -> dict[str, str]:
-    attributes = {"group": api.GROUP, "resource": api.PLURAL, "verb": api.RETIRE_VERB, "namespace": namespace}
-    if name:
-        attributes["name"] = name
-    return attributes
 
 
 def server_message(exc: ApiException) -> str:

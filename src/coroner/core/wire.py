@@ -8,7 +8,10 @@ which parses the same shapes back (tests/unit/test_wire.py round-trips each buil
 - the operator: its conditions (`desired_conditions`, `conditions_ops`);
 - the operator and ``kubectl coroner apply``: the one retirement patch (`retirement_ops`);
 - Events (`event_body`) and Leases, the agent's and the operator's (`lease_body`, `lease_renewal`,
-  `agent_lease_annotations`).
+  `agent_lease_annotations`; the operator's leader election: `lease_acquisition`, `lease_release`);
+- the reads that are requests: who am I (`SELF_SUBJECT_REVIEW`), may this identity retire
+  (`self_access_review`, `access_review`), and the delete of exactly what was read
+  (`delete_options`).
 
 Every status write the operator and `apply` make is a JSON patch that first `test`s the
 resourceVersion it decided from (and, for a retirement, the attestation it relied on, verbatim):
@@ -569,14 +572,20 @@ def lease_body(
     duration: int,
     annotations: Mapping[str, str],
     now: datetime.datetime,
+    transitions: int | None = None,
 ) -> dict[str, Any]:
-    """A new coordination.k8s.io Lease (the agent's liveness, the operator's heartbeat), acquired now."""
+    """A new coordination.k8s.io Lease (the agent's liveness, the operator's heartbeat), acquired now;
+    with `transitions` (an elected Lease: the operator's leader) it counts its holders' changes."""
     stamp = model.format_time(now, fraction=True)
+    spec: dict[str, Any] = {"holderIdentity": holder, "leaseDurationSeconds": duration}
+    spec.update(acquireTime=stamp, renewTime=stamp)
+    if transitions is not None:
+        spec["leaseTransitions"] = transitions
     return {
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
         "metadata": {"name": name, "namespace": namespace, "annotations": dict(annotations)},
-        "spec": {"holderIdentity": holder, "leaseDurationSeconds": duration, "acquireTime": stamp, "renewTime": stamp},
+        "spec": spec,
     }
 
 
@@ -592,3 +601,74 @@ def lease_renewal(
     spec.update(holderIdentity=holder, leaseDurationSeconds=duration, renewTime=model.format_time(now, fraction=True))
     renewed["metadata"], renewed["spec"] = metadata, spec
     return renewed
+
+
+def lease_acquisition(
+    lease: Mapping[str, Any], *, holder: str, duration: int, annotations: Mapping[str, str], now: datetime.datetime
+) -> dict[str, Any]:
+    """An elected Lease as read, acquired or renewed now by `holder` with client-go's semantics: taken
+    from another holder (or from none) it is acquired now and counts one more transition; renewed by
+    its holder it keeps both. The resourceVersion read is kept (a compare-and-swap)."""
+    spec = lease.get("spec") or {}
+    previous, transitions = str(spec.get("holderIdentity") or ""), int(spec.get("leaseTransitions") or 0)
+    acquired = lease_renewal(lease, holder=holder, duration=duration, annotations=annotations, now=now)
+    if previous != holder:
+        acquired["spec"].update(acquireTime=acquired["spec"]["renewTime"], leaseTransitions=transitions + 1)
+    elif not spec.get("acquireTime"):
+        acquired["spec"]["acquireTime"] = acquired["spec"]["renewTime"]
+    return acquired
+
+
+def lease_release(lease: Mapping[str, Any], *, now: datetime.datetime) -> dict[str, Any]:
+    """The Lease as held, released: no holder, a 1 s duration (client-go's ReleaseOnCancel) so a
+    standby takes it at its next retry, resourceVersion kept (never releases another's Lease)."""
+    spec = dict(lease.get("spec") or {})
+    stamp = model.format_time(now, fraction=True)
+    spec.update(holderIdentity="", leaseDurationSeconds=1, renewTime=stamp, acquireTime=stamp)
+    return {**lease, "spec": spec}
+
+
+# --- access reviews and deletes -----------------------------------------------------------------------
+
+#: Where a SelfSubjectAccessReview is POSTed.
+SELF_ACCESS_REVIEW_PATH = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+
+
+def _retire_attributes(*, namespace: str, name: str | None) -> dict[str, str]:
+    attributes = {"group": api.GROUP, "resource": api.PLURAL, "verb": api.RETIRE_VERB, "namespace": namespace}
+    if name:
+        attributes["name"] = name
+    return attributes
+
+
+def self_access_review(*, namespace: str, name: str | None = None) -> dict[str, Any]:
+    """May the requester retire registrations in `namespace` (or the one named): a SelfSubjectAccessReview."""
+    return {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SelfSubjectAccessReview",
+        "spec": {"resourceAttributes": _retire_attributes(namespace=namespace, name=name)},
+    }
+
+
+def access_review(*, user: str, groups: Iterable[str], namespace: str) -> dict[str, Any]:
+    """May `user` (in `groups`) retire registrations in `namespace`: a SubjectAccessReview, which
+    answers for another identity (doctor reviewing the operator's grant)."""
+    return {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SubjectAccessReview",
+        "spec": {
+            "user": user,
+            "groups": list(groups),
+            "resourceAttributes": _retire_attributes(namespace=namespace, name=None),
+        },
+    }
+
+
+def delete_options(*, uid: str, resource_version: str) -> dict[str, Any]:
+    """A delete that holds only for the object as read: the server refuses it (409) if another object
+    now has the name (uid) or this one changed since (resourceVersion)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "DeleteOptions",
+        "preconditions": {"uid": uid, "resourceVersion": resource_version},
+    }

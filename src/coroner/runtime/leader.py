@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from coroner.core import model
+from coroner.core import wire
 
 logger = logging.getLogger("coroner.leader")
 
@@ -117,21 +117,12 @@ def attempt(
     """One try to acquire or renew, given the Lease as just read (None: it does not exist).
     Returns what to write (or that another holds it) and the record seen, with when it was first
     seen by the monotonic clock `mono` (pass it back next time)."""
-    stamp = model.format_time(now, fraction=True)
     duration = max(1, round(config.lease_duration))
     if lease is None:
-        body = {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {"name": name, "namespace": namespace, "annotations": dict(annotations)},
-            "spec": {
-                "holderIdentity": identity,
-                "leaseDurationSeconds": duration,
-                "acquireTime": stamp,
-                "renewTime": stamp,
-                "leaseTransitions": 0,
-            },
-        }
+        body = wire.lease_body(
+            namespace=namespace, name=name, holder=identity, duration=duration, annotations=annotations, now=now,
+            transitions=0,
+        )  # fmt: skip
         return Create(body), None
     record = _record(lease)
     if seen is None or seen.record != record:
@@ -144,25 +135,13 @@ def attempt(
         remaining = seen.since + held_for - mono
         if remaining > 0:
             return HeldByOther(holder, remaining), seen
-    transitions = int(spec.get("leaseTransitions") or 0)
-    if holder != identity:
-        spec["acquireTime"] = stamp
-        spec["leaseTransitions"] = transitions + 1
-    elif not spec.get("acquireTime"):
-        spec["acquireTime"] = stamp
-    spec.update(holderIdentity=identity, leaseDurationSeconds=duration, renewTime=stamp)
-    metadata = dict(lease.get("metadata") or {})
-    metadata["annotations"] = {**(metadata.get("annotations") or {}), **annotations}
-    return Replace({**lease, "metadata": metadata, "spec": spec}), seen
+    body = wire.lease_acquisition(lease, holder=identity, duration=duration, annotations=annotations, now=now)
+    return Replace(body), seen
 
 
 def released(lease: Mapping[str, Any], *, now: datetime.datetime) -> dict[str, Any]:
-    """The Lease as held by this leader, released: no holder, a 1 s duration (client-go's
-    ReleaseOnCancel), resourceVersion kept (a compare-and-swap: never releases another's Lease)."""
-    spec = dict(lease.get("spec") or {})
-    stamp = model.format_time(now, fraction=True)
-    spec.update(holderIdentity="", leaseDurationSeconds=1, renewTime=stamp, acquireTime=stamp)
-    return {**lease, "spec": spec}
+    """The Lease as held by this leader, released (`wire.lease_release`)."""
+    return wire.lease_release(lease, now=now)
 
 
 class LeaseStore(Protocol):
