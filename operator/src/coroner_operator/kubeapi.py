@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any, Final, Protocol, TypeVar
 
 from coroner.client.rest import ApiError, Rest, leases_path, registrations_path, upsert_lease
-from coroner.core import admission_digest, wire
+from coroner.core import admission_digest, api, wire
 from coroner.core.wire import JSON_PATCH
 from coroner.retire import PortError
 from coroner.runtime.controller import utcnow
