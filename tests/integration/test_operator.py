@@ -20,7 +20,7 @@ import pytest
 from kubernetes import client as k8s
 
 from coroner.client.kube import api_client
-from coroner.core import api
+from coroner.core import api, wire
 from coroner.core.model import parse_time
 from coroner_dev.devcluster.cluster import Cluster
 from support import components, kube
@@ -299,19 +299,52 @@ def _refused_status_patches(cluster: Cluster) -> float:
     return found
 
 
+CONDITIONS_POLICY = "coroner-status-fields-by-identity"
+
+
+def _stuff_past_admission(
+    cluster: Cluster, admin: k8s.ApiClient, namespace: str, name: str, conditions: list[dict[str, str]]
+) -> None:
+    """Writes `conditions` with the conditions policy unbound, then binds it again and waits until
+    admission enforces it once more (a policy change reaches admission a moment after it lands), so
+    that the tests after this one meet it."""
+
+    def admitted(written: list[dict[str, str]], dry_run: str | None) -> bool:
+        try:
+            k8s.CustomObjectsApi(admin).patch_namespaced_custom_object_status(
+                api.GROUP, api.VERSION, namespace, api.PLURAL, name, {"status": {"conditions": written}},
+                dry_run=dry_run, _content_type=wire.MERGE_PATCH,
+            )  # fmt: skip
+        except k8s.exceptions.ApiException as exc:
+            if exc.status != 403:
+                raise
+            return False
+        return True
+
+    try:
+        kube.kubectl(cluster, "delete", "validatingadmissionpolicybinding", CONDITIONS_POLICY)
+        kube.wait_for(lambda: admitted(conditions, None), what=f"the stuffing admitted, {CONDITIONS_POLICY} unbound")
+    finally:
+        components.install(cluster, grant=True)
+    changed = [{**conditions[0], "message": "changed"}, *conditions[1:]]
+    kube.wait_for(lambda: not admitted(changed, "All"), what=f"{CONDITIONS_POLICY} enforced again")
+
+
 def test_conditions_stuffed_to_the_crds_limit_back_off_instead_of_spinning(
     granted: Cluster, agent_a: k8s.ApiClient, admin: k8s.ApiClient, namespace: str, tmp_path: pathlib.Path
 ) -> None:
-    """A peer fills status.conditions up to the CRD's maxItems (16): the operator's conditions
-    write, which appends Attested and Retirable, is refused 422 though nothing moved. It must back
-    off (capped exponential) and say so, not re-read and write again at once."""
+    """Conditions filled up to the CRD's maxItems (16): the operator's conditions write, which
+    appends Attested and Retirable, is refused 422 though nothing moved. It must back off (capped
+    exponential) and say so, not re-read and write again at once. Admission refuses conditions
+    other than Coroner's own; a registration stuffed while that policy was unbound (installed late,
+    or removed by someone) is what remains to handle, so the test unbinds it only to stuff."""
     _register(admin, namespace, "stuffed")
     stuffing = [
         {"type": f"Peer{i}", "status": "True", "reason": "Stuffed", "message": "a peer's",
          "lastTransitionTime": components.now_text()}
         for i in range(16)
     ]  # fmt: skip
-    kube.patch_status(admin, namespace, "stuffed", {"status": {"conditions": stuffing}})
+    _stuff_past_admission(granted, admin, namespace, "stuffed", stuffing)
     before = _refused_status_patches(granted)
     config = components.operator_kubeconfig(granted)
     log = tmp_path / "operator.log"

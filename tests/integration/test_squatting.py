@@ -1,8 +1,8 @@
 """Squatting: a peer that may create registrations copies a live worker's clientInstanceId onto a
 node with no agent, as another ServiceAccount (kubectl --as, the way the attack was tried). The
 worker is SIGKILLed: it must still be retired, because a claim binds only between registrations of
-one registrant (coroner.dev/registered-by, recorded by admission), and `kubectl coroner doctor`
-must name the copy and who made it.
+one registrant (coroner.dev/registered-by, which admission admits only as the requester), and
+`kubectl coroner doctor` must name the copy and who made it.
 
 Real worker (`coroner run`), real agent, real operator, real API server and admission, real kubectl.
 """
@@ -48,8 +48,9 @@ def node(plane: Cluster, tmp_path: pathlib.Path) -> Iterator[Node]:
         made.stop_agent()
 
 
-def squat_body(victim: dict[str, Any], *, name: str, node_name: str) -> dict[str, Any]:
-    """The victim's claims on another node, as the attacker writes them (no registrant of its own)."""
+def squat_body(victim: dict[str, Any], *, name: str, node_name: str, registrant: str) -> dict[str, Any]:
+    """The victim's claims on another node, as the attacker writes them: admission admits the create
+    only when it names its real requester as the registrant."""
     spec = dict(victim["spec"])
     spec["nodeName"] = node_name
     spec.pop("nodeUID", None)
@@ -60,6 +61,7 @@ def squat_body(victim: dict[str, Any], *, name: str, node_name: str) -> dict[str
             "name": name,
             "namespace": victim["metadata"]["namespace"],
             "labels": {api.NODE_LABEL: node_name},
+            "annotations": {api.REGISTERED_BY_ANNOTATION: registrant},
         },
         "spec": spec,
     }
@@ -93,7 +95,7 @@ def test_a_squatter_of_another_identity_keeps_no_dead_worker_and_doctor_names_it
     kube.kubectl(plane, "-n", namespace, "create", "serviceaccount", "squatter")
     kube.kubectl(plane, "-n", namespace, "create", "rolebinding", "squatter", "--clusterrole=coroner-worker",
                  f"--serviceaccount={namespace}:squatter")  # fmt: skip
-    body = yaml.safe_dump(squat_body(victim, name="squat", node_name="node-without-agent"))
+    body = yaml.safe_dump(squat_body(victim, name="squat", node_name="node-without-agent", registrant=squatter))
     answers: list[str] = []
 
     def create() -> bool:
