@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -474,6 +475,65 @@ def test_node_facts_of_this_machine(node: Node) -> None:
     assert facts.boot_id == REAL_BOOT
     assert facts.in_root_pid_namespace == (os.readlink("/proc/self/ns/pid") == f"pid:[{api.ROOT_PID_NAMESPACE_INODE}]")
     assert facts.sees_every_process == facts.in_root_pid_namespace
+
+
+# Run as nobody over a proc root the caller mounted: probes the incarnation given and prints what
+# the proc root shows of it, the node's facts, and the verdict.
+HIDDEN_PROBE = """
+import json, os, sys
+from coroner.core.procfs import IncarnationKey
+from coroner_agent.pidfds import PidfdTable
+from coroner_agent.pidindex import PidIndex
+from coroner_agent.probe import probe
+from coroner_agent.proc import HostProcReader, LocalNode
+
+root, boot, namespace, pid, start = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+reader = HostProcReader(proc_root=root)
+node = LocalNode.read(node_name="n", reader=reader)
+incarnation = IncarnationKey(boot_id=boot, pid_namespace=namespace, pid=pid, start_time=start)
+result = probe(incarnation=incarnation, registration_node="n", node=node, reader=reader, index=PidIndex(), pidfds=PidfdTable())
+print(json.dumps({"shown": os.path.exists(f"{root}/{pid}"), "hides": node.proc_hides_processes,
+                  "verdict": result.verdict.value, "evidence": result.evidence.value}))
+"""
+
+
+@needs_root
+@needs_unshare
+@pytest.mark.parametrize("hidepid", ["invisible", "off"])
+def test_a_process_a_hidepid_proc_hides_is_not_absent(
+    spawn: Callable[..., subprocess.Popen[bytes]], hidepid: str
+) -> None:
+    """A proc mounted with hidepid=invisible answers ENOENT for a process its reader may not ptrace,
+    as it does for no process: an agent reading it (here as nobody) must not call that absence."""
+    sleeper = spawn("sleep", "300")
+    incarnation = procfs.incarnation_from(
+        stat=pathlib.Path(f"/proc/{sleeper.pid}/stat").read_text(),
+        status=pathlib.Path(f"/proc/{sleeper.pid}/status").read_text(),
+        pid_namespace_link=os.readlink(f"/proc/{sleeper.pid}/ns/pid"),
+        boot_id=REAL_BOOT,
+        machine_id=None,
+        node_name="n",
+    )
+    # A private mount namespace: the proc mount is gone with the command. Its mount point is one
+    # nobody can reach (pytest's directories are root's only).
+    mount_and_probe = (
+        'mount -t proc -o "hidepid=$1" proc "$2" && shift 2 && '
+        'exec setpriv --reuid=65534 --regid=65534 --clear-groups "$@"'
+    )
+    with tempfile.TemporaryDirectory(prefix="coroner-proc-") as root:
+        os.chmod(root, 0o755)
+        result = subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", mount_and_probe, "sh", hidepid, root,
+             sys.executable, "-c", HIDDEN_PROBE, root, REAL_BOOT, str(incarnation.pid_namespace), str(incarnation.pid),
+             str(incarnation.start_time)],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout)
+    if hidepid == "invisible":
+        assert seen == {"shown": False, "hides": True, "verdict": "Unknown", "evidence": "ProcHidesProcesses"}, seen
+    else:  # the control: the same reader, user and process, with nothing hidden
+        assert seen == {"shown": True, "hides": False, "verdict": "Alive", "evidence": "PidfdPinned"}, seen
 
 
 def test_the_index_refresh_is_incremental_on_this_machine() -> None:

@@ -259,6 +259,9 @@ class SimProcReader:
     def close_pidfd(self, fd: int) -> None:
         self._fds.pop(fd, None)
 
+    def proc_mount_options(self) -> tuple[str, ...]:
+        return ("rw", "nosuid", "rw")  # a node's /proc as kubelet's runtimes mount it: no hidepid
+
     def pinned(self) -> list[tuple[int, SimProcess]]:
         return list(self._fds.items())
 

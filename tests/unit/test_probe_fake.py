@@ -94,6 +94,7 @@ class FakeProc:
         self.closed: list[int] = []
         self.fdinfo_offset = 0  # simulates an agent whose pid namespace is not /proc's
         self.list_error: OSError | None = None
+        self.mount_options: tuple[str, ...] | OSError = ("rw", "nosuid", "rw")
         self._next_fd = itertools.count(100)
 
     # world changes
@@ -180,6 +181,11 @@ class FakeProc:
         assert fd in self.fds and fd not in self.closed, f"fd {fd} closed twice or never opened"
         self.closed.append(fd)
 
+    def proc_mount_options(self) -> tuple[str, ...]:
+        if isinstance(self.mount_options, OSError):
+            raise self.mount_options
+        return self.mount_options
+
     @property
     def open_fds(self) -> set[int]:
         return set(self.fds) - set(self.closed)
@@ -188,6 +194,7 @@ class FakeProc:
 def facts(**changes: Any) -> LocalNode:
     values: dict[str, Any] = {
         "node_name": NODE, "boot_id": BOOT, "host_id": "host-a", "agent_pid_namespace": ROOT, "proc_pid_namespace": ROOT,
+        "proc_hides_processes": False,
     }  # fmt: skip
     return LocalNode(**(values | changes))
 
@@ -413,6 +420,21 @@ def test_absence_seen_from_outside_the_root_namespace_is_unknown(node: LocalNode
     expect(agent.probe(key(ns=CHILD, pid=2)), Verdict.UNKNOWN, Evidence.NOT_ROOT_PID_NAMESPACE)
     boundary = agent.probe(key(boot=OTHER_BOOT))
     expect(boundary, Verdict.UNKNOWN, Evidence.NOT_ROOT_PID_NAMESPACE)
+
+
+@pytest.mark.parametrize("hides", [True, None], ids=["hidepid", "mount-options-unreadable"])
+def test_absence_in_a_proc_that_may_hide_processes_is_unknown(hides: bool | None) -> None:
+    # With hidepid=invisible, /proc answers ENOENT for a live process the reader may not ptrace,
+    # exactly as for no process: the listing and the lookup prove nothing there.
+    proc = FakeProc(sleeper())
+    proc.fault("stat", 4242, oserror(errno.ENOENT))
+    agent = Agent(proc, node=facts(proc_hides_processes=hides))
+    result = agent.probe(key())
+    expect(result, Verdict.UNKNOWN, Evidence.PROC_HIDES_PROCESSES)
+    assert ("hidepid" if hides else "cannot be read") in result.detail
+    unlisted = Agent(FakeProc(), node=facts(proc_hides_processes=hides))
+    expect(unlisted.probe(key(ns=CHILD, pid=2)), Verdict.UNKNOWN, Evidence.PROC_HIDES_PROCESSES)
+    expect(unlisted.probe(key(boot=OTHER_BOOT)), Verdict.UNKNOWN, Evidence.PROC_HIDES_PROCESSES)
 
 
 def test_a_reused_number_is_reported_not_dead() -> None:
@@ -772,6 +794,26 @@ def test_node_facts_without_files(node_files: dict[str, pathlib.Path]) -> None:
     assert (read.boot_id, read.host_id, read.agent_pid_namespace, read.sees_every_process) == (None, NODE, None, False)
 
 
+@pytest.mark.parametrize(
+    ("options", "hides"),
+    [
+        (("rw", "nosuid", "rw"), False),
+        (("rw", "rw", "hidepid=invisible"), True),
+        (("rw", "rw", "hidepid=2", "gid=4"), True),
+        (("rw", "rw", "hidepid=off"), False),
+        (oserror(errno.EACCES), None),
+    ],
+)
+def test_node_facts_proc_hiding(
+    node_files: dict[str, pathlib.Path], options: tuple[str, ...] | OSError, hides: bool | None
+) -> None:
+    proc = FakeProc(FakeProcess(host_pid=1, start_time=0))
+    proc.mount_options = options
+    read = read_facts(node_files, proc)
+    assert read.proc_hides_processes is hides
+    assert read.sees_every_process is (hides is False)
+
+
 def test_node_facts_machine_id_uninitialized(node_files: dict[str, pathlib.Path]) -> None:
     node_files["machine_id_file"].write_text("uninitialized\n")
     assert read_facts(node_files).host_id == NODE
@@ -939,10 +981,14 @@ def worlds(draw: st.DrawFn) -> tuple[FakeProc, IncarnationKey, LocalNode]:
             exited=zombie and threads == 1 and draw(st.booleans()),
         )
     proc = FakeProc(*processes.values())
-    for host_pid in processes:
+    hides = draw(st.sampled_from([False, False, True, None]))
+    for host_pid, process in processes.items():
         for op in draw(st.lists(st.sampled_from(["stat", "status", "link", "open"]), max_size=2)):
-            code = draw(st.sampled_from([errno.EACCES, errno.ESRCH, errno.ENOENT, errno.EMFILE]))
-            proc.fault(op, host_pid, oserror(code))
+            codes = [errno.EACCES, errno.ESRCH, errno.EMFILE]
+            # The kernel answers ENOENT for a process that still runs only where /proc hides it.
+            if hides is not False or process.exited:
+                codes.append(errno.ENOENT)
+            proc.fault(op, host_pid, oserror(draw(st.sampled_from(codes))))
     namespace = draw(NAMESPACES)
     incarnation = key(
         boot=draw(st.sampled_from([BOOT, OTHER_BOOT])),
@@ -953,6 +999,7 @@ def worlds(draw: st.DrawFn) -> tuple[FakeProc, IncarnationKey, LocalNode]:
     node = facts(
         agent_pid_namespace=draw(st.sampled_from([ROOT, ROOT, CHILD, None])),
         proc_pid_namespace=draw(st.sampled_from([ROOT, ROOT, None])),
+        proc_hides_processes=hides,
     )
     return proc, incarnation, node
 

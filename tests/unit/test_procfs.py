@@ -462,3 +462,66 @@ def test_procfs_imports_only_computation() -> None:
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
             assert node.func.id not in {"open", "print", "eval", "exec", "__import__"}, node.func.id
     assert imported <= ALLOWED_IMPORTS, sorted(imported - ALLOWED_IMPORTS)
+
+
+MOUNTINFO = (
+    "22 27 0:21 / /proc rw,relatime - proc proc rw\n"
+    "30 22 0:28 / /proc/sys/fs/binfmt_misc rw,relatime - binfmt_misc binfmt_misc rw\n"
+    "41 27 0:40 / /host/proc rw,nosuid,nodev - proc proc rw,hidepid=invisible,gid=4\n"
+    "42 27 0:41 / /with\\040space ro - proc proc rw\n"
+    "43 27 0:42 / /old rw,hidepid=2 - proc proc rw\n"
+    "44 27 0:43 / /stacked rw - proc proc rw,hidepid=invisible\n"
+    "45 27 0:44 / /stacked rw shared:7 - proc proc rw\n"
+    "46 27 0:45 / /tmp rw - tmpfs tmpfs rw\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("mount_point", "hides"),
+    [
+        ("/proc", False),
+        ("/host/proc", True),
+        ("/with space", False),
+        ("/old", True),  # before 5.8, hidepid was a per-mount option
+        ("/stacked", False),  # the last mount at a point is the one on top
+    ],
+)
+def test_proc_mount_options(mount_point: str, hides: bool) -> None:
+    options = procfs.parse_proc_mount_options(MOUNTINFO, mount_point=mount_point)
+    assert procfs.hides_processes(options) is hides
+
+
+@pytest.mark.parametrize(
+    ("text", "mount_point", "message"),
+    [
+        (MOUNTINFO, "/nowhere", "nothing is mounted at /nowhere"),
+        (MOUNTINFO, "/tmp", "is a tmpfs mount, not proc"),
+        ("22 27 0:21 / /proc rw proc proc rw\n", "/proc", "no '-' separator"),
+        ("22 27 0:21 / /proc rw - proc\n", "/proc", "too few fields"),
+    ],
+)
+def test_proc_mount_options_refuses_what_it_cannot_vouch_for(text: str, mount_point: str, message: str) -> None:
+    with pytest.raises(procfs.ParseError, match=message):
+        procfs.parse_proc_mount_options(text, mount_point=mount_point)
+
+
+@pytest.mark.parametrize(
+    ("options", "hides"),
+    [
+        ((), False),
+        (("rw", "hidepid=0"), False),
+        (("hidepid=off",), False),
+        (("hidepid=1",), True),
+        (("hidepid=noaccess",), True),
+        (("hidepid=ptraceable", "subset=pid"), True),
+        (("hidepid=invisible",), True),
+    ],
+)
+def test_hides_processes(options: tuple[str, ...], hides: bool) -> None:
+    assert procfs.hides_processes(options) is hides
+
+
+def test_this_machines_proc_mount_parses() -> None:
+    with open("/proc/self/mountinfo") as file:
+        options = procfs.parse_proc_mount_options(file.read(), mount_point="/proc")
+    assert "rw" in options or "ro" in options

@@ -89,6 +89,7 @@ def _resolve(
             sees_every_process=node.sees_every_process,
             agent_pid_namespace=node.agent_pid_namespace,
             proc_pid_namespace=node.proc_pid_namespace,
+            proc_hides_processes=node.proc_hides_processes,
         )
     if view.start_time != key.start_time:
         reuser, exited, note = _watch_reuser(view=view, node=node, reader=reader, pidfds=pidfds)

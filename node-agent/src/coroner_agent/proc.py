@@ -64,6 +64,10 @@ class ProcReader(Protocol):
 
     def close_pidfd(self, fd: int) -> None: ...
 
+    def proc_mount_options(self) -> tuple[str, ...]:
+        """The options of the proc mount that serves the proc root (`procfs.parse_proc_mount_options`)."""
+        ...
+
 
 class HostProcReader:
     """The real /proc (or a proc root mounted elsewhere) and real pidfds."""
@@ -125,6 +129,14 @@ class HostProcReader:
     def close_pidfd(self, fd: int) -> None:
         os.close(fd)
 
+    def proc_mount_options(self) -> tuple[str, ...]:
+        try:
+            return procfs.parse_proc_mount_options(
+                self._read("/proc/self/mountinfo"), mount_point=os.path.realpath(self.proc_root)
+            )
+        except ParseError as exc:
+            raise OSError(errno.EINVAL, str(exc)) from exc
+
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class LocalNode:
@@ -141,6 +153,9 @@ class LocalNode:
     """Inode of the agent's own pid namespace (None: unreadable)."""
     proc_pid_namespace: int | None
     """Inode of the pid namespace the proc root shows; None: not established (see `read`)."""
+    proc_hides_processes: bool | None
+    """The proc root is mounted with hidepid (it may not list a live process, and answers ENOENT
+    for it as for no process); None: its mount options could not be read."""
 
     @property
     def in_root_pid_namespace(self) -> bool:
@@ -150,7 +165,9 @@ class LocalNode:
     def sees_every_process(self) -> bool:
         """Absence is authoritative only when neither the agent nor its /proc is in a child namespace."""
         return verdict.sees_every_process(
-            agent_pid_namespace=self.agent_pid_namespace, proc_pid_namespace=self.proc_pid_namespace
+            agent_pid_namespace=self.agent_pid_namespace,
+            proc_pid_namespace=self.proc_pid_namespace,
+            proc_hides_processes=self.proc_hides_processes,
         )
 
     @classmethod
@@ -187,12 +204,17 @@ class LocalNode:
                 proc_ns = agent_ns
         except (OSError, ParseError, ValueError):
             proc_ns = None
+        try:
+            hides: bool | None = procfs.hides_processes(reader.proc_mount_options())
+        except OSError:
+            hides = None
         return cls(
             node_name=node_name,
             boot_id=boot_id,
             host_id=host_id,
             agent_pid_namespace=agent_ns,
             proc_pid_namespace=proc_ns,
+            proc_hides_processes=hides,
         )
 
 

@@ -74,9 +74,16 @@ def unknown(evidence: Evidence, detail: str, host_pid: int | None = None) -> Pro
     return ProbeResult(verdict=Verdict.UNKNOWN, evidence=evidence, detail=detail, host_pid=host_pid)
 
 
-def sees_every_process(*, agent_pid_namespace: int | None, proc_pid_namespace: int | None) -> bool:
-    """Absence is authoritative only when neither the agent nor its /proc is in a child namespace."""
-    return agent_pid_namespace == api.ROOT_PID_NAMESPACE_INODE and proc_pid_namespace == api.ROOT_PID_NAMESPACE_INODE
+def sees_every_process(
+    *, agent_pid_namespace: int | None, proc_pid_namespace: int | None, proc_hides_processes: bool | None
+) -> bool:
+    """Absence is authoritative only when neither the agent nor its /proc is in a child namespace,
+    and that /proc is known to hide no process (no hidepid)."""
+    return (
+        agent_pid_namespace == api.ROOT_PID_NAMESPACE_INODE
+        and proc_pid_namespace == api.ROOT_PID_NAMESPACE_INODE
+        and proc_hides_processes is False
+    )
 
 
 def recorded(
@@ -115,14 +122,23 @@ def absent(
     sees_every_process: bool,
     agent_pid_namespace: int | None,
     proc_pid_namespace: int | None,
+    proc_hides_processes: bool | None,
 ) -> ProbeResult:
     """No process holds the recorded (pid namespace, pid) in a listing taken during this probe."""
     where = f"pid {key.pid} in pid namespace {key.pid_namespace}"
-    if not sees_every_process:
+    in_root = api.ROOT_PID_NAMESPACE_INODE == agent_pid_namespace == proc_pid_namespace
+    if not sees_every_process and not in_root:
         return unknown(
             Evidence.NOT_ROOT_PID_NAMESPACE,
             f"no process holds {where}, but this agent (pid namespace {agent_pid_namespace}) or its "
             f"/proc (pid namespace {proc_pid_namespace}) is not the root pid namespace and may not see it",
+        )
+    if not sees_every_process:
+        hidden = "is mounted with hidepid" if proc_hides_processes else "has mount options that cannot be read"
+        return unknown(
+            Evidence.PROC_HIDES_PROCESSES,
+            f"no process holds {where} in this agent's /proc, but that /proc {hidden} and may not show "
+            "every process: mount it without hidepid",
         )
     if same_boot:
         return ProbeResult(

@@ -404,3 +404,37 @@ def incarnation_from(
         start_time=view.start_time,
         host_id=host_id,
     )
+
+
+def _mountinfo_unescape(field: str) -> str:
+    # mountinfo writes space, tab, newline and backslash in paths as three octal digits.
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def parse_proc_mount_options(raw: str | bytes, *, mount_point: str) -> tuple[str, ...]:
+    """The options of the proc mount at `mount_point` in a `/proc/self/mountinfo` text: the
+    per-mount and the superblock options together (hidepid is a superblock option since 5.8 and a
+    mount option before). The last mount listed at that point is the one on top, the one read."""
+    found: tuple[str, ...] | None = None
+    for line in _text(raw, what="mountinfo").splitlines():
+        fields = line.split(" ")
+        if "-" not in fields[6:]:
+            raise ParseError(f"mountinfo: {line[:80]!r} has no '-' separator")
+        separator = fields.index("-", 6)
+        if len(fields) < separator + 4 or len(fields) < 7:
+            raise ParseError(f"mountinfo: {line[:80]!r} has too few fields")
+        if _mountinfo_unescape(fields[4]) != mount_point:
+            continue
+        if fields[separator + 1] != "proc":
+            raise ParseError(f"mountinfo: {mount_point} is a {fields[separator + 1]} mount, not proc")
+        found = (*fields[5].split(","), *fields[separator + 3].split(","))
+    if found is None:
+        raise ParseError(f"mountinfo: nothing is mounted at {mount_point}")
+    return found
+
+
+def hides_processes(options: tuple[str, ...]) -> bool:
+    """Whether a proc mount with these options may leave processes out of its listing and answer
+    ENOENT for them (hidepid=invisible or ptraceable; noaccess answers EACCES, which is no
+    absence, but counts too: absence is believed only from a proc that hides nothing)."""
+    return any(o.startswith("hidepid=") and o not in ("hidepid=0", "hidepid=off") for o in options)

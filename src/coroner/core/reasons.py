@@ -77,6 +77,9 @@ class Evidence(enum.StrEnum):
     START_TIME_UNREADABLE = "StartTimeUnreadable"
     PID_NAMESPACE_NOT_VISIBLE = "PidNamespaceNotVisible"
     NOT_ROOT_PID_NAMESPACE = "NotRootPidNamespace"
+    #: The proc root is mounted with hidepid (or its options are unreadable): a process it does not
+    #: show may still run.
+    PROC_HIDES_PROCESSES = "ProcHidesProcesses"
     BOOT_ID_UNREADABLE = "BootIdUnreadable"
     FOREIGN_NODE = "ForeignNode"
     INVALID_INCARNATION = "InvalidIncarnation"
