@@ -92,15 +92,20 @@ class Reconciler:
 
     async def effects(self, key: Key) -> Effects | None:
         """Gathers the facts about `key` and returns what the step makes of them (None: not cached)."""
-        body = self.world.bodies.get(key)
-        if body is None:
+        registration = self.world.parsed.get(key)
+        if registration is None:
             return None
-        registration = self.world.parsed[key]
         now = self.clock()
         node = None
         if not registration.terminal:
             await self.permissions.ensure(key[0])
             node = await self.confirm_node_gone(registration, now=now)
+            # The watch went on while those reads were in flight: decide on what the cache holds
+            # now, or on nothing if the registration went meanwhile (its deletion is its last event).
+            if key not in self.world.parsed:
+                return None
+            registration = self.world.parsed[key]
+        body = self.world.bodies[key]
         facts = self.world.facts_for(key, now=now, node=node)
         return step.reconcile(
             body=body,

@@ -1,0 +1,50 @@
+"""The reconcile of a registration whose object changes while the reconcile awaits a live read:
+it decides on what the cache holds after its awaits, and on nothing once the object is gone (the
+watch delivers a deletion while the first permission review of its namespace is in flight)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from coroner.core import api
+from coroner.core.decision import Policy
+from coroner.core.world import World
+from coroner_operator.app import Operator
+from coroner_operator.metrics import Metrics
+from coroner_operator.settings import OperatorSettings
+from unit.builders import make_registration
+from unit.test_terminal_deletion import FakeKube
+
+pytestmark = pytest.mark.unit
+
+
+class DeletedDuringReview(FakeKube):
+    """The namespace's first `retire` review is answered after the registration's deletion arrived."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.world: World | None = None
+
+    async def can_retire(self, **kwargs: Any) -> bool:
+        assert self.world is not None
+        self.world.forget_registration(("jobs", "w1"))
+        return await super().can_retire(**kwargs)
+
+
+def test_a_registration_deleted_while_its_reconcile_awaits_is_not_decided() -> None:
+    kube = DeletedDuringReview()
+    operator = Operator(
+        world=World(system_namespace=api.SYSTEM_NAMESPACE),
+        kube=kube,  # type: ignore[arg-type]
+        policy=Policy(),
+        metrics=Metrics(),
+        settings=OperatorSettings(),
+    )
+    kube.world = operator.world
+    operator.world.put_registration(make_registration(name="w1", uid="uid-w1"))
+    result = asyncio.run(operator.reconciler.reconcile(("jobs", "w1")))
+    assert result.requeue_at is None
+    assert kube.patches == [] and kube.deletes == []
