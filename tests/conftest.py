@@ -19,6 +19,7 @@ Each folder's marker is set here, so a new test file is in its lane without mark
 
 from __future__ import annotations
 
+import gc
 import os
 import pathlib
 import uuid
@@ -144,6 +145,15 @@ def _lane_markers(item: pytest.Item) -> list[str]:
     if folder in ("integration", "e2e"):
         return [folder] if _QUICK_NAMES.intersection(_names(item)) else [folder, "slow"]
     return []
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    # A process a test started and dropped unreaped warns (an error here) when its Popen object is
+    # collected. Collected at the end of each test that may start one, the error names the test that
+    # leaked it, not whichever later test the collector happened to run in.
+    if item.get_closest_marker("unit") is None:
+        gc.collect()
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the markers set here
