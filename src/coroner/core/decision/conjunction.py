@@ -404,8 +404,8 @@ def _identity_lines(trail: Trail, *, known: Known, registration: Registration, f
     """Lines 12 to 15: nothing else claims this identity, no Lease protects it, the grant holds."""
     now = trail.now
     what = f"{trail.obj} (pid {known.pid} on {known.node_name})"
-    # Claims bind only between registrations one registrant made (admission records it and freezes
-    # it): a peer another identity created cannot be the same worker, whatever it copied, so it
+    # Claims bind only between registrations one registrant made (admission admits it only as the
+    # requester, and freezes it): a peer another identity created cannot be the same worker, whatever it copied, so it
     # blocks nothing; doctor names it. A registrant unrecorded on either side may be the same one.
     squatting = squatters(registration, facts.peers)
     if squatting:

@@ -144,7 +144,7 @@ def is_self(registration: Registration, peer: Registration) -> bool:
 
 def same_registrant(registration: Registration, peer: Registration) -> bool | None:
     """Whether two registrations were created by one requester (``coroner.dev/registered-by``, which
-    admission records at CREATE and freezes): only those can be the same worker, so only their
+    admission admits at CREATE only as the requester, and freezes): only those can be the same worker, so only their
     claims can conflict. None when either does not name its registrant: unknown, never "another"."""
     if registration.registered_by is None or peer.registered_by is None:
         return None

@@ -122,8 +122,8 @@ class Registration:
     generation: int | None
     creation_time: datetime.datetime | None
     labels: Mapping[str, str]
-    #: ``metadata.annotations["coroner.dev/registered-by"]``: who created it, as admission records
-    #: the requester at CREATE and then freezes it. None when absent, empty or not a string (unknown).
+    #: ``metadata.annotations["coroner.dev/registered-by"]``: who created it: admission admits
+    #: a CREATE only when it names the requester, and then freezes it. None when absent, empty or not a string (unknown).
     registered_by: str | None = None
     node_name: str | None
     node_uid: str | None
