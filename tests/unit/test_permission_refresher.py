@@ -297,7 +297,7 @@ def test_the_first_decision_waits_for_the_policies_and_an_unverified_one_retires
     listed: list[dict[str, Any]] | Exception, reason: Reason
 ) -> None:
     op = operator(FakeKube(listed))
-    effects = asyncio.run(op.reconciler.effects((NAMESPACE, NAME)))
+    _, effects = asyncio.run(op.reconciler.decide((NAMESPACE, NAME)))
     assert effects is not None and effects.reason is reason
     if reason is Reason.ELIGIBLE_STALE_ORPHAN:
         assert effects.retire is not None

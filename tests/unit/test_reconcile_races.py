@@ -48,3 +48,39 @@ def test_a_registration_deleted_while_its_reconcile_awaits_is_not_decided() -> N
     result = asyncio.run(operator.reconciler.reconcile(("jobs", "w1")))
     assert result.requeue_at is None
     assert kube.patches == [] and kube.deletes == []
+
+
+class SlowReview(FakeKube):
+    """The namespace's first `retire` review takes a while (the clock moves while it is in flight)."""
+
+    def __init__(self, clock: list[float]) -> None:
+        super().__init__()
+        self.clock = clock
+
+    async def can_retire(self, **kwargs: Any) -> bool:
+        self.clock[0] += 100.0
+        return await super().can_retire(**kwargs)
+
+
+def test_a_decision_is_dated_after_the_live_reads_it_awaited() -> None:
+    # The fence and the admission reads that serve a retirement must be sent after the cache read
+    # the decision rests on: a read another retirement sent while this one awaited its first review
+    # predates that cache read, and must not count as fresh for it.
+    clock = [0.0]
+    operator = Operator(
+        world=World(system_namespace=api.SYSTEM_NAMESPACE),
+        kube=SlowReview(clock),  # type: ignore[arg-type]
+        policy=Policy(),
+        metrics=Metrics(),
+        settings=OperatorSettings(),
+        monotonic=lambda: clock[0],
+    )
+    operator.world.put_registration(make_registration(name="w1", uid="uid-w1"))
+    dated: list[float] = []
+
+    async def run(effects: object, *, decided_at: float) -> None:
+        dated.append(decided_at)
+
+    operator.reconciler.executor.run = run  # type: ignore[method-assign]
+    asyncio.run(operator.reconciler.reconcile(("jobs", "w1")))
+    assert dated == [100.0]

@@ -67,8 +67,7 @@ class Reconciler:
 
     async def reconcile(self, key: Key) -> Result:
         while True:
-            decided_at = self.monotonic()  # before the cache is read: the retire fence's reads come after it
-            effects = await self.effects(key)
+            decided_at, effects = await self.decide(key)
             if effects is None or effects.retire is None:
                 break
             # A retirement waits for reads shared with every retirement decided meanwhile (the
@@ -90,11 +89,13 @@ class Reconciler:
         await self.executor.run(effects, decided_at=decided_at)
         return Result(requeue_at=effects.requeue_at)
 
-    async def effects(self, key: Key) -> Effects | None:
-        """Gathers the facts about `key` and returns what the step makes of them (None: not cached)."""
+    async def decide(self, key: Key) -> tuple[float, Effects | None]:
+        """Gathers the facts about `key` and returns what the step makes of them (None: not cached),
+        and when (`monotonic`) the cache was read for them: the retire fence's and the admission
+        policies' reads must be sent after that instant to speak for this decision."""
         registration = self.world.parsed.get(key)
         if registration is None:
-            return None
+            return self.monotonic(), None
         now = self.clock()
         node = None
         if not registration.terminal:
@@ -103,11 +104,12 @@ class Reconciler:
             # The watch went on while those reads were in flight: decide on what the cache holds
             # now, or on nothing if the registration went meanwhile (its deletion is its last event).
             if key not in self.world.parsed:
-                return None
+                return self.monotonic(), None
             registration = self.world.parsed[key]
+        decided_at = self.monotonic()  # before the cache is read: the fence's reads come after it
         body = self.world.bodies[key]
         facts = self.world.facts_for(key, now=now, node=node)
-        return step.reconcile(
+        return decided_at, step.reconcile(
             body=body,
             registration=registration,
             facts=facts,
