@@ -7,6 +7,7 @@ test_end_to_end.py.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import pathlib
@@ -41,6 +42,25 @@ def operator(granted: Cluster, tmp_path: pathlib.Path) -> Iterator[None]:
 def _register(admin: k8s.ApiClient, namespace: str, name: str, *, heartbeat_age: float = 0.0, **kwargs: object) -> None:
     kube.create_registration(admin, namespace, kube.registration_body(name=name, **kwargs))  # type: ignore[arg-type]
     kube.patch_status(admin, namespace, name, {"status": {"lastHeartbeatTime": components.now_text(-heartbeat_age)}})
+
+
+def test_a_goodbye_the_operator_did_not_write_is_kept_exactly_as_written(
+    operator: None, admin: k8s.ApiClient, namespace: str
+) -> None:
+    """The registrant's Released, timed to the microsecond with an offset (RFC 3339 allows both):
+    the operator's conditions write must carry it back verbatim, or admission refuses that write
+    (only the registrant changes its goodbye) on every try."""
+    _register(admin, namespace, "bye")
+    goodbye = {
+        "type": "Released", "status": "True", "reason": "CleanExit", "message": "bye",
+        "lastTransitionTime": datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds"),
+    }  # fmt: skip
+    kube.patch_status(admin, namespace, "bye", {"status": {"conditions": [goodbye], "state": "Released"}})
+    kube.wait_for(
+        lambda: components.reason(admin, namespace, "bye") == "AlreadyTerminal", what="Retirable AlreadyTerminal"
+    )
+    conditions = kube.get_registration(admin, namespace, "bye")["status"]["conditions"]
+    assert [c for c in conditions if c["type"] == "Released"] == [goodbye]
 
 
 def test_pidfd_death_is_retired_with_an_event(

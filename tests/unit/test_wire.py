@@ -302,6 +302,35 @@ def test_the_operators_conditions_parse_back_as_decided() -> None:
     assert not parsed.terminal
 
 
+#: Conditions the operator does not write, as others may store them: a goodbye timed to the
+#: microsecond with an offset (RFC 3339 allows both) and no observedGeneration, a type written
+#: before admission refused foreign ones, and an item the parser cannot read.
+FOREIGN_CONDITIONS: list[Any] = [
+    {"type": "Released", "status": "True", "reason": "CleanExit", "message": "bye",
+     "lastTransitionTime": "2026-12-01T10:00:00.123456+00:00"},
+    {"type": "Peer0", "status": "True", "reason": "Stuffed", "message": "a peer's",
+     "lastTransitionTime": "2026-12-01T10:00:00Z", "extra": 1},
+    {"type": "Garbage", "status": "Maybe"},
+]  # fmt: skip
+
+
+def test_the_operator_writes_back_what_it_does_not_own_exactly_as_stored() -> None:
+    # Admission lets only a condition's own writer change it (the goodbye is the registrant's): a
+    # re-rendered one (another time format, a field dropped) would be refused on every write.
+    body = make_registration(conditions=[ATTESTED, *FOREIGN_CONDITIONS])
+    registration = model.parse_registration(body)
+    decision = decide(registration=registration, facts=make_facts(), policy=Policy(), now=NOW)
+    desired = wire.desired_conditions(registration, decision, now=NOW)
+    ops = wire.conditions_ops(body, desired, resource_version=str(registration.resource_version))
+    written = applied(body, ops)["status"]["conditions"]
+    assert [c for c in written if c["type"] not in ("Attested", "Retirable", "Retired")] == FOREIGN_CONDITIONS
+    assert [c["type"] for c in written][:4] == ["Attested", "Released", "Peer0", "Garbage"]
+    if decision.retirable:
+        retired = applied(body, wire.retirement_ops(body, registration, decision, retired_by="op", now=NOW))
+        kept = [c for c in retired["status"]["conditions"] if c["type"] not in ("Attested", "Retirable", "Retired")]
+        assert kept == FOREIGN_CONDITIONS
+
+
 @pytest.mark.parametrize("writer", list(wire.Writer))
 @pytest.mark.parametrize(
     "body",

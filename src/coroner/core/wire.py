@@ -26,7 +26,7 @@ from __future__ import annotations
 import datetime
 import enum
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Final
 
 from coroner.core import api, model
 from coroner.core import conditions as cond
@@ -208,11 +208,44 @@ def retired_conditions(
     )
 
 
+#: The condition types the operator writes. Every other condition it writes back exactly as
+#: stored: admission lets only a condition's own writer change it (the goodbye is the registrant's),
+#: and a re-rendered one (another time format, a field dropped) would be refused on every write.
+OPERATOR_CONDITIONS: Final = frozenset({ConditionType.ATTESTED, ConditionType.RETIRABLE, ConditionType.RETIRED})
+
+
+def _operator_conditions(body: Mapping[str, Any], conditions: list[model.Condition]) -> list[Any]:
+    """The stored conditions, verbatim, with the operator's own set from `conditions`."""
+    status = body.get("status")
+    return _stored_with(
+        status if isinstance(status, Mapping) else None,
+        {c.type: cond.render_condition(c) for c in conditions if c.type in OPERATOR_CONDITIONS},
+    )
+
+
+def _stored_with(stored_status: Mapping[str, Any] | None, own: Mapping[str, dict[str, object]]) -> list[Any]:
+    """The stored conditions, verbatim, with those of the types in `own` set from it (replaced in
+    place, a duplicate dropped, or appended in `own`'s order)."""
+    stored = None if stored_status is None else stored_status.get("conditions")
+    written: list[Any] = []
+    seen: set[str] = set()
+    for item in stored if isinstance(stored, list) else []:
+        kind = item.get("type") if isinstance(item, Mapping) else None
+        if isinstance(kind, str) and kind in own:
+            if kind not in seen:
+                written.append(own[kind])
+                seen.add(kind)
+            continue
+        written.append(item)
+    written.extend(rendered for kind, rendered in own.items() if kind not in seen)
+    return written
+
+
 def conditions_ops(
     body: Mapping[str, Any], conditions: list[model.Condition], *, resource_version: str
 ) -> list[dict[str, Any]]:
     """The operator's compare-and-swap JSON patch that sets status.conditions."""
-    return status_ops(body=body, resource_version=resource_version, conditions=cond.render_conditions(conditions))
+    return status_ops(body=body, resource_version=resource_version, conditions=_operator_conditions(body, conditions))
 
 
 def conditions_changed(registration: model.Registration, desired: list[model.Condition]) -> bool:
@@ -262,7 +295,7 @@ def retirement_ops(
     raw_attestation = None if stored_status is None else stored_status.get("attestation")
     statement = None
     if writer is Writer.OPERATOR:
-        written = cond.render_conditions(retired_conditions(registration, decision, now=now))
+        written = _operator_conditions(body, retired_conditions(registration, decision, now=now))
     else:
         written = _person_retired_conditions(stored_status, registration, decision, retired_by=retired_by, now=now)
         statement = Statement.HUMAN if decision.death_evidence.node_level else None
@@ -284,9 +317,6 @@ def _person_retired_conditions(
 ) -> list[Any]:
     """The stored conditions, verbatim, with Retired set (replaced, or appended)."""
     assert decision.death_evidence is not None
-    stored_conditions = [] if stored_status is None else stored_status.get("conditions")
-    if not isinstance(stored_conditions, list):
-        stored_conditions = []
     updated = cond.set_condition(
         registration.conditions,
         type=ConditionType.RETIRED,
@@ -298,14 +328,7 @@ def _person_retired_conditions(
     )
     retired = cond.find_condition(updated, type=ConditionType.RETIRED)
     assert retired is not None  # set_condition always leaves one of its type
-    rendered = cond.render_condition(retired)
-    written = [
-        rendered if isinstance(item, Mapping) and item.get("type") == ConditionType.RETIRED.value else item
-        for item in stored_conditions
-    ]
-    if rendered not in written:
-        written.append(rendered)
-    return written
+    return _stored_with(stored_status, {ConditionType.RETIRED.value: cond.render_condition(retired)})
 
 
 # --- the launcher ----------------------------------------------------------------------------------
