@@ -9,8 +9,8 @@ against the API server's own floor.
 N real worker processes (`sleep`) on `--nodes` simulated nodes (one real coroner-agent each; node-1
 carries this machine's boot id, the others a random one), registered exactly as the launcher
 registers them (`coroner.launcher.probe_incarnation` + `coroner.launcher.register`, as a worker
-ServiceAccount bound to the ClusterRole coroner-worker). By default they do not heartbeat (issue
-14: liveness is the agent's pidfd and the agent's node Lease; no spec.heartbeat is written); with
+ServiceAccount bound to the ClusterRole coroner-worker). By default they do not heartbeat
+(liveness is the agent's pidfd and the agent's node Lease; no spec.heartbeat is written); with
 `--heartbeat` they carry a heartbeat spec and a benchmark thread heartbeats each every
 `--heartbeat-seconds` (TTL `--ttl`), as before workers stopped heartbeating by default. K of them are SIGKILLed at random moments
 spread over `--kill-window` seconds. Per kill, the figure is the time from just before `os.kill` to

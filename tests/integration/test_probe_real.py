@@ -474,6 +474,8 @@ def test_node_facts_of_this_machine(node: Node) -> None:
     facts = LocalNode.read(node_name=node.name, reader=HostProcReader(), boot_id_file=str(node.boot_id_file))
     assert facts.boot_id == REAL_BOOT
     assert facts.in_root_pid_namespace == (os.readlink("/proc/self/ns/pid") == f"pid:[{api.ROOT_PID_NAMESPACE_INODE}]")
+    # This machine's /proc is mounted without hidepid (the hidepid test mounts its own).
+    assert facts.proc_hides_processes is False
     assert facts.sees_every_process == facts.in_root_pid_namespace
 
 

@@ -239,11 +239,11 @@ async def _serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     logger.info(
-        "agent started node=%s identity=%s bootId=%s rootPidNamespace=%s pidfd=%s maxPidfds=%s workers=%s",
+        "agent started node=%s identity=%s bootId=%s seesEveryProcess=%s pidfd=%s maxPidfds=%s workers=%s",
         node_name,
         identity,
         prober.boot_id(),
-        prober.in_root_pid_namespace,
+        prober.sees_every_process,
         prober_options["use_pidfd"],
         prober_options["max_pidfds"],
         settings.workers,

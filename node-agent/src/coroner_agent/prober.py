@@ -82,7 +82,7 @@ class ProcProber:
         )
 
     @property
-    def in_root_pid_namespace(self) -> bool:
+    def sees_every_process(self) -> bool:
         return self.node.sees_every_process
 
     def boot_id(self) -> str | None:
