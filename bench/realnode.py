@@ -144,11 +144,7 @@ def host_processes(args: argparse.Namespace) -> dict[str, Any]:
         "--variants=pidfd",
         f"--name={name}",
     ]
-    # bench/latency.py can die at its start on the registrant policy's warm-up 503 of a fresh
-    # cluster (a known flake of that benchmark): one more try, said in the log.
-    if subprocess.run(command, check=False).returncode != 0:
-        c.log("bench/latency.py failed; trying it once more")
-        subprocess.run(command, check=True)
+    subprocess.run(command, check=True)
     result = json.loads((pathlib.Path(__file__).parent / "results" / f"{name}.json").read_text())
     pidfd = result["coroner_pidfd"]
     return {

@@ -3,10 +3,13 @@
 Used by the operator (its executor's retire effect) and by ``kubectl coroner apply``, over a small
 port (`RetirePort`) each of them implements with its own client. Step by step:
 
-1. **Capability review** — ``port.can_retire(namespace, name)``: the ``retire`` verb, asked by a
-   request sent after the decision (a revocation since takes effect here). ``False``, or ``None``
-   (the review could not be asked), is `PERMISSION_MISSING`; a review that failed (`PortError`) is
-   `FAILED`. Unknown is never granted.
+1. **Capability** — ``port.can_retire(namespace, name)``: the ``retire`` verb. ``kubectl coroner
+   apply`` asks the API server (a SelfSubjectAccessReview sent after the decision); the operator
+   answers from its periodic per-namespace review, because admission
+   (``coroner-retire-requires-capability``) checks the verb on the write itself, and its refusal
+   is `PERMISSION_MISSING` at step 4: a revocation bites at the next write either way. ``False``,
+   or ``None`` (the review could not be asked), is `PERMISSION_MISSING`; a review that failed
+   (`PortError`) is `FAILED`. Unknown is never granted.
 2. **Lease fence** — ``port.list_leases(namespace)``, a live read sent after the decision, at the
    same time as the review. If the holders of the namespace's protecting Leases are not the ones
    the decision saw, `LEASE_FENCE_MOVED`: nothing is written, the caller decides again from fresh

@@ -74,8 +74,8 @@ def busy_or_unavailable(status: int) -> bool:
 def warming_up(error: ApiError) -> bool:
     """Answers an API server gives every client for a moment after it (re)starts, and that a client
     may therefore wait out (bounded): busy or unavailable, 401 (the token authenticator not yet
-    synced: docs/faults.md, finding 5) and the admission plugin's 403 "not yet ready to handle request". Any other
-    403 (RBAC, an admission policy's denial) is an answer, not a moment."""
+    synced: docs/faults.md, finding 5) and the admission plugin's 403 "not yet ready to handle
+    request". Any other 403 (RBAC, an admission policy's denial) is an answer, not a moment."""
     if busy_or_unavailable(error.status) or error.status == 401:
         return True
     return api.admission_not_ready(error.status, error.message)
