@@ -58,8 +58,8 @@ def create(client: Rest, path: str, body: dict[str, Any]) -> None:
 
 def create_admitted(client: Rest, path: str, body: dict[str, Any], *, timeout: float = 120.0) -> dict[str, Any]:
     """POSTs `body`, again while the API server answers a warming-up refusal (`warming_up`: a
-    fresh or restarted API server's busy answers and its not-yet-synced 401 and 403), as the tests' creates and
-    the launcher do; any other answer is raised."""
+    fresh or restarted API server's busy answers and its not-yet-synced 401 and 403), as the
+    tests' creates and the launcher do; any other answer is raised."""
     deadline = time.monotonic() + timeout
     while True:
         try:
