@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
+import time
 from typing import Any
 
 import jsonpatch
@@ -268,3 +269,22 @@ def test_a_refusal_by_the_verbs_own_policy_is_a_missing_permission() -> None:
     reconcile(op)
     assert op.world.retire_permission[NAMESPACE] is False
     assert sample(op, "coroner_retire_abandoned_total", {"cause": "RetirePermissionMissing"}) == 1
+
+
+def test_the_reads_a_retirement_acted_on_serve_the_next_batch_once_its_write_is_answered() -> None:
+    # Its Event waits while the backlog is full: a read decided now must not wait behind that Event
+    # (each read is held until the writes of its batch are answered, and no longer).
+    kube = FakeKube()
+    op = operator(kube)
+    reads: list[str] = []
+
+    async def record(**_: Any) -> None:
+        now = time.monotonic()
+        await asyncio.wait_for(op.executor.lease_reads.get(NAMESPACE, decided_at=now), timeout=5)
+        reads.append("leases")
+        async with op.permissions.admission_held(decided_at=now):
+            reads.append("admission")
+
+    op.events.record = record  # type: ignore[method-assign]
+    asyncio.run(asyncio.wait_for(op.reconciler.reconcile(KEY), timeout=10))
+    assert len(kube.patches) == 1 and reads == ["leases", "admission"]

@@ -83,8 +83,9 @@ class OperatorPort(RetirePort):
     seen yet bites at the write, whose refusal is PERMISSION_MISSING.
 
     The Lease fence is a live read, one per namespace for every retirement decided before it was
-    sent; each retirement holds that read until its write is answered (`holds`, closed by the
-    executor), so the next read goes out for the whole batch decided meanwhile (`FreshRead.hold`).
+    sent; each retirement holds that read until its write is answered (`holds`, closed when the
+    write is answered), so the next read goes out for the whole batch decided meanwhile
+    (`FreshRead.hold`).
     Events go to the poster (aggregated under bursts)."""
 
     def __init__(
@@ -95,14 +96,15 @@ class OperatorPort(RetirePort):
         lease_reads: FreshRead[str, list[dict[str, Any]]],
         events: EventPoster,
         decided_at: float,
+        holds: contextlib.AsyncExitStack,
     ) -> None:
         self.kube = kube
         self.granted = granted
         self.lease_reads = lease_reads
         self.events = events
         self.decided_at = decided_at
-        self.holds = contextlib.AsyncExitStack()
-        """The reads this retirement acts on, held until its write is answered."""
+        self.holds = holds
+        """The reads this retirement acts on (the caller's too), held until its write is answered."""
 
     async def can_retire(self, *, namespace: str, name: str) -> bool | None:
         return self.granted(namespace)
@@ -113,7 +115,12 @@ class OperatorPort(RetirePort):
         return result
 
     async def patch_status(self, *, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
-        result: dict[str, Any] = await _port_call(self.kube.patch_status(namespace=namespace, name=name, ops=ops))
+        try:
+            result: dict[str, Any] = await _port_call(self.kube.patch_status(namespace=namespace, name=name, ops=ops))
+        finally:
+            # The write is answered: the reads it acted on may serve the next batch now, not after
+            # this retirement's Event (which waits while the Event backlog is full).
+            await self.holds.aclose()
         return result
 
     async def post_event(self, *, involved: Mapping[str, Any], reason: str, evidence: str, message: str) -> None:
@@ -154,8 +161,9 @@ class Executor:
         """`key` is gone (deleted): nothing more to say about it."""
         self._kept_logged.pop(key, None)
 
-    async def run(self, effects: Effects, *, decided_at: float) -> None:
-        """Runs `effects` (at most one write); raises what the runtime should retry with backoff."""
+    async def run(self, effects: Effects, *, decided_at: float, holds: contextlib.AsyncExitStack | None = None) -> None:
+        """Runs `effects` (at most one write); raises what the runtime should retry with backoff.
+        A retirement lets go of `holds` (the reads its caller acted on) once its write is answered."""
         key = effects.key
         if effects.kept is not None:
             self._log_kept(key, effects.kept)
@@ -170,6 +178,7 @@ class Executor:
                 lease_reads=self.lease_reads,
                 events=self.events,
                 decided_at=decided_at,
+                holds=contextlib.AsyncExitStack() if holds is None else holds,
             )
             async with port.holds:
                 result = await retire(port, effects.retire, retirer=self.retirer, clock=self.clock)

@@ -23,6 +23,7 @@ Three phases, one module each:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import time
@@ -76,11 +77,13 @@ class Reconciler:
             detach()
             # The admission policies, read after the decision; one that finds them weakened is
             # recorded, and the registration decided again from it. The read is held until the
-            # write is answered, so the next read serves the whole batch decided meanwhile.
-            async with self.permissions.admission_held(decided_at=decided_at) as verified:
+            # write is answered (the executor lets go of `holds` then), so the next read serves
+            # the whole batch decided meanwhile.
+            async with contextlib.AsyncExitStack() as holds:
+                verified = await holds.enter_async_context(self.permissions.admission_held(decided_at=decided_at))
                 if verified:
                     self.gauge.set(key, effects.reason)
-                    await self.executor.run(effects, decided_at=decided_at)
+                    await self.executor.run(effects, decided_at=decided_at, holds=holds)
                     return Result(requeue_at=effects.requeue_at)
         if effects is None:
             self.gauge.set(key, None)
