@@ -305,8 +305,41 @@ def essence(
     return result
 
 
+#: How many digests a process remembers (`digest`): a listing is about twenty objects, and each
+#: refresh that finds one changed adds one.
+DIGEST_MEMO_SIZE: Final = 128
+#: (the object's canonical JSON, system_namespace, name_prefix) -> (that JSON parsed, its digest).
+_DIGESTS: dict[tuple[str, str, str], tuple[Any, str]] = {}
+
+
 def digest(document: Mapping[str, Any], *, system_namespace: str = SHIPPED_NAMESPACE, name_prefix: str = "") -> str:
-    """SHA-256 of the canonical JSON of `essence(document)`."""
+    """SHA-256 of the canonical JSON of `essence(document)`.
+
+    Remembered by the object's whole canonical JSON (every field, not a name or a resourceVersion,
+    so any change of content is a new question): a restarted operator, a refresh that found one
+    object changed and `doctor` digest objects this process has digested before, and the essence
+    costs about a hundred times the JSON. A remembered answer is given only to an object equal to
+    the one it was computed for and written as the same JSON: JSON tells 1, 1.0 and True apart,
+    and equality tells a list from a tuple (which JSON writes alike). An object JSON cannot write
+    exactly (a tuple, a key that is not a string, NaN) is digested and not remembered."""
+    try:
+        text = json.dumps(document, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError):
+        return _digest(document, system_namespace=system_namespace, name_prefix=name_prefix)
+    question = (text, system_namespace, name_prefix)
+    remembered = _DIGESTS.get(question)
+    if remembered is not None and remembered[0] == document:
+        return remembered[1]
+    answer = _digest(document, system_namespace=system_namespace, name_prefix=name_prefix)
+    exact = json.loads(text)
+    if exact == document:
+        if len(_DIGESTS) >= DIGEST_MEMO_SIZE:
+            _DIGESTS.clear()
+        _DIGESTS[question] = (exact, answer)
+    return answer
+
+
+def _digest(document: Mapping[str, Any], *, system_namespace: str, name_prefix: str) -> str:
     canonical = json.dumps(essence(document, system_namespace=system_namespace, name_prefix=name_prefix), sort_keys=True,
                            separators=(",", ":"))  # fmt: skip
     return hashlib.sha256(canonical.encode()).hexdigest()
