@@ -27,6 +27,7 @@ import copy
 import dataclasses
 import hashlib
 import json
+import marshal
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
@@ -308,34 +309,32 @@ def essence(
 #: How many digests a process remembers (`digest`): a listing is about twenty objects, and each
 #: refresh that finds one changed adds one.
 DIGEST_MEMO_SIZE: Final = 128
-#: (the object's canonical JSON, system_namespace, name_prefix) -> (that JSON parsed, its digest).
-_DIGESTS: dict[tuple[str, str, str], tuple[Any, str]] = {}
+#: (the object's marshal serialization, system_namespace, name_prefix) -> its digest.
+_DIGESTS: dict[tuple[bytes, str, str], str] = {}
 
 
 def digest(document: Mapping[str, Any], *, system_namespace: str = SHIPPED_NAMESPACE, name_prefix: str = "") -> str:
     """SHA-256 of the canonical JSON of `essence(document)`.
 
-    Remembered by the object's whole canonical JSON (every field, not a name or a resourceVersion,
-    so any change of content is a new question): a restarted operator, a refresh that found one
-    object changed and `doctor` digest objects this process has digested before, and the essence
-    costs about a hundred times the JSON. A remembered answer is given only to an object equal to
-    the one it was computed for and written as the same JSON: JSON tells 1, 1.0 and True apart,
-    and equality tells a list from a tuple (which JSON writes alike). An object JSON cannot write
-    exactly (a tuple, a key that is not a string, NaN) is digested and not remembered."""
+    Remembered in the process by the whole object's value, never by its name or resourceVersion:
+    a restarted operator, a refresh that found one object changed, and `doctor` digest objects
+    this process has digested before, and the essence costs about a hundred times the key. The
+    key is the object's `marshal` serialization (format 2: no back-references, so it depends on
+    nothing but the value): it is the value itself, every type exact (1, 1.0 and True, a list and
+    a tuple are different bytes; a subclass of a builtin type cannot be written and is digested
+    without the memo), so equal bytes are an equal object and the same digest. Dict order is in
+    the bytes: the same object listed in another key order is digested again, to the same digest."""
     try:
-        text = json.dumps(document, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    except (TypeError, ValueError):
+        value = marshal.dumps(document, 2)
+    except ValueError:  # not plain data (a Mapping that is no dict, a subclass, too deep)
         return _digest(document, system_namespace=system_namespace, name_prefix=name_prefix)
-    question = (text, system_namespace, name_prefix)
-    remembered = _DIGESTS.get(question)
-    if remembered is not None and remembered[0] == document:
-        return remembered[1]
-    answer = _digest(document, system_namespace=system_namespace, name_prefix=name_prefix)
-    exact = json.loads(text)
-    if exact == document:
+    question = (value, system_namespace, name_prefix)
+    answer = _DIGESTS.get(question)
+    if answer is None:
+        answer = _digest(document, system_namespace=system_namespace, name_prefix=name_prefix)
         if len(_DIGESTS) >= DIGEST_MEMO_SIZE:
             _DIGESTS.clear()
-        _DIGESTS[question] = (exact, answer)
+        _DIGESTS[question] = answer
     return answer
 
 
