@@ -337,6 +337,10 @@ def _uncached(document: dict[str, Any], *, system_namespace: str = ad.SHIPPED_NA
 
 
 def test_the_memo_is_bounded() -> None:
-    for index in range(ad.DIGEST_MEMO_SIZE + 10):
-        ad.digest({**_evidence_binding(shipped()), "spec": {"policyName": f"p{index}"}})
+    binding = _evidence_binding(shipped())
+    for index in range(ad.DIGEST_MEMO_VERSIONS + 3):  # versions of one object
+        ad.digest({**binding, "spec": {"policyName": f"p{index}"}})
+    assert len(ad._DIGESTS[(VAPB, EVIDENCE, ad.SHIPPED_NAMESPACE, "")]) == ad.DIGEST_MEMO_VERSIONS
+    for index in range(ad.DIGEST_MEMO_SIZE + 10):  # objects
+        ad.digest({**binding, "metadata": {"name": f"b{index}"}})
     assert len(ad._DIGESTS) <= ad.DIGEST_MEMO_SIZE
