@@ -102,6 +102,8 @@ def collecting_between_trials() -> Any:
     finished = [0]
 
     def between() -> None:
+        for trial in ACTIVE:
+            trial.loop.abandon()
         ACTIVE.clear()
         PARSED.clear()
         memo.clear()
