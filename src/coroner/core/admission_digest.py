@@ -29,7 +29,7 @@ import hashlib
 import json
 import marshal
 from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from coroner.core.decision import Policy
 
@@ -329,7 +329,7 @@ def digest(document: Mapping[str, Any], *, system_namespace: str = SHIPPED_NAMES
     than comparing them). Dict order is in the bytes: the same object listed in another key order
     is digested again, to the same digest."""
     try:
-        value = marshal.dumps(document, 2)
+        value = marshal.dumps(cast(Any, document), 2)
     except ValueError:  # not plain data (a Mapping that is no dict, a subclass, too deep)
         return _digest(document, system_namespace=system_namespace, name_prefix=name_prefix)
     kind, name = key(document)
