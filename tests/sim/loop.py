@@ -92,8 +92,6 @@ class SimLoop(asyncio.AbstractEventLoop):
         self._seq = 0
         self.steps = 0
         """Callbacks run so far (a trial's steps)."""
-        self.tasks: list[asyncio.Task[Any]] = []
-        """Every task started on this loop (`abandon`)."""
         self.errors: list[dict[str, Any]] = []
         """What the exception handler was given: an error no production code caught (a trial fails)."""
         # Never in debug mode: a builtin that answers False costs asyncio's every future less than a method.
@@ -181,7 +179,6 @@ class SimLoop(asyncio.AbstractEventLoop):
         task = asyncio.Task(coro, loop=self, name=name, context=context)
         # A task left pending when its component died, or when the trial ended, is not an error.
         task._log_destroy_pending = False  # type: ignore[attr-defined]
-        self.tasks.append(task)
         return task
 
     def abandon(self) -> None:
@@ -189,12 +186,12 @@ class SimLoop(asyncio.AbstractEventLoop):
         collector's finalizer of a suspended coroutine does (its `finally` clauses run, an error
         raised there goes nowhere), only sooner and cheaper: a collection that finalizes a few
         hundred coroutines costs about twice as much as closing them first. Nothing of the trial
-        runs after its result is taken, so nothing it reports changes."""
-        tasks, self.tasks = self.tasks, []
-        for task in tasks:
-            if not task.done():
-                with contextlib.suppress(BaseException):
-                    task.get_coro().close()
+        runs after its result is taken, so nothing it reports changes. The tasks are found as asyncio
+        finds them (weakly): a strong reference would keep a task that failed unobserved alive past
+        the trial, and its "exception was never retrieved" out of the trial's errors."""
+        for task in asyncio.all_tasks(self):
+            with contextlib.suppress(BaseException):
+                task.get_coro().close()
 
     def start(self, owner: Owner | None, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Runs `coro` as a task of `owner`'s life (None: the trial's own)."""
