@@ -103,17 +103,14 @@ def _lease_expiry(fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
     return memo
 
 
-def _typed(value: object) -> tuple[type, object]:
-    return (type(value), value)
-
-
 def _recorded_incarnation(fn: Callable[..., Any]) -> Callable[..., Any]:
     cache: dict[tuple[object, ...], Any] = {}
     _CACHES.append(cache)
 
     def memo(*, boot_id: Any, pid_namespace: Any, pid: Any, start_time: Any) -> Any:
         try:
-            key = (_typed(boot_id), _typed(pid_namespace), _typed(pid), _typed(start_time))
+            key = (type(boot_id), boot_id, type(pid_namespace), pid_namespace, type(pid), pid, type(start_time),
+                   start_time)  # fmt: skip
             hit = cache.get(key, _MISS)
         except TypeError:  # unhashable: not a question the memo answers
             return fn(boot_id=boot_id, pid_namespace=pid_namespace, pid=pid, start_time=start_time)
@@ -129,7 +126,8 @@ def _process_view(fn: Callable[..., Any]) -> Callable[..., Any]:
     _CACHES.append(cache)
 
     def memo(*, stat: Any, status: Any, pid_namespace_link: Any, proc_pid_namespace: Any = None) -> Any:
-        key = (_typed(stat), _typed(status), _typed(pid_namespace_link), _typed(proc_pid_namespace))
+        key = (type(stat), stat, type(status), status, type(pid_namespace_link), pid_namespace_link,
+               type(proc_pid_namespace), proc_pid_namespace)  # fmt: skip
         try:
             hit = cache.get(key, _MISS)
         except TypeError:

@@ -102,7 +102,8 @@ def collecting_between_trials() -> Any:
     finished = [0]
 
     def between() -> None:
-        ACTIVE.clear()
+        while ACTIVE:  # no local name may keep the finished trial alive through the collection
+            ACTIVE.pop().loop.abandon()
         PARSED.clear()
         memo.clear()
         finished[0] += 1

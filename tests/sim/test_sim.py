@@ -262,6 +262,34 @@ def test_the_loop_runs_in_virtual_time_and_drops_every_callback_of_a_dead_owner(
     assert loop.time() == 10.0 and not loop.errors
 
 
+def test_a_task_that_fails_unobserved_is_an_error_of_its_trial() -> None:
+    # Nobody awaits it: asyncio reports "exception was never retrieved" when the task is let go of,
+    # which must be during the trial (the loop keeps no strong reference to its tasks).
+    loop = SimLoop()
+
+    async def fails() -> None:
+        raise ValueError("nobody looks")
+
+    loop.start(Owner("operator"), fails())
+    loop.run_until(1.0)
+    assert [str(e.get("exception")) for e in loop.errors] == ["nobody looks"], loop.errors
+
+
+def test_at_a_trials_end_its_pending_tasks_are_closed() -> None:
+    loop, seen = SimLoop(), []
+
+    async def waits() -> None:
+        try:
+            await asyncio.sleep(100.0)
+        finally:
+            seen.append("closed")
+
+    loop.start(Owner("operator"), waits())
+    loop.run_until(1.0)
+    loop.abandon()
+    assert seen == ["closed"] and not loop.errors  # the trial's loop never runs again
+
+
 # --- the simulation ------------------------------------------------------------------------------
 
 

@@ -8,6 +8,9 @@ wording of messages are not.
 from __future__ import annotations
 
 import copy
+import enum
+import hashlib
+import json
 import pathlib
 from collections.abc import Callable
 from typing import Any
@@ -251,3 +254,93 @@ def test_whitespace_outside_literals_is_not_content(written: str, normal: str) -
 def test_normalizing_is_idempotent(expression: str) -> None:
     once = ad.normalize_expression(expression)
     assert ad.normalize_expression(once) == once
+
+
+def _counting_essence(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls = [0]
+    original = ad.essence
+
+    def counted(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        calls[0] += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(ad, "essence", counted)
+    return calls
+
+
+def test_an_object_digested_before_is_not_digested_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A restarted operator (and every refresh whose listing changed) compares objects this process
+    # has digested before: the answer is remembered by the object's exact JSON.
+    documents = shipped()
+    ad.compare(documents)
+    calls = _counting_essence(monkeypatch)
+    assert ad.compare(copy.deepcopy(documents)).intact
+    assert calls[0] == 0
+    reordered = [dict(reversed(list(d.items()))) for d in documents]  # key order is not content
+    assert ad.compare(reordered).intact
+
+
+def _evidence_binding(documents: list[dict[str, Any]]) -> dict[str, Any]:
+    return find(documents, VAPB, EVIDENCE)
+
+
+def _rules(policy: dict[str, Any]) -> list[Any]:
+    return policy["spec"]["matchConstraints"]["resourceRules"]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param(lambda p: p["spec"].update(failurePolicy="Ignore"), id="edited-in-place"),
+        pytest.param(lambda p: _rules(p).append({"apiGroups": ["*"]}), id="a-list-grown-in-place"),
+        # JSON writes a tuple as a list: the same text, and another digest (no scope default).
+        pytest.param(lambda p: p["spec"]["matchConstraints"].update(resourceRules=tuple(_rules(p))), id="tuple"),
+    ],
+)
+def test_a_changed_object_is_digested_as_changed_after_its_original_was_remembered(
+    change: Callable[[dict[str, Any]], None],
+) -> None:
+    policy = find(shipped(), *ad.EVIDENCE_POLICY)
+    expected = ad.EXPECTED[ad.EVIDENCE_POLICY]
+    assert ad.digest(policy) == expected  # remembered
+    fresh = copy.deepcopy(policy)
+    change(policy)  # the very object remembered, changed afterwards
+    change(fresh)
+    assert ad.digest(policy) == ad.digest(fresh) == _uncached(fresh) != expected
+    assert ad.digest(find(shipped(), *ad.EVIDENCE_POLICY)) == expected
+
+
+class _Name(enum.StrEnum):
+    EVIDENCE = EVIDENCE
+
+
+def test_the_memo_tells_apart_what_python_calls_equal() -> None:
+    # 1, 1.0 and True are equal in Python and three different JSON values (and digests).
+    numbers = [{**_evidence_binding(shipped()), "spec": {"policyName": EVIDENCE, "paramRef": value}}
+               for value in (1, 1.0, True, "1")]  # fmt: skip
+    for _ in range(2):
+        found = [ad.digest(d) for d in numbers]
+        assert found == [_uncached(d) for d in numbers]
+        assert len(set(found)) == 4
+    # A subclass of a builtin type is digested, not remembered.
+    named = {**numbers[0], "spec": {**numbers[0]["spec"], "policyName": _Name.EVIDENCE}}
+    assert ad.digest(named) == _uncached(named) == found[0]
+    # A namespace or prefix is part of the question.
+    moved = ad.digest(numbers[0], system_namespace="tenant-a")
+    assert moved == _uncached(numbers[0], system_namespace="tenant-a")
+
+
+def _uncached(document: dict[str, Any], *, system_namespace: str = ad.SHIPPED_NAMESPACE) -> str:
+    """The digest computed without the memo: the SHA-256 of the essence's canonical JSON."""
+    essence = ad.essence(document, system_namespace=system_namespace)
+    return hashlib.sha256(json.dumps(essence, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def test_the_memo_is_bounded() -> None:
+    binding = _evidence_binding(shipped())
+    for index in range(ad.DIGEST_MEMO_VERSIONS + 3):  # versions of one object
+        ad.digest({**binding, "spec": {"policyName": f"p{index}"}})
+    assert len(ad._DIGESTS[(VAPB, EVIDENCE, ad.SHIPPED_NAMESPACE, "")]) == ad.DIGEST_MEMO_VERSIONS
+    for index in range(ad.DIGEST_MEMO_SIZE + 10):  # objects
+        ad.digest({**binding, "metadata": {"name": f"b{index}"}})
+    assert len(ad._DIGESTS) <= ad.DIGEST_MEMO_SIZE

@@ -189,6 +189,21 @@ def test_an_unchanged_listing_is_not_digested_again_and_a_new_version_is(monkeyp
     assert len(compared) == 4
 
 
+def test_another_operator_in_the_process_sees_a_weakening_under_the_versions_digested_before() -> None:
+    # The digests are remembered per process (a restarted operator does not digest the same objects
+    # again), by content: the same names, uids and resourceVersions with one binding weakened (an
+    # object recreated, another cluster) are digested as what they are.
+    world = world_with(*KEYS)
+    asyncio.run(refresher(FakeKube(_versioned(served(), "1")), world, []).refresh_admission())
+    assert world.admission_unverified == ()
+    world = world_with(*KEYS)
+    asyncio.run(refresher(FakeKube(_versioned(served(warn=BINDING), "1")), world, []).refresh_admission())
+    assert world.admission_unverified == (f"{BINDING[0]}/{BINDING[1]} (differs)",)
+    world = world_with(*KEYS)
+    asyncio.run(refresher(FakeKube(_versioned(served(), "1")), world, []).refresh_admission())
+    assert world.admission_unverified == ()
+
+
 def test_ensure_reads_them_once_before_the_first_decision_even_when_asked_at_once() -> None:
     kube = FakeKube(served(without=BINDING))
     world = world_with(*KEYS)

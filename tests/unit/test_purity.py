@@ -44,7 +44,7 @@ PURE = sorted({m for source in pure_contract()["source_modules"] for m in expand
 #: port (the retire protocol's); its clocks, sleeps and connections are forbidden calls below.
 ALLOWED = {
     "__future__", "asyncio", "collections", "collections.abc", "copy", "dataclasses", "datetime", "enum",
-    "functools", "hashlib", "heapq", "itertools", "json", "math", "re", "types", "typing",
+    "functools", "hashlib", "heapq", "itertools", "json", "marshal", "math", "re", "types", "typing",
     "coroner", "coroner.core", "coroner_operator", *PURE,
 }  # fmt: skip
 FORBIDDEN_CALLS = {

@@ -27,8 +27,9 @@ import copy
 import dataclasses
 import hashlib
 import json
+import marshal
 from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from coroner.core.decision import Policy
 
@@ -305,8 +306,48 @@ def essence(
     return result
 
 
+#: How many objects a process remembers the digests of (`digest`), and how many versions of each:
+#: a listing is about twenty objects, and a refresh that finds one changed adds a version of it.
+DIGEST_MEMO_SIZE: Final = 64
+DIGEST_MEMO_VERSIONS: Final = 4
+#: (kind, name, system_namespace, name_prefix) -> [(the object's marshal serialization, its digest)],
+#: the newest first.
+_DIGESTS: dict[tuple[str, str, str, str], list[tuple[bytes, str]]] = {}
+
+
 def digest(document: Mapping[str, Any], *, system_namespace: str = SHIPPED_NAMESPACE, name_prefix: str = "") -> str:
-    """SHA-256 of the canonical JSON of `essence(document)`."""
+    """SHA-256 of the canonical JSON of `essence(document)`.
+
+    Remembered in the process by the whole object's value, never by its name or resourceVersion
+    alone: a restarted operator, a refresh that found one object changed, and `doctor` digest
+    objects this process has digested before, and the essence costs about a hundred times the
+    comparison. The value compared is the object's `marshal` serialization (format 2: no
+    back-references, so it depends on nothing but the value): every type exact (1, 1.0 and True, a
+    list and a tuple are different bytes; a subclass of a builtin type cannot be written and is
+    digested without the memo), so equal bytes are an equal object and the same digest. The bytes
+    are compared whole (filed under the object's kind and name, not hashed: hashing them costs more
+    than comparing them). Dict order is in the bytes: the same object listed in another key order
+    is digested again, to the same digest."""
+    try:
+        value = marshal.dumps(cast(Any, document), 2)
+    except ValueError:  # not plain data (a Mapping that is no dict, a subclass, too deep)
+        return _digest(document, system_namespace=system_namespace, name_prefix=name_prefix)
+    kind, name = key(document)
+    versions = _DIGESTS.get((kind, name, system_namespace, name_prefix))
+    if versions is None:
+        if len(_DIGESTS) >= DIGEST_MEMO_SIZE:
+            _DIGESTS.clear()
+        versions = _DIGESTS[(kind, name, system_namespace, name_prefix)] = []
+    for remembered, answer in versions:
+        if remembered == value:
+            return answer
+    answer = _digest(document, system_namespace=system_namespace, name_prefix=name_prefix)
+    versions.insert(0, (value, answer))
+    del versions[DIGEST_MEMO_VERSIONS:]
+    return answer
+
+
+def _digest(document: Mapping[str, Any], *, system_namespace: str, name_prefix: str) -> str:
     canonical = json.dumps(essence(document, system_namespace=system_namespace, name_prefix=name_prefix), sort_keys=True,
                            separators=(",", ":"))  # fmt: skip
     return hashlib.sha256(canonical.encode()).hexdigest()
