@@ -198,18 +198,25 @@ def test_the_operator_counts_each_delete_of_an_active_registration_and_no_other(
         components.operator_kubeconfig(cluster), f"--metrics-port={port}", "--metrics-bind-address=127.0.0.1"
     )
     name = "coroner_active_registration_deletions_total"
+    # Released just now: the operator's retention leaves it to the admin's delete below.
     released = {"type": "Released", "status": "True", "reason": "CleanExit", "message": "bye",
-                "lastTransitionTime": "2026-01-01T00:00:00Z"}  # fmt: skip
+                "lastTransitionTime": components.now_text()}  # fmt: skip
     with api_client(cluster.kubeconfig) as admin:
         namespace = f"t-deletes-{tmp_path.name[-6:]}".lower().replace("_", "-")
         k8s.CoreV1Api(admin).create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=namespace)))
         try:
             components.put_agent_lease(admin, node="node-a", boot_id=BOOT, host_id=HOST)
+            # Both written before the operator starts: its own conditions, once written, are not the
+            # admin's to replace (the merge patch below replaces the whole list).
+            kube.create_registration(admin, namespace, kube.registration_body(name="live", interval=None))
+            kube.create_registration(admin, namespace, kube.registration_body(name="done", interval=None))
+            kube.patch_status(admin, namespace, "done", {"status": {"conditions": [released], "state": "Released"}})
             with components.process(argv, log=tmp_path / "operator.log"):
-                kube.create_registration(admin, namespace, kube.registration_body(name="live", interval=None))
-                kube.create_registration(admin, namespace, kube.registration_body(name="done", interval=None))
-                kube.patch_status(admin, namespace, "done", {"status": {"conditions": [released], "state": "Released"}})
                 assert kube.wait_for(lambda: _counted(port, name) == 0.0, timeout=120, what="the operator's /metrics")
+                kube.wait_for(  # in its cache: it decided them
+                    lambda: None not in (components.reason(admin, namespace, n) for n in ("live", "done")),
+                    what="both decided",
+                )
                 kube.custom(admin).delete_namespaced_custom_object(
                     api.GROUP, api.VERSION, namespace, api.PLURAL, "done"
                 )
@@ -217,9 +224,8 @@ def test_the_operator_counts_each_delete_of_an_active_registration_and_no_other(
                     api.GROUP, api.VERSION, namespace, api.PLURAL, "live"
                 )
                 kube.wait_for(lambda: _counted(port, name) == 1.0, timeout=60, what="the active delete counted")
-                assert (
-                    "active registration deleted namespace=" + namespace + " name=live registered-by=admin"
-                    in (tmp_path / "operator.log").read_text()
-                )
+                line = f"active registration deleted namespace={namespace} name=live registered-by=admin"
+                log = (tmp_path / "operator.log").read_text()
+                assert line in log, log[-3000:]
         finally:
             k8s.CoreV1Api(admin).delete_namespace(namespace)

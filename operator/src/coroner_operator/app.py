@@ -166,7 +166,6 @@ class Operator:
         registration = model.parse_registration(body)
         if registration.terminal:
             return
-        self.metrics.active_deletions.inc()
         metadata = body.get("metadata") or {}
         logger.warning(
             "active registration deleted namespace=%s name=%s registered-by=%s: not by Coroner (its retention "
@@ -175,6 +174,7 @@ class Operator:
             metadata.get("name"),
             (metadata.get("annotations") or {}).get(api.REGISTERED_BY_ANNOTATION, "(unrecorded)"),
         )
+        self.metrics.active_deletions.inc()  # after the line: whoever sees the count finds it logged
 
     def _failed(self, key: Key, exc: Exception, delay: float) -> None:
         self.metrics.reconcile_errors.inc()
