@@ -221,7 +221,7 @@ def test_kubelet_graceful_shutdown_attests_every_death_before_the_agent_goes(
     for worker in workers:
         kube.wait_for(
             lambda w=worker: terminal(admin, namespace, w.name) == "Retired (PidfdExited)",
-            timeout=15,
+            timeout=60,  # a liveness wait: on a loaded machine the Node's deletion reaches the operator late
             what=f"{worker.name} retired",
         )
     assert_untouched(admin, namespace, survivor)
