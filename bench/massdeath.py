@@ -311,16 +311,12 @@ def main() -> int:
         event_updates = count("PATCH", "events") + count("PUT", "events")
         ssar = count("POST", "selfsubjectaccessreviews")
         lease_lists = count("LIST", "leases")
-        # The operator's admission-policy check right before a batch of retirements (4 kinds listed).
+        # The operator's admission check right before a batch of retirements: the policies and their
+        # bindings listed, the CRD read (kubeapi.ADMISSION_RESOURCES, admission_digest.CRD).
         admission_lists = sum(
             count("LIST", plural, group="admissionregistration.k8s.io")
-            for plural in (
-                "validatingadmissionpolicies",
-                "validatingadmissionpolicybindings",
-                "mutatingadmissionpolicies",
-                "mutatingadmissionpolicybindings",
-            )
-        )
+            for plural in ("validatingadmissionpolicies", "validatingadmissionpolicybindings")
+        ) + count("GET", "customresourcedefinitions", group="apiextensions.k8s.io")
         retirements = len(retired_times) or 1
         writes = attestation_patches + op_writes["retirement"] + op_writes["conditions"] + event_creates + event_updates
         reads = ssar + lease_lists + admission_lists

@@ -200,7 +200,7 @@ def test_any_other_expression_is_another_digest(text: str) -> None:
 
 def test_doctor_compares_content_and_names_what_differs() -> None:
     documents = shipped()
-    admission = {kind: [d for d in documents if d["kind"] == kind] for kind in ad.KINDS}
+    admission = {kind: [d for d in documents if d["kind"] == kind] for kind in (*ad.KINDS, *doctor.LEFTOVER_KINDS)}
     choice = plan.choose_policy(published=Policy(), flags={}, system_namespace=ad.SHIPPED_NAMESPACE)
     crd = find(documents, *ad.CRD)
     check = doctor.check_admission_content(admission=admission, crd=crd, policy=choice)

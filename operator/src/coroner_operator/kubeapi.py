@@ -31,8 +31,6 @@ T = TypeVar("T")
 ADMISSION_RESOURCES: Final = {
     "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
     "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",
-    "MutatingAdmissionPolicy": "mutatingadmissionpolicies",
-    "MutatingAdmissionPolicyBinding": "mutatingadmissionpolicybindings",
 }
 assert tuple(ADMISSION_RESOURCES) == admission_digest.KINDS
 

@@ -208,12 +208,18 @@ class Session:
                 return None
             return planning.Unreadable(reason=exc.message)
 
-    def read_list(self, call: Callable[..., Any], *args: Any, what: str) -> list[dict[str, Any]] | planning.Unreadable:
+    def read_list(
+        self, call: Callable[..., Any], *args: Any, what: str, not_served: list[dict[str, Any]] | None = None
+    ) -> list[dict[str, Any]] | planning.Unreadable:
+        """For doctor: the items, or `Unreadable`; `not_served` stands for a 404 (an API the server
+        does not serve has no objects) where given — only an unreachable cluster raises."""
         try:
             return self.list_all(call, *args, what=what)
         except PluginError as exc:
             if exc.unreachable:
                 raise
+            if exc.status == 404 and not_served is not None:
+                return not_served
             return planning.Unreadable(reason=exc.message)
 
     # --- reads ---------------------------------------------------------------------------------

@@ -52,16 +52,23 @@ def doctor_command(
     crd = session.read(
         extensions.read_custom_resource_definition, api.CRD_NAME, what=f"get CustomResourceDefinition {api.CRD_NAME}"
     )
-    # The four kinds the operator verifies before it retires (coroner.core.admission_digest.KINDS).
+    # The kinds the operator verifies before it retires (coroner.core.admission_digest.KINDS), and
+    # those only an older release installed (diagnosis.RETIRED_ADMISSION_OBJECTS): an API server
+    # that does not serve them (404) has none left.
     listings = {
         "ValidatingAdmissionPolicy": admission.list_validating_admission_policy,
         "ValidatingAdmissionPolicyBinding": admission.list_validating_admission_policy_binding,
+    }
+    assert tuple(listings) == admission_digest.KINDS
+    leftover_listings = {
         "MutatingAdmissionPolicy": admission.list_mutating_admission_policy,
         "MutatingAdmissionPolicyBinding": admission.list_mutating_admission_policy_binding,
     }
-    assert tuple(listings) == admission_digest.KINDS
     admission_objects = {
         kind: session.read_list(call, what=f"list {diagnosis.plural_of(kind)}") for kind, call in listings.items()
+    } | {
+        kind: session.read_list(call, what=f"list {diagnosis.plural_of(kind)}", not_served=[])
+        for kind, call in leftover_listings.items()
     }
     operator_lease = session.read(
         coordination.read_namespaced_lease,

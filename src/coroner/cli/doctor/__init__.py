@@ -23,7 +23,7 @@ from coroner.cli.doctor.agents import check_agents
 from coroner.cli.doctor.grant import check_retire_grant, operator_identity
 from coroner.cli.doctor.install import (
     ADMISSION_POLICIES,
-    MUTATING_ADMISSION_POLICIES,
+    LEFTOVER_KINDS,
     Admission,
     check_admission_content,
     check_admission_policies,
@@ -42,7 +42,7 @@ __all__ = [
     "ADMISSION_POLICIES",
     "CHECKS",
     "LAST_SWEEP_ANNOTATION",
-    "MUTATING_ADMISSION_POLICIES",
+    "LEFTOVER_KINDS",
     "Admission",
     "Check",
     "CheckStatus",
@@ -74,8 +74,8 @@ class Findings:
 
     crd: Mapping[str, Any] | Unreadable | None
     admission: Admission
-    """The admission policies and bindings of the four kinds the operator verifies
-    (`coroner.core.admission_digest.KINDS`), by kind."""
+    """The admission policies and bindings the operator verifies (`coroner.core.admission_digest.KINDS`)
+    and those an older release may have left (`LEFTOVER_KINDS`), by kind."""
     operator_lease: Mapping[str, Any] | Unreadable | None
     """The operator's Lease: alive, its last sweep, its policy, and its user as it states it
     (`api.OPERATOR_USER_ANNOTATION`; `operator_identity`)."""

@@ -1,5 +1,5 @@
-"""Doctor's install checks: the CRD, and the admission policies (all four kinds the operator verifies)
-present, bound and as shipped."""
+"""Doctor's install checks: the CRD and the admission policies present, bound and as shipped (as the
+operator verifies them), and none of an older release left acting."""
 
 from __future__ import annotations
 
@@ -11,18 +11,14 @@ from coroner.cli.doctor.outcome import Check, condition_status, failed, object_n
 from coroner.cli.plan import PolicyChoice, Unreadable, names_text
 from coroner.core import admission_digest, api
 
-#: The four lists doctor reads, by kind (`coroner.core.admission_digest.KINDS`): the items of each
-#: LIST as the API returns them, or `Unreadable` where that LIST failed.
+#: The lists doctor reads, by kind (`coroner.core.admission_digest.KINDS` and `LEFTOVER_KINDS`): the
+#: items of each LIST as the API returns them, or `Unreadable` where that LIST failed.
 Admission = Mapping[str, Sequence[Mapping[str, Any]] | Unreadable]
 
 #: The ValidatingAdmissionPolicies of manifests/base/admission-policies.yaml, each bound by a
 #: binding of the same name; doctor names the missing ones.
 ADMISSION_POLICIES: Final = tuple(
     name for kind, name in admission_digest.EXPECTED if kind == "ValidatingAdmissionPolicy"
-)
-#: Its MutatingAdmissionPolicies, likewise each bound.
-MUTATING_ADMISSION_POLICIES: Final = tuple(
-    name for kind, name in admission_digest.EXPECTED if kind == "MutatingAdmissionPolicy"
 )
 #: Admission objects an older release installed and this one does not. `kubectl apply` prunes
 #: nothing, and left in place they still act: `coroner-registration-state` held every status write up
@@ -34,6 +30,8 @@ RETIRED_ADMISSION_OBJECTS: Final = (
     ("MutatingAdmissionPolicy", "coroner-record-registrant"),
     ("MutatingAdmissionPolicyBinding", "coroner-record-registrant"),
 )
+#: The kinds doctor lists only to find those objects.
+LEFTOVER_KINDS: Final = tuple(dict.fromkeys(kind for kind, _ in RETIRED_ADMISSION_OBJECTS))
 
 
 def plural_of(kind: str) -> str:
@@ -41,12 +39,12 @@ def plural_of(kind: str) -> str:
     return f"{kind}s" if not kind.endswith("y") else f"{kind[:-1]}ies"
 
 
-def _unread(admission: Admission) -> str | None:
-    """Which of the four lists could not be read, and why (None: all were)."""
+def _unread(admission: Admission, kinds: Sequence[str] = admission_digest.KINDS) -> str | None:
+    """Which of the lists of `kinds` could not be read, and why (None: all were)."""
     reasons = [
         f"{plural_of(kind)} could not be read: {listed.reason}" if isinstance(listed, Unreadable)
         else f"{plural_of(kind)} were not read"
-        for kind in admission_digest.KINDS
+        for kind in kinds
         if isinstance(listed := admission.get(kind), Unreadable) or listed is None
     ]  # fmt: skip
     return "; ".join(reasons) or None
@@ -98,10 +96,10 @@ def check_crd(crd: Mapping[str, Any] | Unreadable | None) -> Check:
 
 
 def check_admission_policies(*, admission: Admission) -> Check:
-    """The admission policies exist, each bound: the ValidatingAdmissionPolicies with
-    validationActions Deny, the MutatingAdmissionPolicies by a binding naming them."""
+    """The admission policies exist, each bound with validationActions Deny, and no policy of an
+    older release is left acting."""
     name = "admission-policies"
-    unread = _unread(admission)
+    unread = _unread(admission, (*admission_digest.KINDS, *LEFTOVER_KINDS))
     if unread is not None:
         return unknown(name, f"{unread}.")
     present = {object_name(policy) for policy in _items(admission, "ValidatingAdmissionPolicy")}
@@ -111,19 +109,8 @@ def check_admission_policies(*, admission: Admission) -> Check:
         actions = spec.get("validationActions") or []
         if "Deny" in actions:
             bound.setdefault(str(spec.get("policyName") or ""), []).append(object_name(binding))
-    mutating = {object_name(policy) for policy in _items(admission, "MutatingAdmissionPolicy")}
-    mutating_bound = {
-        str((binding.get("spec") or {}).get("policyName") or "")
-        for binding in _items(admission, "MutatingAdmissionPolicyBinding")
-    }
     missing = [f"ValidatingAdmissionPolicy/{policy}" for policy in ADMISSION_POLICIES if policy not in present]
     missing += [f"ValidatingAdmissionPolicyBinding/{policy}" for policy in ADMISSION_POLICIES if policy not in bound]
-    missing += [f"MutatingAdmissionPolicy/{policy}" for policy in MUTATING_ADMISSION_POLICIES if policy not in mutating]
-    missing += [
-        f"MutatingAdmissionPolicyBinding/{policy}"
-        for policy in MUTATING_ADMISSION_POLICIES
-        if policy not in mutating_bound
-    ]
     leftover = [
         (kind, policy)
         for kind, policy in RETIRED_ADMISSION_OBJECTS
@@ -132,8 +119,6 @@ def check_admission_policies(*, admission: Admission) -> Check:
     facts = {
         "policies": sorted(p for p in present if p in ADMISSION_POLICIES),
         "boundPolicies": sorted(bound),
-        "mutatingPolicies": sorted(p for p in mutating if p in MUTATING_ADMISSION_POLICIES),
-        "boundMutatingPolicies": sorted(mutating_bound),
         "leftFromOlderReleases": [f"{kind}/{policy}" for kind, policy in leftover],
     }
     problems = []
@@ -157,8 +142,7 @@ def check_admission_policies(*, admission: Admission) -> Check:
         )
     return passed(
         name,
-        f"all {len(ADMISSION_POLICIES)} validating policies present and bound with Deny, and the "
-        f"{len(MUTATING_ADMISSION_POLICIES)} mutating one(s) present and bound.",
+        f"all {len(ADMISSION_POLICIES)} validating policies present and bound with Deny.",
         facts=facts,
     )
 
@@ -172,8 +156,8 @@ def check_admission_content(
     operator_deployments: Sequence[Mapping[str, Any]] | Unreadable = (),
     operator_lease: Mapping[str, Any] | Unreadable | None = None,
 ) -> Check:
-    """Each admission policy and binding of the four kinds has the content the manifests ship (a
-    digest of expressions, mutations, failurePolicy, match rules, actions and binding scope;
+    """Each admission policy and binding has the content the manifests ship (a
+    digest of expressions, failurePolicy, match rules, actions and binding scope;
     coroner.core.admission_digest), and so has the WorkerRegistration CRD (its status subresource,
     rules and bounds: `crd`, as read for check_crd): a policy narrowed or a binding that only warns or misses
     namespaces is as good as missing. Compared as the operator compares them (it retires nothing
