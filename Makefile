@@ -67,9 +67,16 @@ test: lint
 # Everything (what CI runs): builds the control plane, the real node and Coroner's images on first
 # use (cached under ~/.cache/coroner), then runs every test, the real node's (tests/node, marker
 # `node`) included, and every benchmark once at its smallest size.
+# The integration, e2e and fault tests mostly wait on the API server and on processes: they run on
+# PYTEST_WORKERS pytest-xdist workers, each with its own control plane, a file (all of tests/faults,
+# one fault plane) per worker at a time (tests/conftest.py). Then the rest, serially: the simulation
+# uses every CPU itself, and the real node's tests never run beside another node cluster.
+PYTEST_WORKERS ?= 2
+PARALLEL_TESTS := tests/integration tests/e2e tests/faults
 check: lint node-deps
 	$(BIN)/coroner dev-cluster build --node
-	CORONER_SIM_TRIALS=100000 $(BIN)/pytest $(PYTEST_DURATIONS)
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PARALLEL_TESTS) $(PYTEST_DURATIONS)
+	CORONER_SIM_TRIALS=100000 $(BIN)/pytest $(addprefix --ignore=,$(PARALLEL_TESTS)) $(PYTEST_DURATIONS)
 	$(MAKE) bench-quick
 
 unit: $(BIN)/.installed

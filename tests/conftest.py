@@ -156,11 +156,20 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
         gc.collect()
 
 
-@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the markers set here
+def _worker_group(item: pytest.Item) -> str:
+    """What one pytest-xdist worker runs together under `--dist loadgroup` (`make check`): a file, as
+    its module fixtures (an install, an operator) expect; all of tests/faults, which shares one fault
+    plane per process. Each worker starts its own control plane (the session fixture `cluster`)."""
+    relative = pathlib.Path(str(item.path)).resolve().relative_to(_TESTS)
+    return "faults" if relative.parts[0] == "faults" else relative.as_posix()
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the markers set here, and before xdist reads groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         for marker in _lane_markers(item):
             item.add_marker(marker)
+        item.add_marker(pytest.mark.xdist_group(_worker_group(item)))
     # A name in QUICK that matches no test is a test renamed or gone: the fast lane must not lose a
     # feature silently. Checked when all of tests/integration and tests/e2e were collected.
     asked = {pathlib.Path(str(a).split("::")[0]).resolve() for a in config.args}

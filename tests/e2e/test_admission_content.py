@@ -6,8 +6,6 @@ names-only check passes — and on a CRD without its status subresource."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from typing import Any
 
 import pytest
@@ -15,7 +13,7 @@ import pytest
 from coroner.core import admission_digest as ad
 from coroner.core import api
 from coroner_dev.devcluster.cluster import Cluster
-from support import components, kube
+from support import components, kube, plugin
 
 pytestmark = pytest.mark.e2e
 
@@ -32,10 +30,8 @@ def served(cluster: Cluster) -> list[dict[str, Any]]:
 
 
 def doctor_checks(cluster: Cluster) -> dict[str, dict[str, Any]]:
-    result = subprocess.run(
-        [str(components.BIN / "kubectl-coroner"), "doctor", "-o", "json", f"--kubeconfig={cluster.kubeconfig}"],
-        capture_output=True, text=True, timeout=120, check=False, env={**os.environ, "COLUMNS": "200"},
-    )  # fmt: skip
+    # In-process (`support.plugin`): what doctor concludes is the subject here, not kubectl's plugin path.
+    result = plugin.in_process("doctor", "-o", "json", kubeconfig=cluster.kubeconfig, env={"COLUMNS": "200"})
     return {check["name"]: check for check in json.loads(result.stdout)["checks"]}
 
 

@@ -23,7 +23,7 @@ from coroner.client.kube import api_client
 from coroner.core import api, wire
 from coroner_dev.devcluster.cluster import Cluster
 from coroner_dev.devcluster.identities import mint_token, user_kubeconfig
-from integration.test_kubectl_plugin import apply_args, as_json, coroner, reasons
+from integration.test_kubectl_plugin import apply_args, as_json, kubectl_coroner, reasons
 from support import components, kube, pods
 
 pytestmark = pytest.mark.integration
@@ -380,12 +380,14 @@ def test_kubectl_coroner_apply_records_a_persons_node_evidence_as_a_human_statem
     gone = f"gone-{uuid.uuid4().hex[:6]}"  # never registered as a Node: a live GET finds it NotFound
     kube.create_registration(admin, namespace, kube.registration_body(name="w", node=gone, interval=None))
     statement = ("--node-deletion-evidence", "--node-quarantine-seconds=0")
-    planned = coroner(installed, "plan", "-n", namespace, "-o", "json", *statement, kubeconfig=installed.kubeconfig)
+    planned = kubectl_coroner(
+        installed, "plan", "-n", namespace, "-o", "json", *statement, kubeconfig=installed.kubeconfig
+    )
     assert planned.returncode == 0, planned.stderr
     document = as_json(planned)
     assert reasons(document) == {"w": "EligibleStaleOrphan"}
     args = [*apply_args(document, namespace, "w"), "--yes", "-o", "json", *statement]
-    applied = coroner(installed, *args, kubeconfig=installed.kubeconfig)
+    applied = kubectl_coroner(installed, *args, kubeconfig=installed.kubeconfig)
     assert applied.returncode == 0, applied.stdout + applied.stderr
     assert [row["outcome"] for row in as_json(applied)["rows"]] == ["Retired"]
     retirement = kube.get_registration(admin, namespace, "w")["status"]["retirement"]

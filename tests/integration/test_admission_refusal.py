@@ -26,7 +26,7 @@ from kubernetes import client as k8s
 from coroner.client.kube import api_client
 from coroner_dev.devcluster.cluster import Cluster
 from coroner_dev.devcluster.identities import ensure_node
-from integration.test_kubectl_plugin import apply_args, as_json, coroner, plan_json, reasons
+from integration.test_kubectl_plugin import apply_args, as_json, kubectl_coroner, plan_json, reasons
 from support import components, kube
 
 pytestmark = pytest.mark.integration
@@ -196,7 +196,7 @@ def test_apply_prints_a_refusal_by_admission_naming_the_object_and_the_fix(
         document = plan_json(granted, namespace, kubeconfig=granted.kubeconfig)
         assert reasons(document) == {"kept": "EligibleStaleOrphan"}
         args = apply_args(document, namespace, "kept")
-        applied = coroner(granted, *args, "--yes", "-o", "json", kubeconfig=granted.kubeconfig)
+        applied = kubectl_coroner(granted, *args, "--yes", "-o", "json", kubeconfig=granted.kubeconfig)
         assert applied.returncode == 2, applied.stderr
         (row,) = as_json(applied)["rows"]
         assert (row["name"], row["outcome"]) == ("kept", "RetireRefusedByAdmission")
@@ -205,7 +205,7 @@ def test_apply_prints_a_refusal_by_admission_naming_the_object_and_the_fix(
         assert f"ValidatingAdmissionPolicy {POLICY} (binding {POLICY}-binding)" in detail, detail
         assert "retire grant is not the problem" in detail
         assert f"`kubectl get validatingadmissionpolicy {POLICY} -o yaml`" in detail
-        table = coroner(granted, *args, "--yes", kubeconfig=granted.kubeconfig)
+        table = kubectl_coroner(granted, *args, "--yes", kubeconfig=granted.kubeconfig)
         assert table.returncode == 2 and "RetireRefusedByAdmission" in table.stdout, table.stdout + table.stderr
         assert not components.retired(admin, namespace, "kept")
     finally:

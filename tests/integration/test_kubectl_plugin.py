@@ -1,7 +1,10 @@
-"""`kubectl coroner plan | apply | doctor` against the real API server, through the real kubectl.
+"""`kubectl coroner plan | apply | doctor` against the real API server.
 
-Every command runs as ``kubectl coroner ...`` with the virtualenv's bin directory on PATH, so each
-test also proves kubectl discovers the installed ``kubectl-coroner`` plugin. The agent's part is
+The tests of the kubectl path itself (plan and apply end to end, doctor's grant review, progress on
+a terminal, usage, version and completion) run ``kubectl coroner ...`` through the real kubectl with
+the virtualenv's bin directory on PATH, which also proves kubectl discovers the installed
+``kubectl-coroner`` plugin; the others call the plugin's click group in-process with the same argv
+(`support.plugin`: a process per call costs a second of imports, times a hundred). The agent's part is
 played by the test with the agent's own node-bound token (the admission policies accept
 attestations from nobody else); humans are client-certificate users with just the RBAC that
 docs/cli.md asks for. No operator runs here: what retires is the human's apply.
@@ -29,11 +32,11 @@ from coroner.core import api
 from coroner_dev.devcluster import cluster as cluster_mod
 from coroner_dev.devcluster.cluster import Cluster, write_kubeconfig
 from coroner_dev.devcluster.identities import ensure_node, mint_token, user_kubeconfig
-from support import components, kube
+from support import components, kube, plugin
 
 pytestmark = pytest.mark.integration
 
-BIN = pathlib.Path(sys.executable).parent
+BIN = plugin.BIN
 BOOT = "8d0a4c6e-3b1f-4c1e-9a56-0d6f0c1b2a3e"  # registration_body's defaults
 HOST = "0f2e7a1c9d8b4e6f8a7b6c5d4e3f2a1b"
 OTHER_BOOT = "11111111-2222-4333-8444-555555555555"
@@ -45,11 +48,14 @@ NODE = f"kc-node-{SUFFIX}"
 
 
 def coroner(cluster: Cluster, *args: str, kubeconfig: pathlib.Path) -> subprocess.CompletedProcess[str]:
+    """``kubectl-coroner ARGS --kubeconfig K`` in-process (`support.plugin.in_process`)."""
+    del cluster  # the kubeconfig names the cluster, as it does for the real plugin
+    return plugin.in_process(*args, kubeconfig=kubeconfig)
+
+
+def kubectl_coroner(cluster: Cluster, *args: str, kubeconfig: pathlib.Path) -> subprocess.CompletedProcess[str]:
     """``kubectl coroner ARGS --kubeconfig K``, kubectl finding the plugin on PATH."""
-    env = {key: value for key, value in os.environ.items() if key != "KUBECONFIG"}
-    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    command = [str(cluster.binary("kubectl")), "coroner", *args, f"--kubeconfig={kubeconfig}"]
-    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, check=False)
+    return plugin.kubectl_coroner(cluster, *args, kubeconfig=kubeconfig)
 
 
 def as_json(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
@@ -193,8 +199,11 @@ def resource_version(admin: k8s.ApiClient, namespace: str, name: str) -> str:
     return str(kube.get_registration(admin, namespace, name)["metadata"]["resourceVersion"])
 
 
-def plan_json(cluster: Cluster, namespace: str, *, kubeconfig: pathlib.Path) -> dict[str, Any]:
-    result = coroner(cluster, "plan", "-n", namespace, "-o", "json", kubeconfig=kubeconfig)
+def plan_json(
+    cluster: Cluster, namespace: str, *, kubeconfig: pathlib.Path, through_kubectl: bool = False
+) -> dict[str, Any]:
+    run = kubectl_coroner if through_kubectl else coroner
+    result = run(cluster, "plan", "-n", namespace, "-o", "json", kubeconfig=kubeconfig)
     assert result.returncode == 0, result.stderr
     return as_json(result)
 
@@ -225,23 +234,23 @@ def test_plan_through_kubectl_shows_every_registration_with_its_reason(
     namespace = grant
     dead(admin, agent, namespace, "dead", pid=5001)
     register(admin, namespace, "unattested", pid=5002)
-    table = coroner(installed, "plan", "-n", namespace, kubeconfig=alice)
+    table = kubectl_coroner(installed, "plan", "-n", namespace, kubeconfig=alice)
     assert table.returncode == 0, table.stderr
     assert "Coroner plan: namespace" in table.stdout
     for expected in ("dead", "EligibleStaleOrphan", "unattested", "AttestationMissing", "registryFingerprint:"):
         assert expected in table.stdout
     assert f"kubectl coroner apply -n {namespace} --registry-fingerprint" in table.stdout
 
-    document = plan_json(installed, namespace, kubeconfig=alice)
+    document = plan_json(installed, namespace, kubeconfig=alice, through_kubectl=True)
     assert reasons(document) == {"dead": "EligibleStaleOrphan", "unattested": "AttestationMissing"}
     assert document["counts"]["EligibleStaleOrphan"] == 1 and document["counts"]["AttestationMissing"] == 1
     assert document["candidates"] == [f"{namespace}/dead"]
     assert document["retirePermission"] == {namespace: True}
 
-    yaml_out = coroner(installed, "plan", "-n", namespace, "-o", "yaml", kubeconfig=alice)
+    yaml_out = kubectl_coroner(installed, "plan", "-n", namespace, "-o", "yaml", kubeconfig=alice)
     assert yaml_out.returncode == 0 and f"registryFingerprint: {document['registryFingerprint']}" in yaml_out.stdout
 
-    everywhere = coroner(installed, "plan", "-A", "-o", "json", kubeconfig=alice)
+    everywhere = kubectl_coroner(installed, "plan", "-A", "-o", "json", kubeconfig=alice)
     assert everywhere.returncode == 0, everywhere.stderr
     assert f"{namespace}/dead" in as_json(everywhere)["candidates"]
 
@@ -281,12 +290,14 @@ def test_apply_previews_then_retires_under_the_callers_identity_and_replays_idem
     document = plan_json(installed, namespace, kubeconfig=alice)
     untouched = resource_version(admin, namespace, "dead")
 
-    preview = coroner(installed, *apply_args(document, namespace, "dead"), kubeconfig=alice)
+    preview = kubectl_coroner(installed, *apply_args(document, namespace, "dead"), kubeconfig=alice)
     assert preview.returncode == 0, preview.stderr
     assert "WouldRetire" in preview.stdout and "--yes" in preview.stdout
     assert resource_version(admin, namespace, "dead") == untouched
 
-    applied = coroner(installed, *apply_args(document, namespace, "dead"), "--yes", "-o", "json", kubeconfig=alice)
+    applied = kubectl_coroner(
+        installed, *apply_args(document, namespace, "dead"), "--yes", "-o", "json", kubeconfig=alice
+    )
     assert applied.returncode == 0, applied.stderr
     result = as_json(applied)
     assert [(row["name"], row["outcome"]) for row in result["rows"]] == [("dead", "Retired")]
@@ -308,7 +319,9 @@ def test_apply_previews_then_retires_under_the_callers_identity_and_replays_idem
     # Replay: the same command again. The retirement moved the raw fingerprints, but a row retired
     # as planned is reported AlreadyRetired, not drift, and nothing is written twice.
     settled = resource_version(admin, namespace, "dead")
-    replay = coroner(installed, *apply_args(document, namespace, "dead"), "--yes", "-o", "json", kubeconfig=alice)
+    replay = kubectl_coroner(
+        installed, *apply_args(document, namespace, "dead"), "--yes", "-o", "json", kubeconfig=alice
+    )
     assert replay.returncode == 0, replay.stderr
     assert [(row["name"], row["outcome"]) for row in as_json(replay)["rows"]] == [("dead", "AlreadyRetired")]
     assert resource_version(admin, namespace, "dead") == settled
@@ -450,8 +463,9 @@ def test_a_cluster_without_the_crd_is_one_sentence(tmp_path: pathlib.Path) -> No
 # --- doctor -------------------------------------------------------------------------------------
 
 
-def doctor(cluster: Cluster, *extra: str) -> tuple[int, dict[str, dict[str, Any]]]:
-    result = coroner(cluster, "doctor", "-o", "json", *extra, kubeconfig=cluster.kubeconfig)
+def doctor(cluster: Cluster, *extra: str, through_kubectl: bool = False) -> tuple[int, dict[str, dict[str, Any]]]:
+    run = kubectl_coroner if through_kubectl else coroner
+    result = run(cluster, "doctor", "-o", "json", *extra, kubeconfig=cluster.kubeconfig)
     assert result.returncode in (0, 1), result.stderr
     checks = {check["name"]: check for check in as_json(result)["checks"]}
     failed = any(check["status"] == "FAIL" for check in checks.values())
@@ -645,7 +659,7 @@ def test_doctor_reports_the_retire_grant_and_registrations_blocked_or_unattested
     dead_row, unattested_row = f"workerregistration/{namespace}/dead", f"workerregistration/{namespace}/unattested"
 
     kube.kubectl(installed, "delete", "clusterrolebinding", "coroner-operator-retire", "--ignore-not-found")
-    code, checks = doctor(installed, "--attestation-grace-seconds=0")
+    code, checks = doctor(installed, "--attestation-grace-seconds=0", through_kubectl=True)
     assert code == 1
     assert checks["retire-grant"]["status"] == "FAIL"
     assert checks["retire-grant"]["objects"] == ["system:serviceaccount:coroner-system:coroner-operator"]
@@ -654,13 +668,13 @@ def test_doctor_reports_the_retire_grant_and_registrations_blocked_or_unattested
     assert checks["unattested"]["status"] == "FAIL" and unattested_row in checks["unattested"]["objects"]
     assert dead_row not in checks["unattested"]["objects"]
 
-    _, planned_only = doctor(installed, "--expect-plan-only", "--attestation-grace-seconds=3600")
+    _, planned_only = doctor(installed, "--expect-plan-only", "--attestation-grace-seconds=3600", through_kubectl=True)
     assert planned_only["retire-grant"]["status"] == "PASS"
     assert dead_row not in planned_only["blocked"]["objects"]
     assert unattested_row not in planned_only["unattested"]["objects"]  # within its grace period
 
     kube.kubectl(installed, "apply", "-k", str(kube.MANIFESTS / "overlays" / "production"))
-    _, checks = doctor(installed)
+    _, checks = doctor(installed, through_kubectl=True)
     assert checks["retire-grant"]["status"] == "PASS"
     assert dead_row not in checks["blocked"]["objects"]
 
@@ -1134,20 +1148,20 @@ def test_apply_shows_progress_on_a_terminal(
 def test_version_usage_outputs_timeout_and_completion_as_kubectl_users_meet_them(
     installed: Cluster, tmp_path: pathlib.Path
 ) -> None:
-    version = coroner(installed, "version", kubeconfig=installed.kubeconfig)
+    version = kubectl_coroner(installed, "version", kubeconfig=installed.kubeconfig)
     assert version.returncode == 0, version.stderr
     lines = version.stdout.splitlines()
     assert lines[0].startswith("Client Version: ") and lines[1].startswith("Server Version: v1.")
     assert lines[2] == f"Coroner API: served: {api.API_VERSION}"
-    document = as_json(coroner(installed, "version", "-o", "json", kubeconfig=installed.kubeconfig))
+    document = as_json(kubectl_coroner(installed, "version", "-o", "json", kubeconfig=installed.kubeconfig))
     assert document["servedApiVersions"] == [api.VERSION] and document["serverVersion"]["major"] == "1"
 
-    usage = coroner(installed, "plan", "--bogus", kubeconfig=installed.kubeconfig)
+    usage = kubectl_coroner(installed, "plan", "--bogus", kubeconfig=installed.kubeconfig)
     assert usage.returncode == 2 and usage.stderr.startswith("Usage: kubectl coroner plan [OPTIONS]")
 
-    wide = coroner(installed, "doctor", "-o", "wide", kubeconfig=installed.kubeconfig)
+    wide = kubectl_coroner(installed, "doctor", "-o", "wide", kubeconfig=installed.kubeconfig)
     assert wide.returncode in (0, 1) and "OBJECTS" in wide.stdout
-    named = coroner(installed, "doctor", "-o", "name", kubeconfig=installed.kubeconfig)
+    named = kubectl_coroner(installed, "doctor", "-o", "name", kubeconfig=installed.kubeconfig)
     assert named.returncode in (0, 1) and "CHECK" not in named.stdout
 
     # An API server that accepts the connection and never answers: the request timeout, in words.
@@ -1163,7 +1177,7 @@ def test_version_usage_outputs_timeout_and_completion_as_kubectl_users_meet_them
             user="x",
             token="x",
         )
-        waited = coroner(installed, "plan", "-n", "default", "--request-timeout", "1s", kubeconfig=mute)
+        waited = kubectl_coroner(installed, "plan", "-n", "default", "--request-timeout", "1s", kubeconfig=mute)
     finally:
         silent.close()
     assert waited.returncode == 2

@@ -17,7 +17,6 @@ has to outlast a real Lease expiry.
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import subprocess
 import time
@@ -31,6 +30,7 @@ from kubernetes.client.exceptions import ApiException
 from coroner_dev.devcluster.cluster import Cluster
 from coroner_dev.devcluster.identities import ensure_node
 from support import components, kube
+from support import plugin as plugin_cli
 from support.fleet import Node, Worker, attestation, launcher, worker_kubeconfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.procs]
@@ -139,15 +139,9 @@ def delete_node(admin: k8s.ApiClient, node: Node) -> float:
 
 
 def plugin(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    """`kubectl coroner ARGS` as the cluster's admin (a human holding retire)."""
-    return subprocess.run(
-        [str(components.BIN / "kubectl-coroner"), *args, f"--kubeconfig={cluster.kubeconfig}"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env={**os.environ, "COLUMNS": "200"},
-    )
+    """`kubectl coroner ARGS` as the cluster's admin (a human holding retire), in-process
+    (`support.plugin`: what the commands decide is the subject here, not kubectl's plugin path)."""
+    return plugin_cli.in_process(*args, kubeconfig=cluster.kubeconfig, env={"COLUMNS": "200"})
 
 
 def lose_abruptly(admin: k8s.ApiClient, node: Node, workers: list[Worker]) -> float:

@@ -6,6 +6,7 @@ import json
 import pathlib
 import subprocess
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -97,12 +98,19 @@ def custom(client: k8s.ApiClient) -> k8s.CustomObjectsApi:
     return k8s.CustomObjectsApi(client)
 
 
+#: Each client's registrant, asked once: a client's credentials do not change while it lives.
+_REGISTRANTS: weakref.WeakKeyDictionary[k8s.ApiClient, str] = weakref.WeakKeyDictionary()
+
+
 def registrant(client: k8s.ApiClient) -> str:
     """Who the API server sees as `client`, spelled as the admission policies spell the requester
-    (`wire.registrant`, from one SelfSubjectReview, as the launcher asks it)."""
-    review = k8s.AuthenticationV1Api(client).create_self_subject_review(dict(wire.SELF_SUBJECT_REVIEW))
-    named = wire.registrant(client.sanitize_for_serialization(review))
-    assert named is not None, review
+    (`wire.registrant`, from one SelfSubjectReview, as the launcher asks it; once per client)."""
+    named = _REGISTRANTS.get(client)
+    if named is None:
+        review = k8s.AuthenticationV1Api(client).create_self_subject_review(dict(wire.SELF_SUBJECT_REVIEW))
+        named = wire.registrant(client.sanitize_for_serialization(review))
+        assert named is not None, review
+        _REGISTRANTS[client] = named
     return named
 
 

@@ -87,7 +87,14 @@ class ForeignAttestation(Fault):
             kubeconfig=source.token,
             node=self.node,
             boot_id_file=source.boot_file,
-            extra=("--resync-seconds=2", f"--lease-duration-seconds={LEASE_SECONDS}", "--renew-seconds=1"),
+            extra=(
+                "--resync-seconds=2",
+                f"--lease-duration-seconds={LEASE_SECONDS}",
+                "--renew-seconds=1",
+                # Stopped in heal: without this it drains on SIGTERM, waiting for node B's live
+                # workers until stop() gives up (30 s of every trial); its drain is not the fault.
+                "--shutdown-grace-seconds=0",
+            ),
         )
         self.rogue = fleet.spawn(argv, log=self.rogue_log, env={"POD_NAME": self.pod})
         self.trial.rogue_pods.add(self.pod)
