@@ -46,9 +46,9 @@ class AgentApi:
         """The agent's username (recorded in attestations). Retried while the API server is
         unreachable, busy (429, 5xx) or still warming up (401, 403: an authenticator or authorizer
         not yet synced after a restart) — an agent must come up with its node and name itself, not
-        crash-loop or record 'unknown' for its whole life (docs/faults.md, finding 5). A refusal that outlasts
-        `refusal_patience_seconds` is taken as final: the identity is informational (admission
-        checks the real requester), so the agent goes on as 'unknown' and says why."""
+        crash-loop or record 'unknown' for its whole life (docs/faults.md, finding 5). A refusal
+        that outlasts `refusal_patience_seconds` is taken as final: the identity is informational
+        (admission checks the real requester), so the agent goes on as 'unknown' and says why."""
         delay = 0.5
         refused_since: float | None = None
         while True:
