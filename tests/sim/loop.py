@@ -55,13 +55,7 @@ class _Handle(asyncio.Handle):
 
     def __init__(self, callback: Callable[..., Any], args: tuple[Any, ...], loop: SimLoop,
                  context: contextvars.Context | None) -> None:  # fmt: skip
-        self._context = contextvars.copy_context() if context is None else context
-        self._loop = loop
-        self._callback = callback
-        self._args = args
-        self._cancelled = False
-        self._repr = None
-        self._source_traceback = None
+        _fill(self, callback, args, loop, context)
 
 
 class _TimerHandle(asyncio.TimerHandle):
@@ -71,15 +65,21 @@ class _TimerHandle(asyncio.TimerHandle):
 
     def __init__(self, when: float, callback: Callable[..., Any], args: tuple[Any, ...], loop: SimLoop,
                  context: contextvars.Context | None) -> None:  # fmt: skip
-        self._context = contextvars.copy_context() if context is None else context
-        self._loop = loop
-        self._callback = callback
-        self._args = args
-        self._cancelled = False
-        self._repr = None
-        self._source_traceback = None
+        _fill(self, callback, args, loop, context)
         self._when = when
         self._scheduled = False
+
+
+def _fill(handle: asyncio.Handle, callback: Callable[..., Any], args: tuple[Any, ...], loop: SimLoop,
+          context: contextvars.Context | None) -> None:  # fmt: skip
+    """The fields `asyncio.Handle.__init__` sets, without its debug-mode work."""
+    handle._context = contextvars.copy_context() if context is None else context  # type: ignore[attr-defined]
+    handle._loop = loop  # type: ignore[attr-defined]
+    handle._callback = callback  # type: ignore[attr-defined]
+    handle._args = args  # type: ignore[attr-defined]
+    handle._cancelled = False  # type: ignore[attr-defined]
+    handle._repr = None  # type: ignore[attr-defined]
+    handle._source_traceback = None  # type: ignore[attr-defined]
 
 
 class SimLoop(asyncio.AbstractEventLoop):
