@@ -25,3 +25,14 @@ def agent_a(granted: Cluster, admin: k8s.ApiClient) -> Iterator[k8s.ApiClient]:
     components.put_agent_lease(admin, node="node-a", boot_id=kube.BOOT_ID, host_id=kube.HOST_ID)
     with api_client(components.agent_kubeconfig(granted, "node-a")) as client:
         yield client
+
+
+@pytest.fixture(scope="module")
+def plane(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """The production install with the operator running, once per module (end-to-end tests)."""
+    components.install(cluster, grant=True)
+    logs = tmp_path_factory.mktemp("operator")
+    with components.process(
+        components.operator_argv(components.operator_kubeconfig(cluster)), log=logs / "operator.log"
+    ):
+        yield cluster

@@ -24,16 +24,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.procs]
 REAL_BOOT = pathlib.Path("/proc/sys/kernel/random/boot_id").read_text().strip()
 
 
-@pytest.fixture(scope="module")
-def plane(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    components.install(cluster, grant=True)
-    logs = tmp_path_factory.mktemp("operator")
-    with components.process(
-        components.operator_argv(components.operator_kubeconfig(cluster)), log=logs / "operator.log"
-    ):
-        yield cluster
-
-
 @pytest.fixture
 def nodes(plane: Cluster, tmp_path: pathlib.Path) -> Iterator[dict[str, Node]]:
     suffix = uuid.uuid4().hex[:6]

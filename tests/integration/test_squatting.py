@@ -29,16 +29,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.procs]
 REAL_BOOT = pathlib.Path("/proc/sys/kernel/random/boot_id").read_text().strip()
 
 
-@pytest.fixture(scope="module")
-def plane(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    components.install(cluster, grant=True)
-    logs = tmp_path_factory.mktemp("operator")
-    with components.process(
-        components.operator_argv(components.operator_kubeconfig(cluster)), log=logs / "operator.log"
-    ):
-        yield cluster
-
-
 @pytest.fixture
 def node(plane: Cluster, tmp_path: pathlib.Path) -> Iterator[Node]:
     made = Node(plane, tmp_path, f"node-squat-{uuid.uuid4().hex[:6]}", REAL_BOOT)
