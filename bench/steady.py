@@ -353,7 +353,14 @@ def main() -> int:
         def settled() -> bool:
             return all((s := tracker.state.get(k)) is not None and s["reason"] == "PidAlive" for k in all_keys)
 
-        ok = tracker.wait_until(settled, timeout=900, what=f"{len(all_keys)} registrations decided PidAlive", poll=3.0)
+        # The first decision writes each registration's Retirable condition once (~100 writes/s on
+        # 2 cores), so the wait grows with the registrations.
+        ok = tracker.wait_until(
+            settled,
+            timeout=max(900, args.registrations / 40),
+            what=f"{len(all_keys)} registrations decided PidAlive",
+            poll=3.0,
+        )
         result["parameters"]["settle_seconds"] = round(time.monotonic() - t0, 1)
         setup["settle_seconds"] = result["parameters"]["settle_seconds"]
         setup["total_seconds"] = round(time.monotonic() - t_setup, 1)

@@ -7,13 +7,12 @@ latency, and dropped if the component crashed meanwhile.
 - `SimOperator`: the production operator, whole (`coroner_operator.app.Operator`), on the trial's
   virtual-time loop (`sim.loop`), its `KubeApi` over the model API server (`sim.transport`); a
   crash ends its `Owner`, and nothing of that life runs again.
-- `SimAgent`: the production `coroner_agent.service.Agent` (its watch handlers, its reconciler's
-  gather and pure step, its executor over `SimAgentPort`, its clock injected), the production probe
-  (`coroner_agent.probe.probe`, `PidIndex`, `PidfdTable`, `LocalNode.read`) over a `SimProcReader`.
-  What is the sim's own: the scheduling (the API latency between the step and the executor; each
-  agent has an `epoch`, a crash bumps it, and every callback scheduled by an older epoch is a
-  no-op), the prober's bookkeeping (`ProcProber` opens a real /proc), and its port's Lease upsert
-  (the transport of `coroner.client.rest.upsert_lease`).
+- `SimAgent`: the production agent, whole (`coroner_agent.service.Agent`: watch handlers, runtime,
+  reconciler, pure step, executor, Lease loop, resync; `AgentApi` behind `ApiPort`; `ProcProber`
+  with the production probe), on the trial's loop in a life of its own, as the operator. Its
+  ports: the API transport (`SimRest` behind `Latency`, cut off while partitioned), the /proc reader
+  (`kernel.SimProcReader`), the pidfd table's readability (`SimPidfds`), the node's files, the
+  clock and the backoff's random source.
 - `Worker`: records its incarnation with the production `procfs.incarnation_from` over its own
   /proc texts, says goodbye with the production `wire.release_apply`.
 - `Human`: `kubectl coroner apply`'s production `plan.build_world`, `fingerprint.decide_all`, `candidates`
@@ -32,14 +31,15 @@ from typing import TYPE_CHECKING, Any
 
 from sim import kernel
 from sim.apiserver import SimApiError, Watcher
-from sim.clock import dt, run_now
+from sim.clock import dt
 from sim.loop import Owner
 from sim.prod import (
-    AgentEffects,
-    ApiError,
     Policy,
     World,
+    agent_kube,
+    agent_pidfds,
     agent_probe,
+    agent_prober,
     agent_service,
     api,
     cli_plan,
@@ -66,22 +66,28 @@ CONFIRM_SECONDS = 10.0
 
 _FILES: dict[str, str] = {}
 _NODE_FACTS: dict[tuple[str, str, str, int], agent_probe.LocalNode] = {}
-_DIR: list[str] = []
+#: One folder for every process of this user: the files are named by their content, so processes
+#: share them, and a batch leaves one folder behind, not one per process.
+_DIR = os.path.join(tempfile.gettempdir(), f"coroner-sim-files-{os.getuid()}")
 
 
 def _file(name: str, content: str, *, link: bool = False) -> str:
-    """A small file (or symlink) for `LocalNode.read`, cached by content for the life of the process."""
+    """A small file (or symlink) for `LocalNode.read`, named by its content (several processes may
+    create it at once: each writes its own and renames it into place)."""
     path = _FILES.get(name)
     if path is None:
-        if not _DIR:
-            _DIR.append(tempfile.mkdtemp(prefix=f"coroner-sim-{os.getpid()}-"))
-        path = os.path.join(_DIR[0], name)
+        os.makedirs(_DIR, exist_ok=True)
+        path = os.path.join(_DIR, name)
         if not os.path.lexists(path):
+            staged = f"{path}.{os.getpid()}"
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(staged)
             if link:
-                os.symlink(content, path)
+                os.symlink(content, staged)
             else:
-                with open(path, "w") as out:
+                with open(staged, "w") as out:
                     out.write(content)
+            os.replace(staged, path)
         _FILES[name] = path
     return path
 
@@ -110,133 +116,84 @@ class _Window:
         return self.rng.choice(options)
 
 
-class SimProber:
-    """`coroner_agent.service.Prober` over the simulated /proc, with the production probe."""
+class SimPidfds(agent_pidfds.PidfdTable):
+    """The pidfd port: the production table of pinned pidfds (their numbers the model kernel's), and
+    the kernel's side of their readability, as `PidfdWatcher`'s epoll: `exited(proc)` reports, half a
+    millisecond later, every pinned incarnation whose pidfd refers to `proc` (a registration's own
+    incarnation, or the holder of a Reused one's number), to the prober's `fired`."""
+
+    def __init__(self, agent: SimAgent, fired: Callable[[procfs.IncarnationKey], None]) -> None:
+        super().__init__(max_pinned=agent.max_pinned, close=agent.reader.close_pidfd)
+        self.agent = agent
+        self.fired = fired
+
+    def exited(self, proc: kernel.SimProcess) -> None:
+        fds = {fd for fd, p in self.agent.reader.pinned() if p is proc}
+        if not fds:
+            return
+        for incarnation in self.incarnations():
+            held = self.get(incarnation)
+            if held is not None and held.fd in fds:
+                self.agent.later(0.0005, lambda incarnation=incarnation: self.fired(incarnation))
+
+
+class SimProber(agent_prober.ProcProber):
+    """The production `ProcProber` over the model kernel's /proc and pidfds; each probe's verdict is
+    also shown to the trial's oracle (`Trial.on_probe`) against the kernel's truth."""
 
     def __init__(self, agent: SimAgent) -> None:
         self.agent = agent
-        self.reader = agent.reader
-        self.index = agent_probe.PidIndex()
-        self.pidfds = agent_probe.PidfdTable(max_pinned=agent.max_pinned, close=self.reader.close_pidfd)
-        self.incarnation_of: dict[tuple[str, str], procfs.IncarnationKey] = {}
-        self.reuser_of: dict[tuple[str, str], procfs.IncarnationKey] = {}
-        self.node = self._read_node()
+        super().__init__(
+            node_name=agent.node.name,
+            loop=agent.trial.loop,
+            on_exit=agent.on_pidfd,
+            reader=agent.reader,
+            pidfd_table=lambda fired: SimPidfds(agent, fired),
+            node_facts=self._node_facts_now,
+        )
 
-    def _read_node(self) -> agent_probe.LocalNode:
-        node = self.agent.node
-        view = self.reader.view_ns
-        flaky = self.reader.flaky
+    def _node_facts_now(self) -> agent_probe.LocalNode:
+        node, reader = self.agent.node, self.agent.reader
+        flaky = reader.flaky
         if flaky is not None and flaky.active():
-            return self._read_node_files(node, view)  # its reads may fail (and draw from the seed): not cached
-        key = (node.name, node.boot_id, node.host_id, view)
+            return _read_node_files(node, reader)  # its reads may fail (and draw from the seed): not cached
+        key = (node.name, node.boot_id, node.host_id, reader.view_ns)
         facts = _NODE_FACTS.get(key)
         if facts is None:
-            facts = _NODE_FACTS[key] = self._read_node_files(node, view)
+            facts = _NODE_FACTS[key] = _read_node_files(node, reader)
         return facts
 
-    def _read_node_files(self, node: kernel.SimNode, view: int) -> agent_probe.LocalNode:
-        """The production `LocalNode.read` over files holding this boot's facts (read once per
-        boot and pid-namespace view in a process: the files, and so the facts, never change)."""
-        return agent_probe.LocalNode.read(
-            node_name=node.name,
-            reader=self.reader,
-            boot_id_file=_file(f"boot-{node.boot_id}", node.boot_id + "\n"),
-            machine_id_file=_file(f"machine-{node.host_id}", node.host_id + "\n"),
-            self_pid_namespace_link=_file(f"ns-{view}", f"pid:[{view}]", link=True),
-        )
-
-    def boot_id(self) -> str | None:
-        return self.node.boot_id
-
-    def host_id(self) -> str:
-        return self.node.host_id
-
-    def rescan(self) -> None:
-        self.node = self._read_node()  # as ProcProber.rescan: fresh node facts every resync
-        self.index.refresh(reader=self.reader, proc_pid_namespace=self.node.proc_pid_namespace)
-
     def probe(self, *, key: tuple[str, str], registration: model.Registration) -> agent_probe.ProbeResult:
-        result = agent_probe.probe(
-            incarnation=registration.incarnation,
-            registration_node=registration.node_name,
-            node=self.node,
-            reader=self.reader,
-            index=self.index,
-            pidfds=self.pidfds,
-        )
+        result = super().probe(key=key, registration=registration)
         self.agent.trial.on_probe(self.agent, key, result)
-        try:
-            inc = registration.incarnation
-            self.incarnation_of[key] = procfs.recorded_incarnation(
-                boot_id=inc.boot_id, pid_namespace=inc.pid_namespace, pid=inc.pid, start_time=inc.start_time
-            )
-        except procfs.ParseError:
-            pass
-        if result.reuser is not None:
-            self.reuser_of[key] = result.reuser
-        else:
-            self.reuser_of.pop(key, None)
-        if result.reuser_exited:
-            self.agent.later(0.05, lambda: self.agent.enqueue(key))
         return result
 
-    def forget(self, *, key: tuple[str, str]) -> None:
-        inc = self.incarnation_of.pop(key, None)
-        self.reuser_of.pop(key, None)
-        if inc is not None and inc not in self.incarnation_of.values() and inc not in self.reuser_of.values():
-            self.pidfds.release(inc)
 
-    def keys_pinned_to(self, proc: kernel.SimProcess) -> list[tuple[str, str]]:
-        """Registrations whose (or whose reuser's) pinned pidfd refers to `proc`: its exit fires them."""
-        fds = {fd for fd, p in self.reader.pinned() if p is proc}
-        if not fds:
-            return []
-        fired = set()
-        for inc in self.pidfds.incarnations():
-            held = self.pidfds.get(inc)
-            if held is not None and held.fd in fds:
-                fired.add(inc)
-        return sorted(k for k, inc in [*self.incarnation_of.items(), *self.reuser_of.items()] if inc in fired)
+def _read_node_files(node: kernel.SimNode, reader: kernel.SimProcReader) -> agent_probe.LocalNode:
+    """The production `LocalNode.read` over files holding this boot's facts (read once per boot and
+    pid-namespace view in a process: the files, and so the facts, never change)."""
+    return agent_probe.LocalNode.read(
+        node_name=node.name,
+        reader=reader,
+        boot_id_file=_file(f"boot-{node.boot_id}", node.boot_id + "\n"),
+        machine_id_file=_file(f"machine-{node.host_id}", node.host_id + "\n"),
+        self_pid_namespace_link=_file(f"ns-{reader.view_ns}", f"pid:[{reader.view_ns}]", link=True),
+    )
 
 
-class SimAgentPort:
-    """`coroner_agent.executor.AgentPort` on the model API server: answers at once (the latency is
-    the SimAgent's scheduling), refusals as the production client raises them."""
-
-    def __init__(self, agent: SimAgent) -> None:
-        self.agent = agent
-
-    async def patch_status(self, *, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
-        try:
-            return self.agent.trial.server.patch(self.agent.identity, "wreg", namespace, name, ops)
-        except SimApiError as exc:
-            raise ApiError(exc.status, exc.reason, exc.message) from exc
-
-    async def get_registration(self, *, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            return self.agent.trial.server.get("wreg", namespace, name)
-        except SimApiError as exc:
-            if exc.status == 404:
-                return None
-            raise ApiError(exc.status, exc.reason, exc.message) from exc
-
-    async def renew_lease(
-        self, *, holder: str, duration: int, annotations: dict[str, str], now: datetime.datetime
-    ) -> None:
-        """As `coroner.client.rest.upsert_lease`: create it, or the Lease as read renewed now."""
-        server, name = self.agent.trial.server, f"{api.AGENT_LEASE_PREFIX}{self.agent.node.name}"
-        current = server.objects.get(("lease", api.SYSTEM_NAMESPACE, name))
-        if current is None:
-            body = wire.lease_body(
-                namespace=api.SYSTEM_NAMESPACE, name=name, holder=holder, duration=duration,
-                annotations=annotations, now=now,
-            )  # fmt: skip
-        else:
-            body = wire.lease_renewal(current, holder=holder, duration=duration, annotations=annotations, now=now)
-        server.upsert(self.agent.identity, "lease", body)
+async def _inline(call: Callable[[], None]) -> None:
+    """The agent's `offload`: the model kernel's /proc answers at once, so a rescan runs in place."""
+    call()
 
 
 class SimAgent:
+    """One node's production agent (`coroner_agent.service.Agent`: its watch handlers, Controller,
+    reconciler, pure step, executor, Lease loop and resync, over the production `AgentApi` and
+    `ApiPort`), on the trial's loop in a life of its own (`Owner`). Its ports: the API transport
+    (`SimRest` as this node's agent, behind `Latency`; unreachable while the trial partitions it),
+    the /proc reader, the pidfds, the node's files, the clock (the trial's plus its skew) and the
+    backoff's random source (from the seed)."""
+
     def __init__(self, trial: Trial, node: kernel.SimNode, *, skew: float = 0.0, lag: float = 0.05) -> None:
         self.trial = trial
         self.node = node
@@ -251,35 +208,36 @@ class SimAgent:
         self.writes = 0
         self.crash_after_write: int | None = None
         self.watch: Watcher | None = None
+        self.owner: Owner | None = None
 
     def now(self) -> float:
         return self.trial.now + self.skew
-
-    def later(self, delay: float, fn: Callable[[], None]) -> None:
-        epoch = self.epoch
-
-        def run() -> None:
-            if self.up and self.epoch == epoch:
-                fn()
-
-        self.trial.at(self.trial.now + delay, run)
 
     def clock(self) -> datetime.datetime:
         """The agent's injected clock: virtual time through this agent's skew."""
         return dt(self.now())
 
+    def later(self, delay: float, fn: Callable[[], None]) -> None:
+        """Calls `fn` after `delay`, in this life (a crash drops it)."""
+        self.trial.loop.call_at(self.trial.now + delay, fn, context=self.context)
+
     def start(self, *, cap: int | None = None) -> None:
         self.epoch += 1
         self.up = True
+        trial = self.trial
+        self.owner = owner = Owner(self.identity)
+        self.context = owner.context()
         ns = kernel.CHILD_NS_POOL[-1] if self.confined else kernel.ROOT_NS
-        self.process = self.node.spawn(now=self.trial.now, ns=ns)
+        self.process = self.node.spawn(now=trial.now, ns=ns)
         self.process.comm = "coroner-agent"
         self.reader = kernel.SimProcReader(self.node, agent=self.process, view_ns=ns)
         if self.flake:
-            window = self.trial.flaky_window
-            self.reader.flaky = _Window(self.trial, window, self.trial.rng)
+            self.reader.flaky = _Window(trial, trial.flaky_window, trial.rng)
             self.reader.flake = self.flake
         self.prober = SimProber(self)
+        self.rest = SimRest(
+            trial.server, identity=self.identity, wrote=self._wrote, reachable=lambda: not trial.partitioned(self)
+        )
         settings = agent_service.AgentSettings(
             node_name=self.node.name,
             pod_name=f"coroner-agent-{self.node.name}-{self.epoch}",
@@ -288,31 +246,32 @@ class SimAgent:
             resync_seconds=RESYNC_SECONDS,
             absence_confirm_seconds=CONFIRM_SECONDS,
         )
+        api_client = agent_kube.AgentApi(self.rest, node_name=self.node.name)  # type: ignore[arg-type]
         self.agent = agent_service.Agent(
-            kube=None,  # type: ignore[arg-type]  # the watch is the sim's Watcher below
+            kube=api_client,  # its watch is the sim's Watcher below
             prober=self.prober,
             settings=settings,
             identity=AGENT_IDENTITY,
             clock=self.clock,
-            port=SimAgentPort(self),
+            port=agent_kube.ApiPort(api_client, blocking=Latency(trial.loop, self.rest, latency=trial.latency)),
+            rng=random.Random(trial.rng.random()),
+            offload=_inline,
         )
-        self.agent.enqueue = self.enqueue  # type: ignore[method-assign]
-        self.queued: set[tuple[str, str]] = set()
         node = self.node.name
         self.watch = Watcher(
-            self.trial.server,
+            trial.server,
             name=f"agent-{node}",
             kind="wreg",
             selector=lambda b: ((b.get("metadata") or {}).get("labels") or {}).get(api.NODE_LABEL) == node,
             lag=self.lag,
             on_event=self._on_event,
-            on_relist=lambda items: self.agent.on_relist(items),
+            on_relist=lambda items: self.context.run(self.agent.on_relist, items),
         )
         self.watch.cap = cap
-        self.trial.server.watchers.append(self.watch)
+        trial.server.watchers.append(self.watch)
         self.watch.start()
-        self.renew()
-        self.later(RESYNC_SECONDS, self.resync)
+        for loop in self.agent.loops():
+            trial.loop.start(owner, loop)
 
     @property
     def watches(self) -> list[Watcher]:
@@ -323,74 +282,29 @@ class SimAgent:
         rv = _rv(body)
         if travel is not None and travel[0] is self and self.trial.labels.get(rv) == travel[1]:
             self.trial.at(self.trial.now, lambda: self.trial.time_travel(rv))
-        self.agent.on_event(etype, body)
+        self.context.run(self.agent.on_event, etype, body)
 
     def crash(self) -> None:
         if not self.up:
             return
         self.up = False
         self.epoch += 1
+        assert self.owner is not None
+        self.owner.alive = False  # its tasks, timers and requests in flight never run again
         if self.watch is not None:
             self.watch.stop()
         if self.process.alive:
             self.node.exit(self.process)
 
-    def enqueue(self, key: tuple[str, str]) -> None:
-        if key in self.queued:
-            return
-        self.queued.add(key)
-
-        def run() -> None:
-            self.queued.discard(key)
-            self.attest(key)
-
-        self.later(0.001, run)
-
-    def renew(self) -> None:
-        """The production Lease renewal (`Agent.renew_lease_once`: holder, duration, this boot's and
-        host's ids, `clock()`), through `SimAgentPort.renew_lease`, unless the agent is cut off."""
-        if not self.trial.partitioned(self):
-            run_now(self.agent.renew_lease_once())
-        self.later(RENEW_SECONDS, self.renew)
-
-    def resync(self) -> None:
-        self.prober.rescan()
-        for key in list(self.agent.bodies):
-            self.enqueue(key)
-        self.later(RESYNC_SECONDS, self.resync)
+    def on_pidfd(self, key: tuple[str, str]) -> None:
+        self.agent.on_pidfd(key)
 
     def on_exit(self, proc: kernel.SimProcess) -> None:
         """The kernel side of a pidfd becoming readable (or a reuser's number being freed)."""
-        if not self.up:
-            return
-        for key in self.prober.keys_pinned_to(proc):
-            self.later(0.0005, lambda key=key: self.agent.on_pidfd(key))
+        if self.up:
+            self.prober.pidfds.exited(proc)  # type: ignore[attr-defined]
 
-    def attest(self, key: tuple[str, str]) -> None:
-        """The production gather and step now; the production executor after the API latency."""
-        effects = self.agent.reconciler.effects(key)
-        if effects is None:
-            return
-        if effects.requeue_at is not None:
-            self.later((effects.requeue_at - self.clock()).total_seconds(), lambda: self.enqueue(key))
-        if effects.write is None:
-            return
-        self.trial.stats["attest_sent"] += 1
-        self.later(self.trial.latency(), lambda: self._write(effects))
-
-    def _write(self, effects: AgentEffects) -> None:
-        if self.trial.partitioned(self):
-            self.later(1.0, lambda: self.enqueue(effects.key))
-            return
-        executor = self.agent.executor
-        before = executor.attestations_written
-        try:
-            run_now(executor.run(effects))
-        except ApiError:
-            self.trial.stats["agent_refused"] += 1  # production retries it with backoff; a resync does here
-            return
-        if executor.attestations_written == before:
-            return  # refused for moving (re-read, attested again) or gone
+    def _wrote(self) -> None:
         self.writes += 1
         if self.crash_after_write is not None and self.writes == self.crash_after_write:
             self.trial.sieve_crash(self)
@@ -664,17 +578,10 @@ class Human:
         policy = Policy()
         plan = fingerprint.decide_all(world=world, policy=policy, now=now)
         for entry in cli_plan.candidates(plan):
-            registration = entry.registration
-            key = (registration.namespace or "", registration.name or "")
-            intent = retire_protocol.RetireIntent(
-                body=world.bodies[key],
-                registration=registration,
-                decision=entry.decision,
-                facts=world.facts_for(key, now=now),
-                policy=policy,
+            intent, retirer = cli_plan.person_retirement(
+                world=world, entry=entry, policy=policy, retired_by="human", now=now
             )
-            retirer = retire_protocol.Retirer(name="human", writer=wire.Writer.PERSON, via="kubectl coroner apply")
-            port = _RetirePort(self.trial, "human", view_rv=int(registration.resource_version or 0))
+            port = _RetirePort(self.trial, "human", view_rv=int(entry.registration.resource_version or 0))
             self.trial.loop.start(None, self._retire(port, intent, retirer))
 
     async def _retire(self, port: _RetirePort, intent: Any, retirer: Any) -> None:

@@ -23,18 +23,19 @@ from coroner.core.decision import facts as decision_facts
 from coroner.core.reasons import ConditionType, Evidence, Reason, Verdict
 from coroner.core.world import World, lease_facts
 
-# The agent: the probe over a ProcReader; the service, whose reconciler gathers and calls the pure
-# step and whose executor writes through a port.
+# The agent, whole: its API client and port, its prober over a ProcReader and a pidfd table, the
+# service (watch handlers, runtime, reconciler, pure step, executor, Lease loop, resync).
+from coroner_agent import kube as agent_kube
+from coroner_agent import pidfds as agent_pidfds
 from coroner_agent import probe as agent_probe
+from coroner_agent import prober as agent_prober
 from coroner_agent import service as agent_service
-from coroner_agent.effects import AgentEffects
 from coroner_operator import app as operator_app
 from coroner_operator import kubeapi as operator_kubeapi
 from coroner_operator import metrics as operator_metrics
 from coroner_operator import settings as operator_settings
 
 __all__ = [
-    "AgentEffects",
     "AgentFacts",
     "ApiError",
     "ConditionType",
@@ -45,7 +46,10 @@ __all__ = [
     "Reason",
     "Verdict",
     "World",
+    "agent_kube",
+    "agent_pidfds",
     "agent_probe",
+    "agent_prober",
     "agent_service",
     "api",
     "cli_plan",

@@ -3,12 +3,12 @@
 `SimRest` is a `coroner.client.rest.Rest` as far as its callers can tell — `request(method, path,
 body=..., content_type=...)` returns the decoded JSON of a success and raises `ApiError` for an
 error status — but each request is answered by `sim.apiserver.Server`, as one identity. `Latency`
-is the `coroner_operator.kubeapi.Blocking` that awaits it: the request reaches the server one API
+is the `coroner.runtime.blocking.Blocking` that awaits it: the request reaches the server one API
 latency after it is sent (drawn from the trial's seed) and its answer is back at that instant; a
 component that died meanwhile never sends it (`sim.loop`: the callback belongs to its life).
 
-So the production `KubeApi` — every request it builds, every status it reads an answer from — and
-everything above it run as shipped; only the bytes on the wire are not there.
+So the production `KubeApi` and `AgentApi` (every request they build, every status they read an
+answer from) and everything above them run as shipped; only the bytes on the wire are not there.
 """
 
 from __future__ import annotations
@@ -72,20 +72,31 @@ def _installed_crd() -> dict[str, Any]:
 
 
 class SimRest:
-    """The requests Coroner's operator sends, answered by the model API server as `identity`."""
+    """The requests Coroner's operator and agents send, answered by the model API server as `identity`."""
 
-    def __init__(self, server: Server, *, identity: str, wrote: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self,
+        server: Server,
+        *,
+        identity: str,
+        wrote: Callable[[], None] = lambda: None,
+        reachable: Callable[[], bool] = lambda: True,
+    ) -> None:
         self.server = server
         self.identity = identity
         self.wrote = wrote
         """Called after each status write of a registration that landed (Sieve's crash-after-write)."""
+        self.reachable = reachable
+        """False while a partition cuts this identity off: its requests get no answer."""
         self.view_rv: int | None = None
         """The resourceVersion the request's writer decided on (the oracles' record, never sent)."""
         self.events = 0
 
     def request(self, method: str, path: str, *, body: Any = None, **_: Any) -> dict[str, Any]:
         """`Rest.request`: the query, content type and timeout change nothing here (every status
-        write is a JSON patch, as `KubeApi` sends it)."""
+        write is a JSON patch, as `KubeApi` and `AgentApi` send it)."""
+        if not self.reachable():
+            raise ConnectionError(f"{self.identity} is cut off from the API server")
         try:
             return self._answer(method, path, body)
         except SimApiError as exc:
@@ -132,7 +143,7 @@ class SimRest:
 
 
 class Latency:
-    """`coroner_operator.kubeapi.Blocking` in virtual time: a call reaches the server `latency()`
+    """`coroner.runtime.blocking.Blocking` in virtual time: a call reaches the server `latency()`
     seconds after it was sent, and its answer (or error) is back at that instant."""
 
     def __init__(self, loop: SimLoop, rest: SimRest, *, latency: Callable[[], float]) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import pathlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -222,36 +221,29 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
 class Prober:
     """A ProcProber over a fake /proc; `fired` collects the registrations it asks to re-probe."""
 
-    def __init__(self, proc: FakeProc, loop: asyncio.AbstractEventLoop, tmp: pathlib.Path, *, max_pinned: int = 100):
-        (tmp / "boot_id").write_text(BOOT + "\n")
+    def __init__(self, proc: FakeProc, loop: asyncio.AbstractEventLoop, *, max_pinned: int = 100):
         self.fired: list[Key] = []
         self.proc = proc
         self.real = ProcProber(
             node_name=NODE,
-            proc_root=str(tmp),
-            boot_id_file=str(tmp / "boot_id"),
-            machine_id_file=str(tmp / "machine-id"),
             loop=loop,
             on_exit=self.fired.append,
-            use_pidfd=False,
+            reader=proc,
+            pidfd_table=lambda fired: PidfdTable(max_pinned=max_pinned, close=proc.close_pidfd),
+            node_facts=facts,
         )
-        self.real.reader = proc
-        self.real.node = facts()
-        self.real.pidfds = PidfdTable(max_pinned=max_pinned, close=proc.close_pidfd)
 
     def probe(self, name: str, **incarnation: Any) -> tuple[Verdict, Evidence]:
         outcome = self.real.probe(key=("jobs", name), registration=body(name, **incarnation))
         return outcome.verdict, outcome.evidence
 
 
-def test_the_holders_exit_re_probes_every_registration_that_watches_it(
-    loop: asyncio.AbstractEventLoop, tmp_path: pathlib.Path
-) -> None:
-    p = Prober(reused_world(), loop, tmp_path)
+def test_the_holders_exit_re_probes_every_registration_that_watches_it(loop: asyncio.AbstractEventLoop) -> None:
+    p = Prober(reused_world(), loop)
     assert p.probe("old-a") == (Verdict.REUSED, Evidence.START_TIME_DIFFERS)
     assert p.probe("old-b") == (Verdict.REUSED, Evidence.START_TIME_DIFFERS)
     assert p.real.watched_reusers == 1 and len(p.proc.open_fds) == 1  # one pidfd for the one holder
-    p.real._fired(HOLDER)
+    p.real.fired(HOLDER)
     assert p.fired == [("jobs", "old-a"), ("jobs", "old-b")]
     p.proc.reap(4242)
     assert p.probe("old-a") == (Verdict.DEAD, Evidence.PROC_ABSENT)
@@ -260,14 +252,12 @@ def test_the_holders_exit_re_probes_every_registration_that_watches_it(
     assert not p.proc.open_fds and p.real.watched_reusers == 0 and len(p.real.pidfds) == 0
 
 
-def test_a_holder_that_is_itself_registered_shares_one_pidfd_until_both_let_go(
-    loop: asyncio.AbstractEventLoop, tmp_path: pathlib.Path
-) -> None:
-    p = Prober(reused_world(), loop, tmp_path)
+def test_a_holder_that_is_itself_registered_shares_one_pidfd_until_both_let_go(loop: asyncio.AbstractEventLoop) -> None:
+    p = Prober(reused_world(), loop)
     assert p.probe("old") == (Verdict.REUSED, Evidence.START_TIME_DIFFERS)
     assert p.probe("new", start=777) == (Verdict.ALIVE, Evidence.PIDFD_PINNED)  # answered by the same pidfd
     assert len(p.proc.open_fds) == 1
-    p.real._fired(HOLDER)
+    p.real.fired(HOLDER)
     assert sorted(p.fired) == [("jobs", "new"), ("jobs", "old")]
     p.real.forget(key=("jobs", "old"))
     assert len(p.proc.open_fds) == 1, "the registration of the holder itself still names it"
@@ -275,10 +265,8 @@ def test_a_holder_that_is_itself_registered_shares_one_pidfd_until_both_let_go(
     assert not p.proc.open_fds
 
 
-def test_an_unpinned_holder_is_uncounted_once_nothing_watches_it(
-    loop: asyncio.AbstractEventLoop, tmp_path: pathlib.Path
-) -> None:
-    p = Prober(reused_world(), loop, tmp_path, max_pinned=0)
+def test_an_unpinned_holder_is_uncounted_once_nothing_watches_it(loop: asyncio.AbstractEventLoop) -> None:
+    p = Prober(reused_world(), loop, max_pinned=0)
     assert p.probe("old") == (Verdict.REUSED, Evidence.START_TIME_DIFFERS)
     assert p.real.pidfds.unpinned == 1 and not p.proc.open_fds
     p.real.forget(key=("jobs", "old"))
@@ -286,17 +274,17 @@ def test_an_unpinned_holder_is_uncounted_once_nothing_watches_it(
 
 
 def test_an_unreaped_holder_is_looked_at_again_with_a_backoff_until_it_is_reaped(
-    loop: asyncio.AbstractEventLoop, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+    loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(prober_module, "REUSER_RETRY_SECONDS", 0.01)
     monkeypatch.setattr(prober_module, "REUSER_RETRY_MAX_SECONDS", 0.02)
-    p = Prober(reused_world(), loop, tmp_path)
+    p = Prober(reused_world(), loop)
     assert p.probe("old") == (Verdict.REUSED, Evidence.START_TIME_DIFFERS)
     _exited(p.proc)  # no event will come for the reap: the prober must look again by itself
 
     async def until_dead() -> int:
         rounds = 0
-        p.real._fired(HOLDER)
+        p.real.fired(HOLDER)
         while True:
             while not p.fired:
                 await asyncio.sleep(0.002)
@@ -312,8 +300,8 @@ def test_an_unreaped_holder_is_looked_at_again_with_a_backoff_until_it_is_reaped
     assert not p.real._retry_handles and not p.real._retry_delays and not p.proc.open_fds
 
 
-def test_forgetting_a_registration_cancels_its_retry(loop: asyncio.AbstractEventLoop, tmp_path: pathlib.Path) -> None:
-    p = Prober(reused_world(), loop, tmp_path)
+def test_forgetting_a_registration_cancels_its_retry(loop: asyncio.AbstractEventLoop) -> None:
+    p = Prober(reused_world(), loop)
     _exited(p.proc)
     assert p.probe("old") == (Verdict.REUSED, Evidence.START_TIME_DIFFERS)
     assert p.real._retry_handles

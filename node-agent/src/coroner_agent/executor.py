@@ -2,7 +2,8 @@
 
 The agent's only writer: the attestation (a JSON patch whose `test` ops pin what the probe relied
 on) and the node's Lease renewal, each body built by `coroner.core.wire`, each sent through the
-`AgentPort` (production: `coroner_agent.kube.ThreadedPort`; the simulation: its model API server).
+`AgentPort` (`coroner_agent.kube.ApiPort`: in production over a thread pool, in the simulation over
+its model API server in virtual time).
 Outcomes of an attestation write, one mapping:
 
 * 200 → the answer is cached (it is newer than the watch's copy), counted and logged;
@@ -15,6 +16,7 @@ Outcomes of an attestation write, one mapping:
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 from collections.abc import Callable
@@ -41,24 +43,15 @@ class AgentPort(Protocol):
     ) -> None: ...
 
 
+@dataclasses.dataclass(eq=False, kw_only=True)
 class AgentExecutor:
-    def __init__(
-        self,
-        *,
-        port: AgentPort,
-        cache: AgentCache,
-        metrics: AgentMetrics,
-        enqueue: Callable[[Key], None],
-        clock: Callable[[], datetime.datetime],
-        node_name: str,
-    ) -> None:
-        self.port = port
-        self.cache = cache
-        self.metrics = metrics
-        self.enqueue = enqueue
-        self.clock = clock
-        self.node_name = node_name
-        self.attestations_written = 0
+    port: AgentPort
+    cache: AgentCache
+    metrics: AgentMetrics
+    enqueue: Callable[[Key], None]
+    clock: Callable[[], datetime.datetime]
+    node_name: str
+    attestations_written: int = 0
 
     async def run(self, effects: AgentEffects) -> None:
         """Runs `effects`' write, if any; raises what the runtime should retry with backoff."""

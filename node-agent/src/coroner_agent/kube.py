@@ -8,7 +8,6 @@ produces one (unknown is never dead).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import datetime
 import json
@@ -22,6 +21,7 @@ from typing import Any
 from coroner.client.rest import ApiError, Rest, busy_or_unavailable, registrations_path, upsert_lease
 from coroner.core import api, wire
 from coroner.core.wire import JSON_PATCH
+from coroner.runtime.blocking import Blocking
 from coroner.runtime.controller import decorrelated_jitter
 
 logger = logging.getLogger("coroner.agent")
@@ -173,31 +173,29 @@ class AgentApi:
                     stop.wait(backoff)
 
 
-class ThreadedPort:
-    """`coroner_agent.executor.AgentPort` over an `AgentApi`: each blocking call in a thread of its own
-    pool, sized for the agent's concurrent attestations plus its Lease renewal (the event loop's
-    default pool is min(32, CPUs + 4) threads: on a 2-core node it would cap the attestations in
-    flight at 6, whatever the agent's --workers say)."""
+class ApiPort:
+    """`coroner_agent.executor.AgentPort` over an `AgentApi`: each blocking call awaited through
+    `blocking` (production: a `ThreadPool` sized for the agent's concurrent attestations plus its
+    Lease renewal, as the event loop's default pool is min(32, CPUs + 4) threads: on a 2-core node
+    it would cap the attestations in flight at 6, whatever the agent's --workers say; the
+    simulation: its API latency in virtual time)."""
 
-    def __init__(self, api: AgentApi, *, threads: int) -> None:
+    def __init__(self, api: AgentApi, *, blocking: Blocking) -> None:
         self.api = api
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="coroner-agent-api")
-
-    async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+        self.blocking = blocking
 
     async def patch_status(self, *, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
-        result: dict[str, Any] = await self._call(self.api.patch_status, namespace, name, ops)
-        return result
+        return await self.blocking.run(lambda: self.api.patch_status(namespace, name, ops))
 
     async def get_registration(self, *, namespace: str, name: str) -> dict[str, Any] | None:
-        result: dict[str, Any] | None = await self._call(self.api.get_registration, namespace, name)
-        return result
+        return await self.blocking.run(lambda: self.api.get_registration(namespace, name))
 
     async def renew_lease(
         self, *, holder: str, duration: int, annotations: dict[str, str], now: datetime.datetime
     ) -> None:
-        await self._call(self.api.renew_lease, holder=holder, duration=duration, annotations=annotations, now=now)
+        await self.blocking.run(
+            lambda: self.api.renew_lease(holder=holder, duration=duration, annotations=annotations, now=now)
+        )
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.blocking.close()

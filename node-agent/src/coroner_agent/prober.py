@@ -25,7 +25,7 @@ from coroner.core.procfs import IncarnationKey, ParseError
 from coroner_agent import probe as probes
 from coroner_agent.pidfds import PidfdTable, PidfdWatcher
 from coroner_agent.pidindex import PidIndex
-from coroner_agent.proc import HostProcReader, LocalNode
+from coroner_agent.proc import BOOT_ID_FILE, MACHINE_ID_FILE, HostProcReader, LocalNode, ProcReader
 from coroner_agent.verdict import ProbeResult
 
 logger = logging.getLogger("coroner.agent")
@@ -36,33 +36,44 @@ REUSER_RETRY_MAX_SECONDS = 5.0
 
 
 class ProcProber:
-    """Implements `coroner_agent.reconciler.Prober` against a real /proc."""
+    """Implements `coroner_agent.reconciler.Prober` against a real /proc.
+
+    Its I/O is three ports, real by default: `reader` (the proc root), `pidfd_table` (given the
+    prober's callback for an exited incarnation, the table that pins pidfds and reports their
+    readability; default a `PidfdWatcher` on `loop`) and `node_facts` (this node's boot id, host id
+    and pid namespaces; default `LocalNode.read` of the files named). The simulation (tests/sim)
+    gives its model kernel's; everything else here runs as shipped."""
 
     def __init__(
         self,
         *,
         node_name: str,
-        proc_root: str,
-        boot_id_file: str,
-        machine_id_file: str,
         loop: asyncio.AbstractEventLoop,
         on_exit: Callable[[Key], None],
+        proc_root: str = "/proc",
+        boot_id_file: str = BOOT_ID_FILE,
+        machine_id_file: str = MACHINE_ID_FILE,
         use_pidfd: bool = True,
         max_pidfds: int = 20000,
+        reader: ProcReader | None = None,
+        pidfd_table: Callable[[Callable[[IncarnationKey], None]], PidfdTable] | None = None,
+        node_facts: Callable[[], LocalNode] | None = None,
     ) -> None:
         self.node_name = node_name
         self.boot_id_file = boot_id_file
         self.machine_id_file = machine_id_file
-        self.reader = HostProcReader(proc_root=proc_root)
+        self.reader: ProcReader = reader if reader is not None else HostProcReader(proc_root=proc_root)
+        self._node_facts = node_facts if node_facts is not None else self._read_node_files
         self.index = PidIndex()
         self._on_exit = on_exit
         # Without pidfds nothing is pinned: every verdict comes from /proc on resync (benchmarks
         # compare the two paths). A table with no room pins nothing and never guesses.
-        self.pidfds: PidfdTable = (
-            PidfdWatcher(loop=loop, on_exit=self._fired, max_pinned=max_pidfds)
-            if use_pidfd
-            else PidfdTable(max_pinned=0)
-        )
+        if pidfd_table is not None:
+            self.pidfds: PidfdTable = pidfd_table(self.fired)
+        elif use_pidfd:
+            self.pidfds = PidfdWatcher(loop=loop, on_exit=self.fired, max_pinned=max_pidfds)
+        else:
+            self.pidfds = PidfdTable(max_pinned=0)
         self._loop = loop
         self._registrations: dict[IncarnationKey, set[Key]] = defaultdict(set)
         self._incarnation_of: dict[Key, IncarnationKey] = {}
@@ -71,9 +82,9 @@ class ProcProber:
         self._reuser_of: dict[Key, IncarnationKey] = {}
         self._retry_delays: dict[Key, float] = {}
         self._retry_handles: dict[Key, asyncio.TimerHandle] = {}
-        self.node = self._read_node()
+        self.node = self._node_facts()
 
-    def _read_node(self) -> LocalNode:
+    def _read_node_files(self) -> LocalNode:
         return LocalNode.read(
             node_name=self.node_name,
             reader=self.reader,
@@ -93,7 +104,7 @@ class ProcProber:
 
     def rescan(self) -> None:
         """Fresh node facts and an index refresh (one listing of the proc root)."""
-        node = self._read_node()
+        node = self._node_facts()
         if node.boot_id != self.node.boot_id:
             logger.warning("boot id changed node=%s from=%s to=%s", self.node_name, self.node.boot_id, node.boot_id)
         self.node = node
@@ -177,9 +188,10 @@ class ProcProber:
             if incarnation not in self._registrations and incarnation not in self._watchers:
                 self.pidfds.release(incarnation)  # no registration names or watches it any more: close its pidfd
 
-    def _fired(self, incarnation: IncarnationKey) -> None:
-        # A registration's own incarnation exited, or the holder of a Reused registration's number
-        # did: either way the registration is probed again, and only that probe decides.
+    def fired(self, incarnation: IncarnationKey) -> None:
+        """A pinned pidfd became readable: a registration's own incarnation exited, or the holder of
+        a Reused registration's number did. Either way the registration is probed again, and only
+        that probe decides."""
         keys = self._registrations.get(incarnation, set()) | self._watchers.get(incarnation, set())
         for key in sorted(keys):
             self._on_exit(key)

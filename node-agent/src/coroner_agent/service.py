@@ -37,19 +37,20 @@ import datetime
 import logging
 import random
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from coroner.client.rest import ApiError
 from coroner.core import model
 from coroner.core.model import Key
 from coroner.core.reasons import Verdict
+from coroner.runtime.blocking import ThreadPool
 from coroner.runtime.controller import Controller, decorrelated_jitter, utcnow
 from coroner_agent import step
 from coroner_agent.cache import AgentCache
 from coroner_agent.executor import AgentExecutor, AgentPort
 from coroner_agent.health import AgentMetrics, HealthState
-from coroner_agent.kube import AgentApi, ThreadedPort
+from coroner_agent.kube import AgentApi, ApiPort
 from coroner_agent.reconciler import AgentReconciler, Prober
 
 logger = logging.getLogger("coroner.agent")
@@ -106,8 +107,10 @@ class Agent:
     """One node's agent.
 
     `kube` is the watch's source (its thread runs `kube.watch_registrations`); the writes go through
-    `port` (default: `kube`'s calls in a thread pool, `ThreadedPort`). `clock` is the one source of
-    time of the attestations, the confirmation window, the Lease and the runtime's timers."""
+    `port` (default: `kube`'s calls in a thread pool, `ApiPort`). `clock` is the one source of
+    time of the attestations, the confirmation window, the Lease and the runtime's timers;
+    `offload` runs the prober's rescan (a listing of the whole proc root) off the event loop.
+    These are the ports the simulation (tests/sim) replaces; everything else runs as shipped."""
 
     def __init__(
         self,
@@ -121,6 +124,7 @@ class Agent:
         clock: Callable[[], datetime.datetime] = utcnow,
         port: AgentPort | None = None,
         rng: random.Random | None = None,
+        offload: Callable[[Callable[[], None]], Awaitable[None]] = asyncio.to_thread,
     ) -> None:
         if settings.workers < 1:
             raise ValueError("the agent needs at least one worker")
@@ -132,7 +136,12 @@ class Agent:
         self.identity = identity
         self.clock = clock
         self._rng = rng if rng is not None else random.Random()
-        self._owned_port = ThreadedPort(kube, threads=settings.workers + 1) if port is None else None
+        self._offload = offload
+        self._owned_port = (
+            ApiPort(kube, blocking=ThreadPool(workers=settings.workers + 1, name="coroner-agent-api"))
+            if port is None
+            else None
+        )
         self.port: AgentPort = port if port is not None else self._owned_port  # type: ignore[assignment]
         self.cache = AgentCache(release=lambda key: prober.forget(key=key))
         self.executor = AgentExecutor(
@@ -249,7 +258,7 @@ class Agent:
 
     async def resync(self, keys: set[Key] | None = None) -> None:
         """A fresh look at the node (one /proc listing, its boot id) and a re-probe of `keys` (all)."""
-        await asyncio.to_thread(self.prober.rescan)
+        await self._offload(self.prober.rescan)
         for key in list(self.cache.bodies) if keys is None else keys:
             self.enqueue(key)
 
@@ -274,10 +283,17 @@ class Agent:
         thread.start()
         return thread
 
+    def loops(self) -> list[Coroutine[Any, Any, None]]:
+        """Everything the agent runs besides its watch: the Lease renewal, the periodic resync, the
+        runtime's timers and `settings.workers` attest workers (not started)."""
+        return [self.run_lease(), self.run_resync(), *self._controller_loops()]
+
     def workers(self) -> list[asyncio.Task[None]]:
         """The runtime's timers and `settings.workers` attest workers, started."""
-        loops = [self.controller.run_timers(), *(self.controller.run_worker() for _ in range(self.settings.workers))]
-        return [asyncio.create_task(loop) for loop in loops]
+        return [asyncio.create_task(loop) for loop in self._controller_loops()]
+
+    def _controller_loops(self) -> list[Coroutine[Any, Any, None]]:
+        return [self.controller.run_timers(), *(self.controller.run_worker() for _ in range(self.settings.workers))]
 
     # --- shutdown ------------------------------------------------------------------------------
 
@@ -370,7 +386,7 @@ class Agent:
     async def run(self, *, stop: asyncio.Event) -> None:
         loop = asyncio.get_running_loop()
         self.start_watch(loop)
-        tasks = [asyncio.create_task(self.run_lease()), asyncio.create_task(self.run_resync()), *self.workers()]
+        tasks = [asyncio.create_task(loop) for loop in self.loops()]
         try:
             await stop.wait()
             # Everything keeps running through the wait and the sweep; the lease is renewed until the end.

@@ -1,7 +1,7 @@
 """The operator's only door to the API server besides kopf's watches.
 
 Blocking HTTP calls (`coroner.client.rest`, JSON over urllib3: see there why not the kubernetes package)
-run in a bounded thread pool (`ThreadPool`, the default `Blocking`) so that the event loop (and with it
+run in a bounded thread pool (`coroner.runtime.blocking.ThreadPool`, the default `Blocking`) so that the event loop (and with it
 every watch) never stalls on one slow request. Each method is one API request; the reconciler composes
 them. The deterministic simulation (tests/sim) gives a `Rest` over its model API server and a
 `Blocking` that answers in virtual time: everything else here is what it runs.
@@ -10,18 +10,18 @@ them. The deterministic simulation (tests/sim) gives a `Rest` over its model API
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import datetime
 import functools
 import logging
 import uuid
 from collections.abc import Callable
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Final, TypeVar
 
 from coroner.client.rest import ApiError, Rest, leases_path, registrations_path, upsert_lease
 from coroner.core import admission_digest, api, wire
 from coroner.core.wire import JSON_PATCH
 from coroner.retire import PortError
+from coroner.runtime.blocking import Blocking, ThreadPool
 from coroner.runtime.controller import utcnow
 
 T = TypeVar("T")
@@ -35,27 +35,6 @@ ADMISSION_RESOURCES: Final = {
 assert tuple(ADMISSION_RESOURCES) == admission_digest.KINDS
 
 logger = logging.getLogger("coroner.operator")
-
-
-class Blocking(Protocol):
-    """How a blocking call of the client is awaited without stalling the event loop."""
-
-    async def run(self, call: Callable[[], T]) -> T: ...
-
-    def close(self) -> None: ...
-
-
-class ThreadPool:
-    """`Blocking` on a bounded pool of threads: at most `workers` requests in flight."""
-
-    def __init__(self, *, workers: int) -> None:
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kubeapi")
-
-    async def run(self, call: Callable[[], T]) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, call)
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 class KubeApi:

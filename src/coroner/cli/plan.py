@@ -24,7 +24,9 @@ from coroner.core.fingerprint import Plan, PlanEntry, PlanRow
 from coroner.core.model import Key
 from coroner.core.policy_json import PolicyUnreadable
 from coroner.core.reasons import ApplyAbort, Reason
+from coroner.core.wire import Writer
 from coroner.core.world import World
+from coroner.retire import RetireIntent, Retirer
 
 #: The operator's own Lease in the system namespace; it renews it after every sweep.
 OPERATOR_LEASE: Final = api.OPERATOR_LEASE
@@ -104,6 +106,23 @@ def candidates(plan: Plan) -> list[PlanEntry]:
 
 
 # --- the policy ---------------------------------------------------------------------------------
+
+
+def person_retirement(
+    *, world: World, entry: PlanEntry, policy: Policy, retired_by: str, now: datetime.datetime
+) -> tuple[RetireIntent, Retirer]:
+    """What `kubectl coroner apply` hands the one retire protocol for a candidate of its plan: the
+    retirement as decided on the plan's view, by a person under their own identity."""
+    registration = entry.registration
+    key = model.key_of(registration)
+    intent = RetireIntent(
+        body=world.bodies[key],
+        registration=registration,
+        decision=entry.decision,
+        facts=world.facts_for(key, now=now),
+        policy=policy,
+    )
+    return intent, Retirer(name=retired_by, writer=Writer.PERSON, via="kubectl coroner apply")
 
 
 def operator_lease_of(leases: Iterable[Mapping[str, Any]], *, system_namespace: str) -> Mapping[str, Any] | None:

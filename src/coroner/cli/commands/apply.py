@@ -41,15 +41,12 @@ from coroner.core import api, fingerprint, model
 from coroner.core.decision import Policy
 from coroner.core.fingerprint import PlanEntry
 from coroner.core.model import Key
-from coroner.core.wire import Writer
 from coroner.core.world import World
 from coroner.retire import (
     AdmissionRefusal,
     PortError,
-    RetireIntent,
     RetireOutcome,
     RetirePort,
-    Retirer,
     RetireResult,
     retire,
 )
@@ -412,14 +409,9 @@ def _retire(session: Session, *, world: World, entry: PlanEntry, policy: Policy,
     registration = entry.registration
     key = model.key_of(registration)
     subject = f"WorkerRegistration {key[0]}/{key[1]}"
-    intent = RetireIntent(
-        body=world.bodies[key],
-        registration=registration,
-        decision=entry.decision,
-        facts=world.facts_for(key, now=utcnow()),
-        policy=policy,
+    intent, retirer = planning.person_retirement(
+        world=world, entry=entry, policy=policy, retired_by=retired_by, now=utcnow()
     )
-    retirer = Retirer(name=retired_by, writer=Writer.PERSON, via="kubectl coroner apply")
     result = asyncio.run(retire(SessionPort(session, reporter=retired_by), intent, retirer=retirer, clock=utcnow))
     if result.event_error is not None:
         click.echo(
