@@ -345,7 +345,7 @@ def main() -> int:
         result["parameters"]["registration_seconds"] = round(time.monotonic() - t0, 1)
 
         tracker = c.Tracker()
-        watch = c.Watch(bench.admin, tracker.on_event).start()
+        watch = c.Watch(bench.admin, tracker.on_event).start(timeout=max(120, args.registrations / 250))
         port = c.free_port()
         operator = bench.start_operator(metrics_port=port)
         t0 = time.monotonic()

@@ -463,18 +463,29 @@ class Watch:
         self.errors = 0
         self.thread = threading.Thread(target=self._run, name="watch", daemon=True)
 
-    def start(self) -> Watch:
+    #: Objects per page of the initial list (client-go's reflector pages too: one response of
+    #: 150,000 registrations is hundreds of megabytes the API server and this process hold at once).
+    PAGE = 2000
+
+    def start(self, *, timeout: float = 120.0) -> Watch:
         self.thread.start()
-        if not self.synced.wait(timeout=120):
-            raise RuntimeError("the benchmark's watch did not sync within 120 s")
+        if not self.synced.wait(timeout=timeout):
+            raise RuntimeError(f"the benchmark's watch did not sync within {timeout:g} s")
         return self
 
     def _list(self) -> str:
-        body = self.client.request("GET", self.path, timeout=120)
-        now = time.monotonic()
-        for item in body.get("items", []):
-            self.on_event("ADDED", item, now)
-        return str(body["metadata"]["resourceVersion"])
+        token = None
+        while True:
+            query: dict[str, Any] = {"limit": self.PAGE}
+            if token:
+                query["continue"] = token
+            body = self.client.request("GET", self.path, query=query, timeout=120)
+            now = time.monotonic()
+            for item in body.get("items", []):
+                self.on_event("ADDED", item, now)
+            token = body["metadata"].get("continue")
+            if not token:
+                return str(body["metadata"]["resourceVersion"])
 
     def _run(self) -> None:
         rv = None
