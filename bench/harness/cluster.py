@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from coroner.client.rest import ApiError, Rest, registrations_path, warming_up
-from coroner.core import api, wire
+from coroner.core import api, kubewire, wire
 from coroner_dev import fleet
 from coroner_dev.devcluster import cluster as cluster_mod
 from harness.machine import LoadMonitor, log, tail
@@ -43,7 +43,9 @@ def registrant_annotation(client: Rest) -> dict[str, str]:
     """The annotation a registration created by `client` must carry (admission policy
     coroner-registrant-recorded admits exactly the requester), from one SelfSubjectReview, as the
     launcher asks it."""
-    named = wire.registrant(client.request("POST", wire.SELF_SUBJECT_REVIEW_PATH, body=dict(wire.SELF_SUBJECT_REVIEW)))
+    named = kubewire.registrant(
+        client.request("POST", kubewire.SELF_SUBJECT_REVIEW_PATH, body=dict(kubewire.SELF_SUBJECT_REVIEW))
+    )
     if named is None:
         raise ValueError("the API server's SelfSubjectReview named no user")
     return {api.REGISTERED_BY_ANNOTATION: named}

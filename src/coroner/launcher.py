@@ -35,7 +35,7 @@ import urllib3
 import yaml
 
 from coroner.client.rest import ApiError, Rest, registrations_path, warming_up
-from coroner.core import api, model, procfs, wire
+from coroner.core import api, kubewire, model, procfs, wire
 
 logger = logging.getLogger("coroner.launcher")
 
@@ -265,14 +265,15 @@ def _registrant(client: Rest, *, namespace: str, name: str) -> str:
     what = f"asking the API server who registers {namespace}/{name}"
     try:
         answer = _patiently(
-            what, lambda: client.request("POST", wire.SELF_SUBJECT_REVIEW_PATH, body=dict(wire.SELF_SUBJECT_REVIEW))
+            what,
+            lambda: client.request("POST", kubewire.SELF_SUBJECT_REVIEW_PATH, body=dict(kubewire.SELF_SUBJECT_REVIEW)),
         )
     except (ApiError, urllib3.exceptions.HTTPError, OSError) as exc:
         raise RegistrationError(
             f"{what} failed ({exc}): a registration must name its registrant (annotation "
             f"{api.REGISTERED_BY_ANNOTATION}), which the API server checks"
         ) from exc
-    registrant = wire.registrant(answer)
+    registrant = kubewire.registrant(answer)
     if registrant is None:
         raise RegistrationError(f"{what}: its SelfSubjectReview named no user ({answer!r})")
     return registrant

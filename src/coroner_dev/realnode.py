@@ -26,13 +26,13 @@ import time
 from typing import Any
 
 from coroner.core import api, procfs
-from coroner_dev.devcluster import images
+from coroner_dev.devcluster import imagerecipe
 from coroner_dev.devcluster.cluster import Cluster
 from coroner_dev.devcluster.errors import DevClusterError
 from coroner_dev.devcluster.node import NodeLayout
 
 SYSTEM_NAMESPACE = api.SYSTEM_NAMESPACE
-WORKER_IMAGE = images.WORKER_REFERENCE
+WORKER_IMAGE = imagerecipe.WORKER_REFERENCE
 
 
 def repository() -> pathlib.Path:

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from coroner_dev.devcluster import images
+from coroner_dev.devcluster import imagerecipe, images
 
 pytestmark = [
     pytest.mark.integration,
@@ -114,7 +114,7 @@ def entry(image: dict[str, Any], *args: str) -> list[str]:
 
 
 def test_the_images_are_named_and_sized(built: images.Images) -> None:
-    assert [image.reference for image in built.all()] == [recipe.reference for recipe in images.RECIPES]
+    assert [image.reference for image in built.all()] == [recipe.reference for recipe in imagerecipe.RECIPES]
     for image in built.all():
         assert image.archive.is_file() and image.archive.stat().st_size == image.archive_bytes
         with tarfile.open(image.archive) as tar:

@@ -14,7 +14,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from coroner.client.kube import patch_registration_status
-from coroner.core import api, wire
+from coroner.core import api, kubewire
 from coroner_dev import fleet
 from coroner_dev.devcluster.cluster import Cluster
 
@@ -104,11 +104,11 @@ _REGISTRANTS: weakref.WeakKeyDictionary[k8s.ApiClient, str] = weakref.WeakKeyDic
 
 def registrant(client: k8s.ApiClient) -> str:
     """Who the API server sees as `client`, spelled as the admission policies spell the requester
-    (`wire.registrant`, from one SelfSubjectReview, as the launcher asks it; once per client)."""
+    (`kubewire.registrant`, from one SelfSubjectReview, as the launcher asks it; once per client)."""
     named = _REGISTRANTS.get(client)
     if named is None:
-        review = k8s.AuthenticationV1Api(client).create_self_subject_review(dict(wire.SELF_SUBJECT_REVIEW))
-        named = wire.registrant(client.sanitize_for_serialization(review))
+        review = k8s.AuthenticationV1Api(client).create_self_subject_review(dict(kubewire.SELF_SUBJECT_REVIEW))
+        named = kubewire.registrant(client.sanitize_for_serialization(review))
         assert named is not None, review
         _REGISTRANTS[client] = named
     return named

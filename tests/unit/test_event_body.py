@@ -7,7 +7,7 @@ import datetime
 import pytest
 
 from coroner.core import api
-from coroner.core.wire import event_body
+from coroner.core.kubewire import event_body
 
 pytestmark = pytest.mark.unit
 

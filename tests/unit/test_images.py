@@ -16,7 +16,7 @@ import subprocess
 import pytest
 import yaml
 
-from coroner_dev.devcluster import images
+from coroner_dev.devcluster import imagerecipe, images
 from coroner_dev.devcluster.errors import DevClusterError
 
 pytestmark = pytest.mark.unit
@@ -65,8 +65,8 @@ def repo(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> pathlib.Path
 
 
 def test_the_key_is_the_same_for_the_same_inputs(repo: pathlib.Path) -> None:
-    assert images.cache_key(repo) == images.cache_key(repo)
-    assert images.cache_key(repo).startswith(f"r{images.RECIPE_VERSION}-")
+    assert imagerecipe.cache_key(repo) == imagerecipe.cache_key(repo)
+    assert imagerecipe.cache_key(repo).startswith(f"r{imagerecipe.RECIPE_VERSION}-")
 
 
 @pytest.mark.parametrize(
@@ -82,50 +82,50 @@ def test_the_key_is_the_same_for_the_same_inputs(repo: pathlib.Path) -> None:
     ],
 )
 def test_a_changed_input_is_a_new_key(repo: pathlib.Path, name: str) -> None:
-    before = images.cache_key(repo)
+    before = imagerecipe.cache_key(repo)
     with open(repo / name, "a") as handle:
         handle.write("# changed\n")
-    assert images.cache_key(repo) != before
+    assert imagerecipe.cache_key(repo) != before
 
 
 def test_a_new_file_under_a_root_is_a_new_key_and_bytecode_or_other_trees_are_not(repo: pathlib.Path) -> None:
-    before = images.cache_key(repo)
+    before = imagerecipe.cache_key(repo)
     (repo / "src" / "coroner" / "__pycache__").mkdir()
     (repo / "src" / "coroner" / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"\0")
     (repo / "src" / "coroner_dev" / "more.py").write_text("x = 1\n")
     (repo / "tests" / "test_y.py").write_text("")
-    assert images.cache_key(repo) == before
+    assert imagerecipe.cache_key(repo) == before
     (repo / "src" / "coroner" / "new.py").write_text("x = 1\n")
-    assert images.cache_key(repo) != before
-    assert "src/coroner/new.py" in images.input_files(repo)
+    assert imagerecipe.cache_key(repo) != before
+    assert "src/coroner/new.py" in imagerecipe.input_files(repo)
 
 
 def test_an_executable_bit_is_an_input(repo: pathlib.Path) -> None:
-    before = images.cache_key(repo)
+    before = imagerecipe.cache_key(repo)
     script = repo / "images" / "agent.lock"
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
-    assert images.cache_key(repo) != before
+    assert imagerecipe.cache_key(repo) != before
 
 
 def test_a_deleted_input_is_a_new_key(repo: pathlib.Path) -> None:
-    before = images.cache_key(repo)
+    before = imagerecipe.cache_key(repo)
     (repo / "images" / "agent.lock").unlink()
-    assert images.cache_key(repo) != before
+    assert imagerecipe.cache_key(repo) != before
 
 
 def test_the_base_recipe_and_the_recipe_version_are_inputs(repo: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    before, base = images.cache_key(repo), images.base_reference()
-    monkeypatch.setattr(images, "BASE_PACKAGES", (*images.BASE_PACKAGES, "curl"))
-    assert images.cache_key(repo) != before
-    assert images.base_reference() != base
+    before, base = imagerecipe.cache_key(repo), imagerecipe.base_reference()
+    monkeypatch.setattr(imagerecipe, "BASE_PACKAGES", (*imagerecipe.BASE_PACKAGES, "curl"))
+    assert imagerecipe.cache_key(repo) != before
+    assert imagerecipe.base_reference() != base
     monkeypatch.undo()
-    monkeypatch.setattr(images, "RECIPE_VERSION", images.RECIPE_VERSION + 1)
-    assert images.cache_key(repo) != before
-    assert images.base_reference() == base  # the base is the same recipe: not made again
+    monkeypatch.setattr(imagerecipe, "RECIPE_VERSION", imagerecipe.RECIPE_VERSION + 1)
+    assert imagerecipe.cache_key(repo) != before
+    assert imagerecipe.base_reference() == base  # the base is the same recipe: not made again
 
 
 def test_the_real_checkout_keys_every_input_root() -> None:
-    files = images.input_files(ROOT)
+    files = imagerecipe.input_files(ROOT)
     for prefix in ("images/agent.Dockerfile", "images/worker.Dockerfile", "images/pause.Dockerfile", "src/coroner/"):
         assert any(name.startswith(prefix) for name in files), prefix
     assert any(name.startswith("operator/src/") for name in files)
@@ -140,7 +140,7 @@ def production_pins() -> set[str]:
 
 
 def test_the_shipped_images_are_named_as_the_production_overlay_pins_them() -> None:
-    assert {images.AGENT_REFERENCE, images.OPERATOR_REFERENCE} == production_pins()
+    assert {imagerecipe.AGENT_REFERENCE, imagerecipe.OPERATOR_REFERENCE} == production_pins()
 
 
 def test_the_base_manifests_name_the_same_images() -> None:
@@ -150,12 +150,12 @@ def test_the_base_manifests_name_the_same_images() -> None:
             spec = (document or {}).get("spec", {}).get("template", {}).get("spec", {})
             for container in [*spec.get("initContainers", []), *spec.get("containers", [])]:
                 named.add(container["image"])
-    assert named == {images.AGENT_REFERENCE, images.OPERATOR_REFERENCE}
+    assert named == {imagerecipe.AGENT_REFERENCE, imagerecipe.OPERATOR_REFERENCE}
 
 
 def test_every_recipe_has_a_dockerfile_taking_the_base_as_an_argument() -> None:
-    assert [recipe.name for recipe in images.RECIPES] == ["agent", "operator", "worker", "pause"]
-    for recipe in images.RECIPES:
+    assert [recipe.name for recipe in imagerecipe.RECIPES] == ["agent", "operator", "worker", "pause"]
+    for recipe in imagerecipe.RECIPES:
         lines = (ROOT / recipe.dockerfile).read_text().splitlines()
         instructions = [line for line in lines if line and not line.startswith("#")]
         assert instructions[0].startswith("ARG BASE"), recipe.dockerfile
@@ -166,20 +166,20 @@ def test_every_recipe_has_a_dockerfile_taking_the_base_as_an_argument() -> None:
 
 
 def test_the_test_only_images_say_so_and_are_local_names() -> None:
-    for recipe in images.RECIPES:
+    for recipe in imagerecipe.RECIPES:
         if recipe.name in ("worker", "pause"):
             assert recipe.reference.startswith("localhost/coroner-dev/")
             assert "TEST-ONLY" in (ROOT / recipe.dockerfile).read_text()
-    assert images.split_reference(images.WORKER_REFERENCE) == ("localhost/coroner-dev/coroner-worker", "dev")
+    assert imagerecipe.split_reference(imagerecipe.WORKER_REFERENCE) == ("localhost/coroner-dev/coroner-worker", "dev")
 
 
 def test_archives_name_images_as_containerd_export_does() -> None:
-    assert images.containerd_annotations(images.AGENT_REFERENCE) == {
+    assert images.containerd_annotations(imagerecipe.AGENT_REFERENCE) == {
         "io.containerd.image.name": "ghcr.io/coroner-dev/coroner-agent:v0.1.0",
         "org.opencontainers.image.ref.name": "v0.1.0",
     }
     with pytest.raises(ValueError):
-        images.split_reference("localhost:5000/x")
+        imagerecipe.split_reference("localhost:5000/x")
 
 
 def test_pip_settings_come_from_files_then_the_environment_and_never_name_install_locations(
@@ -196,7 +196,7 @@ def test_pip_settings_come_from_files_then_the_environment_and_never_name_instal
         "https_proxy": "http://proxy:3128",
         "HOME": str(tmp_path),
     }
-    settings = images.pip_config(environ, [first, second])
+    settings = imagerecipe.pip_config(environ, [first, second])
     assert settings == {
         "cert": "/env.crt",
         "index-url": "https://b/simple",
@@ -204,7 +204,7 @@ def test_pip_settings_come_from_files_then_the_environment_and_never_name_instal
         "default-timeout": "180",
         "proxy": "http://proxy:3128",
     }
-    rendered = images.render_pip_config(settings)
+    rendered = imagerecipe.render_pip_config(settings)
     assert rendered.startswith("[global]\n") and "cert = /env.crt\n" in rendered
 
 
@@ -212,7 +212,7 @@ def test_the_build_mounts_its_pip_conf_and_the_ca_files_it_names_read_only(tmp_p
     ca = tmp_path / "ca.crt"
     ca.write_text("x")
     conf = tmp_path / "pip.conf"
-    mounts = images.build_mounts({"cert": str(ca), "client-cert": "/absent.pem"}, conf)
+    mounts = imagerecipe.build_mounts({"cert": str(ca), "client-cert": "/absent.pem"}, conf)
     assert mounts == [f"{conf}:/etc/pip.conf:ro", f"{ca}:{ca}:ro"]
 
 
@@ -220,7 +220,7 @@ def test_pip_config_files_are_read_in_pips_order(tmp_path: pathlib.Path) -> None
     (tmp_path / ".config" / "pip").mkdir(parents=True)
     (tmp_path / ".config" / "pip" / "pip.conf").write_text("[global]\n")
     (tmp_path / "extra.conf").write_text("[global]\n")
-    found = images.pip_config_files({"HOME": str(tmp_path), "PIP_CONFIG_FILE": str(tmp_path / "extra.conf")})
+    found = imagerecipe.pip_config_files({"HOME": str(tmp_path), "PIP_CONFIG_FILE": str(tmp_path / "extra.conf")})
     assert found[-2:] == [tmp_path / ".config" / "pip" / "pip.conf", tmp_path / "extra.conf"]
 
 
@@ -240,7 +240,7 @@ def test_apt_sources_keep_the_enabled_debian_suite_entries(tmp_path: pathlib.Pat
     )
     ignored = tmp_path / "nodesource.sources.disabled-by-farm"
     ignored.write_text("Types: deb\nURIs: http://x\nSuites: bookworm\nComponents: main\n")
-    assert images.apt_sources([deb822, one_line, ignored]) == [
+    assert imagerecipe.apt_sources([deb822, one_line, ignored]) == [
         "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bookworm main",
         "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian "
         "bookworm-updates main",

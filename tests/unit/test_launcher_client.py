@@ -10,7 +10,7 @@ import pytest
 import urllib3
 
 from coroner import launcher
-from coroner.core import api, procfs, wire
+from coroner.core import api, kubewire, procfs, wire
 
 pytestmark = pytest.mark.unit
 
@@ -93,7 +93,7 @@ class Flaky:
 
     def request(self, method: str, path: str, **kwargs: object) -> dict[str, object]:
         assert method == "POST"
-        if path == wire.SELF_SUBJECT_REVIEW_PATH:
+        if path == kubewire.SELF_SUBJECT_REVIEW_PATH:
             if isinstance(self.review, Exception):
                 raise self.review
             return self.review

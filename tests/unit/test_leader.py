@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coroner.client.rest import ApiError
-from coroner.core import wire
+from coroner.core import kubewire
 from coroner.runtime.leader import (
     Create,
     ElectionConfig,
@@ -110,7 +110,7 @@ def test_every_lease_the_elector_writes_is_wires() -> None:
     policy = {"coroner.dev/policy": "{}"}
     step, _ = run(None)
     assert isinstance(step, Create)
-    assert step.body == wire.lease_body(
+    assert step.body == kubewire.lease_body(
         namespace="coroner-system", name="coroner-operator", holder="b", duration=15, annotations=policy, now=NOW,
         transitions=0,
     )  # fmt: skip
@@ -119,8 +119,8 @@ def test_every_lease_the_elector_writes_is_wires() -> None:
         _, seen = run(current, mono=0.0)
         step, _ = run(current, seen=seen, mono=100.0)
         assert isinstance(step, Replace)
-        assert step.body == wire.lease_acquisition(current, holder="b", duration=15, annotations=policy, now=NOW)
-    assert released(lease("b"), now=NOW) == wire.lease_release(lease("b"), now=NOW)
+        assert step.body == kubewire.lease_acquisition(current, holder="b", duration=15, annotations=policy, now=NOW)
+    assert released(lease("b"), now=NOW) == kubewire.lease_release(lease("b"), now=NOW)
 
 
 @pytest.mark.parametrize(("duration", "deadline", "retry"), [(10, 10, 2), (15, 2.3, 2), (15, 10, 0)])

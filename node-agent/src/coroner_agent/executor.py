@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from coroner.client.rest import ApiError
-from coroner.core import wire
+from coroner.core import kubewire
 from coroner.core.model import Key
 from coroner_agent.cache import AgentCache
 from coroner_agent.effects import AgentEffects, WriteAttestation
@@ -99,5 +99,5 @@ class AgentExecutor:
     async def renew_lease(self, *, holder: str, duration: int, boot_id: str | None, host_id: str) -> None:
         """Creates or renews the node's Lease coroner-agent-<node>, now: agent liveness is observable,
         never assumed. Raises what the Lease loop counts and retries."""
-        annotations = wire.agent_lease_annotations(boot_id=boot_id, host_id=host_id)
+        annotations = kubewire.agent_lease_annotations(boot_id=boot_id, host_id=host_id)
         await self.port.renew_lease(holder=holder, duration=duration, annotations=annotations, now=self.clock())

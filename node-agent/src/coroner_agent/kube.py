@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from coroner.client.rest import ApiError, Rest, busy_or_unavailable, registrations_path, upsert_lease
-from coroner.core import api, wire
+from coroner.core import api, kubewire
 from coroner.core.wire import JSON_PATCH
 from coroner.runtime.blocking import Blocking
 from coroner.runtime.controller import decorrelated_jitter
@@ -53,7 +53,9 @@ class AgentApi:
         refused_since: float | None = None
         while True:
             try:
-                answer = self.rest.request("POST", wire.SELF_SUBJECT_REVIEW_PATH, body=dict(wire.SELF_SUBJECT_REVIEW))
+                answer = self.rest.request(
+                    "POST", kubewire.SELF_SUBJECT_REVIEW_PATH, body=dict(kubewire.SELF_SUBJECT_REVIEW)
+                )
             except ApiError as exc:
                 if exc.status in (401, 403):
                     refused_since = time.monotonic() if refused_since is None else refused_since
@@ -71,7 +73,7 @@ class AgentApi:
             except Exception as exc:
                 logger.warning("API server unreachable node=%s error=%r; retrying in %.1fs", self.node_name, exc, delay)
             else:
-                return wire.reviewed_username(answer) or "unknown"
+                return kubewire.reviewed_username(answer) or "unknown"
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
 

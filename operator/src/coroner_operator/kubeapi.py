@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
 from coroner.client.rest import ApiError, Rest, leases_path, registrations_path, upsert_lease
-from coroner.core import admission_digest, api, wire
+from coroner.core import admission_digest, api, kubewire
 from coroner.core.wire import JSON_PATCH
 from coroner.retire import PortError
 from coroner.runtime.blocking import Blocking, ThreadPool
@@ -63,17 +63,17 @@ class KubeApi:
         self._blocking.close()
 
     async def whoami(self) -> str:
-        answer = await self._request("POST", wire.SELF_SUBJECT_REVIEW_PATH, body=dict(wire.SELF_SUBJECT_REVIEW))
-        username = wire.reviewed_username(answer)
+        answer = await self._request("POST", kubewire.SELF_SUBJECT_REVIEW_PATH, body=dict(kubewire.SELF_SUBJECT_REVIEW))
+        username = kubewire.reviewed_username(answer)
         if username is None:
             raise ValueError(f"the API server's SelfSubjectReview named no user: {answer!r}")
         return username
 
     async def can_retire(self, *, namespace: str, name: str | None = None) -> bool:
         """SelfSubjectAccessReview for the `retire` verb; errors are "not allowed" (unknown ≠ granted)."""
-        review = wire.self_access_review(namespace=namespace, name=name)
+        review = kubewire.self_access_review(namespace=namespace, name=name)
         try:
-            result = await self._request("POST", wire.SELF_ACCESS_REVIEW_PATH, body=review)
+            result = await self._request("POST", kubewire.SELF_ACCESS_REVIEW_PATH, body=review)
         except Exception as exc:  # HTTP or connection error alike: unknown is never granted
             logger.warning("retire capability unknown namespace=%s error=%r", namespace, exc)
             return False
@@ -119,7 +119,7 @@ class KubeApi:
         """Deletes exactly the registration as read: the server refuses (409) if another object now
         has the name (uid) or this one changed since (resourceVersion), so nothing is deleted on a
         stale read. A 404 propagates too (already gone)."""
-        options = wire.delete_options(uid=uid, resource_version=resource_version)
+        options = kubewire.delete_options(uid=uid, resource_version=resource_version)
         await self._request("DELETE", registrations_path(namespace, name), body=options)
 
     async def list_leases(self, *, namespace: str) -> list[dict[str, Any]]:
@@ -164,7 +164,7 @@ class KubeApi:
         first_time: datetime.datetime | None = None,
     ) -> None:
         """Creates one core/v1 Event about `body`; `count` > 1 is an aggregate of that many."""
-        event = wire.event_body(
+        event = kubewire.event_body(
             involved=body,
             reason=reason,
             message=message,

@@ -29,7 +29,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config import ConfigException
 
 from coroner.cli import plan as planning
-from coroner.core import api, wire
+from coroner.core import api, kubewire
 from coroner.core.decision import Policy
 
 EXIT_OK: Final = 0
@@ -272,14 +272,14 @@ class Session:
 
     def can_retire(self, *, namespace: str, name: str | None = None) -> bool | None:
         """SelfSubjectAccessReview for ``retire``; None when it cannot be asked (unknown ≠ granted)."""
-        body = wire.self_access_review(namespace=namespace, name=name)
+        body = kubewire.self_access_review(namespace=namespace, name=name)
         return self._review(k8s.AuthorizationV1Api(self.client).create_self_subject_access_review, body)
 
     def operator_may_retire(self, *, user: str, system_namespace: str, namespace: str | None) -> bool | None:
         """SubjectAccessReview for the operator's ServiceAccount `user` (doctor's `operator_identity`), one of
         `system_namespace`; None when not allowed to ask."""
         groups = ["system:serviceaccounts", f"system:serviceaccounts:{system_namespace}", "system:authenticated"]
-        body = wire.access_review(user=user, groups=groups, namespace=namespace or "")
+        body = kubewire.access_review(user=user, groups=groups, namespace=namespace or "")
         return self._review(k8s.AuthorizationV1Api(self.client).create_subject_access_review, body)
 
     def _review(self, call: Callable[..., Any], body: dict[str, Any]) -> bool | None:
@@ -294,11 +294,11 @@ class Session:
     def whoami(self) -> str:
         result = self.request(
             k8s.AuthenticationV1Api(self.client).create_self_subject_review,
-            dict(wire.SELF_SUBJECT_REVIEW),
+            dict(kubewire.SELF_SUBJECT_REVIEW),
             what="learn who you are (SelfSubjectReview)",
             fix="apply records the retiring user in status.retirement.retiredBy and writes nothing without it",
         )
-        username = wire.reviewed_username(result)
+        username = kubewire.reviewed_username(result)
         if not username:
             raise PluginError(
                 f"the API server at {self.server} did not say who you are (SelfSubjectReview has no username); "
@@ -310,7 +310,7 @@ class Session:
 
     def post_event(self, *, body: dict[str, Any], reason: str, message: str, reporter: str) -> None:
         meta = body.get("metadata") or {}
-        event = wire.event_body(
+        event = kubewire.event_body(
             involved=body,
             reason=reason,
             message=message,

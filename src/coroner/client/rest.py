@@ -34,7 +34,7 @@ from typing import Any
 import urllib3
 import yaml
 
-from coroner.core import api, wire
+from coroner.core import api, kubewire
 from coroner.core.wire import JSON
 
 #: Where a pod finds its ServiceAccount credentials (a test points it elsewhere).
@@ -308,10 +308,10 @@ def upsert_lease(
     except ApiError as exc:
         if exc.status != 404:
             raise
-        created = wire.lease_body(
+        created = kubewire.lease_body(
             namespace=namespace, name=name, holder=holder, duration=duration, annotations=annotations, now=now
         )
         client.request("POST", leases_path(namespace), body=created)
         return
-    renewed = wire.lease_renewal(lease, holder=holder, duration=duration, annotations=annotations, now=now)
+    renewed = kubewire.lease_renewal(lease, holder=holder, duration=duration, annotations=annotations, now=now)
     client.request("PUT", leases_path(namespace, name), body=renewed)

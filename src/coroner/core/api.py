@@ -62,7 +62,7 @@ POLICY_ANNOTATION: Final = f"{GROUP}/policy"
 #: (admission policy coroner-system-leases-by-owner), and doctor only reports with it.
 OPERATOR_USER_ANNOTATION: Final = f"{GROUP}/operator-user"
 #: Annotation on a WorkerRegistration: who registered it, as admission spells the requester
-#: (``coroner.core.wire.registrant``). The launcher writes it; the admission policy
+#: (``coroner.core.kubewire.registrant``). The launcher writes it; the admission policy
 #: coroner-registrant-recorded refuses a create whose value is not the requester (or that has
 #: none), and any change.
 REGISTERED_BY_ANNOTATION: Final = f"{GROUP}/registered-by"

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from coroner.core import wire
+from coroner.core import kubewire
 
 logger = logging.getLogger("coroner.leader")
 
@@ -119,7 +119,7 @@ def attempt(
     seen by the monotonic clock `mono` (pass it back next time)."""
     duration = max(1, round(config.lease_duration))
     if lease is None:
-        body = wire.lease_body(
+        body = kubewire.lease_body(
             namespace=namespace, name=name, holder=identity, duration=duration, annotations=annotations, now=now,
             transitions=0,
         )  # fmt: skip
@@ -135,13 +135,13 @@ def attempt(
         remaining = seen.since + held_for - mono
         if remaining > 0:
             return HeldByOther(holder, remaining), seen
-    body = wire.lease_acquisition(lease, holder=identity, duration=duration, annotations=annotations, now=now)
+    body = kubewire.lease_acquisition(lease, holder=identity, duration=duration, annotations=annotations, now=now)
     return Replace(body), seen
 
 
 def released(lease: Mapping[str, Any], *, now: datetime.datetime) -> dict[str, Any]:
-    """The Lease as held by this leader, released (`wire.lease_release`)."""
-    return wire.lease_release(lease, now=now)
+    """The Lease as held by this leader, released (`kubewire.lease_release`)."""
+    return kubewire.lease_release(lease, now=now)
 
 
 class LeaseStore(Protocol):

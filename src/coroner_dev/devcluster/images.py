@@ -45,14 +45,11 @@ containerd's sandbox image.
 
 from __future__ import annotations
 
-import configparser
 import dataclasses
 import datetime
-import hashlib
 import json
 import os
 import pathlib
-import re
 import shutil
 import subprocess
 import sys
@@ -60,93 +57,16 @@ import tarfile
 import tempfile
 import time
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from coroner_dev.devcluster import gobuild
+from coroner_dev.devcluster import gobuild, imagerecipe
 from coroner_dev.devcluster.errors import DevClusterError
 
 #: Moves every cache key: raise it when what this module does to the inputs changes.
-RECIPE_VERSION = 1
-#: How many builds `<cache>/images/` keeps (the newest, by when they landed).
 KEEP_BUILDS = 3
 
 INSTALL_FIX = "apt-get install -y buildah mmdebstrap catatonit"
-
-AGENT_REFERENCE = "ghcr.io/coroner-dev/coroner-agent:v0.1.0"
-OPERATOR_REFERENCE = "ghcr.io/coroner-dev/coroner-operator:v0.1.0"
-WORKER_REFERENCE = "localhost/coroner-dev/coroner-worker:dev"
-PAUSE_REFERENCE = "localhost/coroner-dev/pause:catatonit"
-BASE_REPOSITORY = "localhost/coroner-dev/python-base"
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class Recipe:
-    """One image: its name here, its reference, its Dockerfile (relative to the repository)."""
-
-    name: str
-    reference: str
-    dockerfile: str
-
-
-RECIPES: tuple[Recipe, ...] = (
-    Recipe(name="agent", reference=AGENT_REFERENCE, dockerfile="images/agent.Dockerfile"),
-    Recipe(name="operator", reference=OPERATOR_REFERENCE, dockerfile="images/operator.Dockerfile"),
-    Recipe(name="worker", reference=WORKER_REFERENCE, dockerfile="images/worker.Dockerfile"),
-    Recipe(name="pause", reference=PAUSE_REFERENCE, dockerfile="images/pause.Dockerfile"),
-)
-
-#: Inputs: single files, and trees (every file git tracks, or that is present and not ignored).
-INPUT_FILES = ("pyproject.toml", "README.md")
-INPUT_TREES = ("images", "src/coroner", "operator/src", "node-agent/src")
-#: Executable in the staged context whatever the checkout's modes (the worker's entry point).
-EXECUTABLES = frozenset({"images/worker/coroner-test-worker.py"})
-
-#: The stand-in base: what mmdebstrap is asked for, and the image configuration it gets.
-BASE_SUITE = "bookworm"
-BASE_VARIANT = "minbase"
-BASE_PACKAGES = ("python3.11", "python3-venv", "ca-certificates", "catatonit")
-BASE_DPKG_OPTIONS = (
-    "path-exclude=/usr/share/man/*",
-    "path-exclude=/usr/share/doc/*",
-    "path-include=/usr/share/doc/*/copyright",
-    "path-exclude=/usr/share/locale/*",
-    "path-exclude=/usr/share/info/*",
-)
-BASE_CUSTOMIZE_HOOKS = (
-    'chroot "$1" python3.11 -m venv /usr/local',
-    'rm -f "$1"/usr/local/bin/activate "$1"/usr/local/bin/activate.* "$1"/usr/local/bin/Activate.ps1',
-    'rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/* "$1"/var/cache/debconf/*-old',
-    'find "$1"/var/log -type f -delete',
-    # mmdebstrap copies this machine's; a container runtime mounts its own over them.
-    ': > "$1"/etc/resolv.conf; : > "$1"/etc/hostname',
-)
-BASE_ENV = (("PATH", "/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin"), ("LANG", "C.UTF-8"))
-BASE_CMD = ("python3",)
-#: The base the Dockerfiles name, which the stand-in replaces (a label of every image built on it).
-STANDS_IN_FOR = "python:3.11.7-slim-bookworm"
-#: mmdebstrap's hook that merges /usr with an empty usr-is-merged (else init-system-helpers pulls
-#: usrmerge, and with it perl: 50 MB).
-MERGED_USR_HOOKS = pathlib.Path("/usr/share/mmdebstrap/hooks/merged-usr")
-
-#: pip settings carried from this machine into the build's pip.conf (file keys and PIP_* variables
-#: alike); never install locations (--prefix is the Dockerfiles'), nor local wheel directories
-#: (find-links: inputs the cache key would not see).
-PIP_KEYS = frozenset(
-    {
-        "index-url",
-        "extra-index-url",
-        "trusted-host",
-        "cert",
-        "client-cert",
-        "proxy",
-        "timeout",
-        "default-timeout",
-        "retries",
-        "disable-pip-version-check",
-    }
-)
-PIP_CA_KEYS = ("cert", "client-cert")
 
 MEDIA_LAYER_GZIP = ("application/vnd.oci.image.layer.v1.tar+gzip", "application/vnd.docker.image.rootfs.diff.tar.gzip")
 
@@ -217,227 +137,6 @@ class Images:
 
 
 # ---------------------------------------------------------------------------------------------
-# The pure parts: inputs, keys, references, the pip configuration.
-
-
-def repo_root() -> pathlib.Path:
-    """The checkout the images are built from: CORONER_REPO, else the one this file is in."""
-    override = os.environ.get("CORONER_REPO")
-    if override:
-        return pathlib.Path(override)
-    for parent in pathlib.Path(__file__).resolve().parents:
-        if (parent / "images" / "agent.Dockerfile").exists() and (parent / "pyproject.toml").exists():
-            return parent
-    raise DevClusterError(
-        "cannot find the checkout holding images/*.Dockerfile to build the images from",
-        fix="run from a checkout of coroner (an editable install), or set CORONER_REPO=/path/to/checkout",
-    )
-
-
-def base_recipe() -> dict[str, Any]:
-    """Everything that makes the stand-in base (the base's cache key digests it)."""
-    return {
-        "suite": BASE_SUITE,
-        "variant": BASE_VARIANT,
-        "packages": list(BASE_PACKAGES),
-        "dpkg_options": list(BASE_DPKG_OPTIONS),
-        "customize_hooks": list(BASE_CUSTOMIZE_HOOKS),
-        "env": [list(pair) for pair in BASE_ENV],
-        "cmd": list(BASE_CMD),
-        "merged_usr": True,
-        "dev": "empty",
-    }
-
-
-def base_reference() -> str:
-    """The stand-in base's reference: a moved recipe is a new tag, so a new base."""
-    digest = hashlib.sha256(json.dumps(base_recipe(), sort_keys=True).encode()).hexdigest()[:12]
-    return f"{BASE_REPOSITORY}:{BASE_SUITE}-{digest}"
-
-
-def input_files(repo: pathlib.Path) -> list[str]:
-    """The inputs, as sorted paths relative to `repo`: INPUT_FILES and every file under INPUT_TREES
-    that git tracks or that is present and not ignored (a checkout without git: every file present
-    but bytecode)."""
-    listed = _git_listed(repo)
-    if listed is None:
-        listed = set(INPUT_FILES)
-        for tree in INPUT_TREES:
-            for path in (repo / tree).rglob("*"):
-                relative = path.relative_to(repo).as_posix()
-                if "__pycache__" not in path.parts and path.suffix != ".pyc":
-                    listed.add(relative)
-    return sorted(name for name in listed if (repo / name).is_file())
-
-
-def _git_listed(repo: pathlib.Path) -> set[str] | None:
-    git = shutil.which("git")
-    if git is None or not (repo / ".git").exists():
-        return None
-    result = subprocess.run(
-        [
-            git,
-            "-C",
-            str(repo),
-            "ls-files",
-            "-z",
-            "--cached",
-            "--others",
-            "--exclude-standard",
-            "--",
-            *INPUT_FILES,
-            *INPUT_TREES,
-        ],
-        capture_output=True,
-        check=False,
-    )
-    if result.returncode != 0:
-        return None
-    return {name for name in result.stdout.decode().split("\0") if name}
-
-
-def cache_key(repo: pathlib.Path, files: Sequence[str] | None = None) -> str:
-    """A digest of every input: each file's path, executable bit and bytes, the base recipe and
-    RECIPE_VERSION. A changed input is a new key; a rerun is not."""
-    digest = hashlib.sha256()
-    digest.update(f"recipe {RECIPE_VERSION}\n".encode())
-    digest.update(json.dumps(base_recipe(), sort_keys=True).encode())
-    digest.update(json.dumps([[r.name, r.reference, r.dockerfile] for r in RECIPES]).encode())
-    for name in files if files is not None else input_files(repo):
-        path = repo / name
-        content = path.read_bytes()
-        executable = name in EXECUTABLES or os.access(path, os.X_OK)
-        digest.update(f"\0{name}\0{int(executable)}\0{len(content)}\0".encode())
-        digest.update(content)
-    return f"r{RECIPE_VERSION}-{digest.hexdigest()[:16]}"
-
-
-def split_reference(reference: str) -> tuple[str, str]:
-    """`host/path:tag` -> (`host/path`, `tag`)."""
-    repository, _, tag = reference.rpartition(":")
-    if not repository or "/" in tag:
-        raise ValueError(f"{reference!r} has no tag")
-    return repository, tag
-
-
-def pip_config(environ: Mapping[str, str], files: Sequence[pathlib.Path]) -> dict[str, str]:
-    """This machine's pip settings that a build needs to reach the index: the PIP_KEYS of `files`
-    ([global], then [install], later files winning, as pip reads them), then of PIP_* variables
-    (pip's precedence); `https_proxy` as `proxy` when pip names none."""
-    settings: dict[str, str] = {}
-    for file in files:
-        parser = configparser.RawConfigParser()
-        try:
-            parser.read(file)
-        except (OSError, configparser.Error):
-            continue
-        for section in ("global", "install"):
-            if parser.has_section(section):
-                for key, value in parser.items(section):
-                    if key in PIP_KEYS:
-                        settings[key] = value
-    for name, value in environ.items():
-        key = name[4:].lower().replace("_", "-") if name.startswith("PIP_") else ""
-        if key in PIP_KEYS:
-            settings[key] = value
-    proxy = environ.get("https_proxy") or environ.get("HTTPS_PROXY")
-    if proxy and "proxy" not in settings:
-        settings["proxy"] = proxy
-    return settings
-
-
-def pip_config_files(environ: Mapping[str, str]) -> list[pathlib.Path]:
-    """The pip configuration files this machine's pip reads, in pip's order (later wins)."""
-    home = pathlib.Path(environ.get("HOME") or pathlib.Path.home())
-    xdg = environ.get("XDG_CONFIG_DIRS", "/etc/xdg").split(":")
-    candidates = [
-        *(pathlib.Path(d) / "pip" / "pip.conf" for d in reversed(xdg) if d),
-        pathlib.Path("/etc/pip.conf"),
-        home / ".pip" / "pip.conf",
-        pathlib.Path(environ.get("XDG_CONFIG_HOME") or home / ".config") / "pip" / "pip.conf",
-    ]
-    if environ.get("PIP_CONFIG_FILE"):
-        candidates.append(pathlib.Path(environ["PIP_CONFIG_FILE"]))
-    return [path for path in candidates if path.is_file()]
-
-
-def render_pip_config(settings: Mapping[str, str]) -> str:
-    """A pip.conf with `settings` in [global]."""
-    lines = ["[global]", *(f"{key} = {value}" for key, value in sorted(settings.items()))]
-    return "\n".join(lines) + "\n"
-
-
-def build_mounts(settings: Mapping[str, str], pip_conf: pathlib.Path) -> list[str]:
-    """`buildah bud -v` arguments: the build's pip.conf at /etc/pip.conf and every CA or client
-    certificate file it names at its own path, read-only (RUN steps only: never in a layer)."""
-    mounts = [f"{pip_conf}:/etc/pip.conf:ro"]
-    for key in PIP_CA_KEYS:
-        value = settings.get(key)
-        if value and pathlib.Path(value).is_file():
-            mounts.append(f"{value}:{value}:ro")
-    return mounts
-
-
-def apt_sources(paths: Sequence[pathlib.Path], *, suite: str = BASE_SUITE) -> list[str]:
-    """This machine's enabled Debian entries for `suite` (and its -updates, -security), as one-line
-    `deb` sources for mmdebstrap, from .list and deb822 .sources files."""
-    entries: list[str] = []
-    for path in paths:
-        try:
-            text = path.read_text()
-        except OSError:
-            continue
-        if path.name.endswith(".sources"):
-            entries.extend(_deb822_entries(text))
-        elif path.name.endswith(".list") or path.name == "sources.list":
-            entries.extend(_one_line_entries(text))
-    wanted = {suite, f"{suite}-updates", f"{suite}-security"}
-    kept: list[str] = []
-    for entry in entries:
-        match = _ONE_LINE.match(entry)
-        if match and match["suite"] in wanted and entry not in kept:
-            kept.append(entry)
-    return kept
-
-
-_ONE_LINE = re.compile(r"deb\s+(?:\[[^\]]*\]\s+)?(?P<uri>\S+)\s+(?P<suite>\S+)")
-
-
-def _one_line_entries(text: str) -> list[str]:
-    return [line.split("#", 1)[0].strip() for line in text.splitlines() if line.strip().startswith("deb ")]
-
-
-def _deb822_entries(text: str) -> list[str]:
-    entries = []
-    for paragraph in text.split("\n\n"):
-        fields: dict[str, str] = {}
-        for line in paragraph.splitlines():
-            if line.startswith("#") or ":" not in line or line[:1].isspace():
-                continue
-            key, _, value = line.partition(":")
-            fields[key.strip().lower()] = value.strip()
-        if "deb" not in fields.get("types", "").split() or fields.get("enabled", "yes").lower() == "no":
-            continue
-        signed = fields.get("signed-by", "")
-        option = f"[signed-by={signed}] " if signed.startswith("/") else ""
-        components = fields.get("components", "")
-        for uri in fields.get("uris", "").split():
-            for suite in fields.get("suites", "").split():
-                entries.append(f"deb {option}{uri} {suite} {components}".strip())
-    return entries
-
-
-def machine_apt_sources() -> list[pathlib.Path]:
-    """/etc/apt/sources.list and the .list/.sources files of /etc/apt/sources.list.d."""
-    etc = pathlib.Path("/etc/apt")
-    found = [etc / "sources.list"] if (etc / "sources.list").is_file() else []
-    directory = etc / "sources.list.d"
-    if directory.is_dir():
-        found.extend(sorted(p for p in directory.iterdir() if p.suffix in (".list", ".sources") and p.is_file()))
-    return found
-
-
-# ---------------------------------------------------------------------------------------------
 # Finding or building.
 
 
@@ -445,9 +144,9 @@ def ensure_images(*, progress: Callable[[str], None] | None = None) -> Images:
     """The four images as OCI archives, building them (once, under a lock) when the cache has none
     for the current inputs."""
     say = progress or (lambda message: print(message, file=sys.stderr))
-    repo = repo_root()
-    files = input_files(repo)
-    key = cache_key(repo, files)
+    repo = imagerecipe.repo_root()
+    files = imagerecipe.input_files(repo)
+    key = imagerecipe.cache_key(repo, files)
     images_dir = gobuild.cache_root() / "images"
     target = images_dir / key
     cached = load(target, source="cache")
@@ -605,7 +304,7 @@ def _build(
     try:
         context = staging / "context"
         _stage(repo, files, context)
-        staged = cache_key(context, files)
+        staged = imagerecipe.cache_key(context, files)
         if staged != key:
             say(f"an input changed since the images' key was computed; building what was staged ({staged})")
             key, target = staged, target.parent / staged
@@ -616,14 +315,14 @@ def _build(
         log.path.write_text(f"# coroner images {key}, {datetime.datetime.now(datetime.UTC).isoformat()}\n")
         say(f"building the images (agent, operator, worker, pause) with buildah; log: {log.path}")
         base = _ensure_base(buildah, staging=staging, log=log, say=say)
-        settings = pip_config(os.environ, pip_config_files(os.environ))
+        settings = imagerecipe.pip_config(os.environ, imagerecipe.pip_config_files(os.environ))
         pip_conf = staging / "pip.conf"
         pip_conf.touch(mode=0o600)
-        pip_conf.write_text(render_pip_config(settings))
+        pip_conf.write_text(imagerecipe.render_pip_config(settings))
         log.say(f"pip settings for the build: {sorted(settings)}")
-        mounts = [argument for mount in build_mounts(settings, pip_conf) for argument in ("-v", mount)]
+        mounts = [argument for mount in imagerecipe.build_mounts(settings, pip_conf) for argument in ("-v", mount)]
         record: dict[str, Any] = {"key": key, "base": base, "images": {}}
-        for recipe in RECIPES:
+        for recipe in imagerecipe.RECIPES:
             step = time.monotonic()
             log.run(
                 buildah.command(
@@ -686,7 +385,7 @@ def _prune_storage(buildah: _Buildah, *, log: _Log, base: str) -> None:
     stale = []
     for image in stored:
         names = image.get("names") or []
-        old_base = any(name.startswith(f"{BASE_REPOSITORY}:") and name != base for name in names)
+        old_base = any(name.startswith(f"{imagerecipe.BASE_REPOSITORY}:") and name != base for name in names)
         if (not names and image["id"][:11] not in used) or old_base:
             stale.append(image["id"])
     if stale:
@@ -697,7 +396,7 @@ def _prune_storage(buildah: _Buildah, *, log: _Log, base: str) -> None:
 
 def _ensure_base(buildah: _Buildah, *, staging: pathlib.Path, log: _Log, say: Callable[[str], None]) -> str:
     """The stand-in base in buildah's storage, made by mmdebstrap when it is not there yet."""
-    reference = base_reference()
+    reference = imagerecipe.base_reference()
     if buildah.has_image(reference):
         return reference
     mmdebstrap = shutil.which("mmdebstrap")
@@ -705,21 +404,23 @@ def _ensure_base(buildah: _Buildah, *, staging: pathlib.Path, log: _Log, say: Ca
         raise DevClusterError(
             "`mmdebstrap` is not on PATH; it makes the images' stand-in base from Debian packages", fix=INSTALL_FIX
         )
-    sources = apt_sources(machine_apt_sources()) or [f"deb http://deb.debian.org/debian {BASE_SUITE} main"]
+    sources = imagerecipe.apt_sources(imagerecipe.machine_apt_sources()) or [
+        f"deb http://deb.debian.org/debian {imagerecipe.BASE_SUITE} main"
+    ]
     say(f"making the stand-in base {reference} with mmdebstrap from {', '.join(sources)} (about a minute)")
     made = staging / "base-mmdebstrap.tar"
     rootfs = staging / "base-rootfs.tar"
-    hooks = [f"--hook-dir={MERGED_USR_HOOKS}"] if MERGED_USR_HOOKS.is_dir() else []
+    hooks = [f"--hook-dir={imagerecipe.MERGED_USR_HOOKS}"] if imagerecipe.MERGED_USR_HOOKS.is_dir() else []
     log.run(
         [
             mmdebstrap,
-            f"--variant={BASE_VARIANT}",
+            f"--variant={imagerecipe.BASE_VARIANT}",
             "--format=tar",
             *hooks,
-            f"--include={','.join(BASE_PACKAGES)}",
-            *(f"--dpkgopt={option}" for option in BASE_DPKG_OPTIONS),
-            *(f"--customize-hook={hook}" for hook in BASE_CUSTOMIZE_HOOKS),
-            BASE_SUITE,
+            f"--include={','.join(imagerecipe.BASE_PACKAGES)}",
+            *(f"--dpkgopt={option}" for option in imagerecipe.BASE_DPKG_OPTIONS),
+            *(f"--customize-hook={hook}" for hook in imagerecipe.BASE_CUSTOMIZE_HOOKS),
+            imagerecipe.BASE_SUITE,
             str(made),
             *sources,
         ],
@@ -733,13 +434,13 @@ def _ensure_base(buildah: _Buildah, *, staging: pathlib.Path, log: _Log, say: Ca
     name = log.output(container, what="buildah from scratch", fix=fix)
     try:
         log.run(buildah.command("add", name, str(rootfs), "/"), what="adding the base's root file system", fix=fix)
-        config = [argument for key, value in BASE_ENV for argument in ("--env", f"{key}={value}")]
-        config += ["--cmd", json.dumps(list(BASE_CMD))]
+        config = [argument for key, value in imagerecipe.BASE_ENV for argument in ("--env", f"{key}={value}")]
+        config += ["--cmd", json.dumps(list(imagerecipe.BASE_CMD))]
         config += [
             "--label",
             f"io.coroner.dev.base={reference}",
             "--label",
-            f"io.coroner.dev.stands-in-for={STANDS_IN_FOR}",
+            f"io.coroner.dev.stands-in-for={imagerecipe.STANDS_IN_FOR}",
         ]
         log.run(buildah.command("config", *config, name), what="configuring the base", fix=fix)
         log.run(buildah.command("commit", "--rm", name, reference), what="committing the base", fix=fix)
@@ -767,11 +468,11 @@ def _stage(repo: pathlib.Path, files: Sequence[str], context: pathlib.Path) -> N
         destination = context / name
         destination.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(repo / name, destination)
-        executable = name in EXECUTABLES or os.access(repo / name, os.X_OK)
+        executable = name in imagerecipe.EXECUTABLES or os.access(repo / name, os.X_OK)
         destination.chmod(0o755 if executable else 0o644)
 
 
-def _export(buildah: _Buildah, recipe: Recipe, *, staging: pathlib.Path, log: _Log) -> dict[str, Any]:
+def _export(buildah: _Buildah, recipe: imagerecipe.Recipe, *, staging: pathlib.Path, log: _Log) -> dict[str, Any]:
     """Pushes the image to an OCI layout, names it for containerd, packs it; returns its record."""
     layout = staging / f"{recipe.name}.oci"
     log.run(
@@ -808,7 +509,7 @@ def _export(buildah: _Buildah, recipe: Recipe, *, staging: pathlib.Path, log: _L
 def containerd_annotations(reference: str) -> dict[str, str]:
     """How containerd's own export names an image in an archive's index: the full reference, and
     the OCI ref name (the tag)."""
-    _, tag = split_reference(reference)
+    _, tag = imagerecipe.split_reference(reference)
     return {"io.containerd.image.name": reference, "org.opencontainers.image.ref.name": tag}
 
 
