@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import multiprocessing
 import os
 import signal
@@ -89,6 +90,20 @@ def one(seed: int, *, mutant: str | None = None, trace: bool = False, faults: tu
 
 
 @contextlib.contextmanager
+def _quiet() -> Any:
+    """Coroner's logs off for a batch: what they say (a partitioned agent's failed renewals, a
+    refused write) the trials' records say already, and a million trials would print it by the
+    million. Restored on exit."""
+    logger = logging.getLogger("coroner")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+@contextlib.contextmanager
 def collecting_between_trials() -> Any:
     """The cyclic garbage collector runs between trials, not during them.
 
@@ -128,7 +143,7 @@ def batch(
     summary = empty()
     started = time.perf_counter()
     cpu_started = time.process_time()
-    with installed(memos=memos), _mutant(mutant), collecting_between_trials() as between:
+    with installed(memos=memos), _mutant(mutant), _quiet(), collecting_between_trials() as between:
         for seed in seeds:
             result = one(seed, mutant=mutant).result  # type: ignore[attr-defined]
             between()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import random
 from collections import Counter
 from collections.abc import Callable
@@ -23,10 +22,6 @@ from sim.clock import PARSED, dt
 from sim.components import LEASE_SECONDS, Human, SimAgent, SimOperator, Worker
 from sim.loop import ROOT, SimLoop
 from sim.prod import Evidence, Policy, Verdict, model
-
-# The components' logs (a partitioned agent's failed renewals, a refused write) say what the trial's
-# record already says; a batch of a million trials would print them by the million.
-logging.getLogger("coroner").setLevel(logging.CRITICAL)
 
 #: Every fault a trial may draw; `Trial.faults` is the list a seed drew (empty: none).
 FAULTS = (
