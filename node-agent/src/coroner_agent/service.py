@@ -386,7 +386,7 @@ class Agent:
     async def run(self, *, stop: asyncio.Event) -> None:
         loop = asyncio.get_running_loop()
         self.start_watch(loop)
-        tasks = [asyncio.create_task(loop) for loop in self.loops()]
+        tasks = [asyncio.create_task(coroutine) for coroutine in self.loops()]
         try:
             await stop.wait()
             # Everything keeps running through the wait and the sweep; the lease is renewed until the end.
