@@ -35,17 +35,6 @@ def iso(t: float, *, fraction: bool = True) -> str:
     return model.format_time(dt(t), fraction=fraction)
 
 
-def run_now(coroutine: Any) -> Any:
-    """Run a coroutine that never waits (a port that answers at once) to its end, with no event
-    loop: one `send`. A coroutine that does wait belongs on the trial's loop (`sim.loop`)."""
-    try:
-        coroutine.send(None)
-    except StopIteration as done:
-        return done.value
-    coroutine.close()
-    raise RuntimeError("a coroutine driven by the simulation waited on something: run it on the trial's loop")
-
-
 #: parse_registration results by the identity of the (immutable) body parsed; see `installed`.
 PARSED: dict[int, tuple[Any, Any]] = {}
 _parse = model.parse_registration
