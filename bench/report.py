@@ -55,6 +55,8 @@ def header(result: dict[str, Any], name: str) -> list[str]:
         + " — a shared 2-core machine.",
         "",
     ]
+    if result.get("complete") is False:
+        lines += [f"**Incomplete run**: {result.get('why_incomplete', 'no reason recorded')}.", ""]
     return lines
 
 
