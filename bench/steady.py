@@ -241,7 +241,7 @@ def main() -> int:
         },
     }
     series: dict[str, list[tuple[float, float, float, int]]] = {}
-    with c.Bench(args.name, keep=args.keep) as bench:
+    with c.written_if_stopped(args.name, result), c.Bench(args.name, keep=args.keep) as bench:
         namespaces = [f"steady-{i}" for i in range(args.namespaces)]
         attribution = c.Attribution(
             bench.admin,
@@ -282,6 +282,7 @@ def main() -> int:
         ]
         keys = c.register_all(kubeconfig, items, interval=spec_interval, ttl=spec_ttl, threads=args.create_threads)
         setup = {"real_workers_registered_seconds": round(time.monotonic() - t0, 1)}
+        result["setup"] = setup  # filled in as the setup goes (a stopped run still says how far it got)
         t1 = time.monotonic()
         synthetic_n = args.registrations - args.agent_workers
         c.log(f"registering {synthetic_n} registrations on {len(emulated_nodes)} nodes with emulated agents")

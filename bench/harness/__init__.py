@@ -61,6 +61,7 @@ from harness.results import stages as stages
 from harness.results import stamp_to_monotonic as stamp_to_monotonic
 from harness.results import summarize as summarize
 from harness.results import write_result as write_result
+from harness.results import written_if_stopped as written_if_stopped
 from harness.workers import WORKER_SECONDS as WORKER_SECONDS
 from harness.workers import Heartbeater as Heartbeater
 from harness.workers import Workers as Workers

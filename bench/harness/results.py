@@ -3,12 +3,14 @@ time line a watch feeds (Tracker, stages)."""
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import json
 import pathlib
 import statistics
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from coroner.core import model
@@ -43,6 +45,20 @@ def write_result(name: str, result: dict[str, Any]) -> pathlib.Path:
     path.write_text(json.dumps(result, indent=2, sort_keys=False) + "\n")
     log(f"wrote {shown(path)}")
     return path
+
+
+@contextlib.contextmanager
+def written_if_stopped(name: str, result: dict[str, Any]) -> Iterator[None]:
+    """A run that fails or is stopped still writes what it measured so far: `result` with
+    `complete: false` and why (a run at the limit can take an hour and die at its end)."""
+    try:
+        yield
+    except BaseException as exc:
+        result["complete"] = False
+        result["why_incomplete"] = f"{type(exc).__name__}: {exc}"[:2000]
+        result["finished"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+        write_result(name, result)
+        raise
 
 
 def plot(name: str, draw: Callable[[Any], None]) -> str | None:
