@@ -1,10 +1,11 @@
 """The operator's only door to the API server besides kopf's watches.
 
-Blocking HTTP calls (`coroner.client.rest`, JSON over urllib3: see there why not the kubernetes package)
-run in a bounded thread pool (`coroner.runtime.blocking.ThreadPool`, the default `Blocking`) so that the event loop (and with it
-every watch) never stalls on one slow request. Each method is one API request; the reconciler composes
-them. The deterministic simulation (tests/sim) gives a `Rest` over its model API server and a
-`Blocking` that answers in virtual time: everything else here is what it runs.
+Blocking HTTP calls (`coroner.client.rest`, JSON over urllib3: see there why not the kubernetes
+package) run in a bounded thread pool (`coroner.runtime.blocking.ThreadPool`, the default
+`Blocking`) so that the event loop (and with it every watch) never stalls on one slow request. Each
+method is one API request; the reconciler composes them. The deterministic simulation (tests/sim)
+gives a `Rest` over its model API server and a `Blocking` that answers in virtual time: everything
+else here is what it runs.
 """
 
 from __future__ import annotations
