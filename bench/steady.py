@@ -365,7 +365,6 @@ def main() -> int:
         result["parameters"]["settle_seconds"] = round(time.monotonic() - t0, 1)
         setup["settle_seconds"] = result["parameters"]["settle_seconds"]
         setup["total_seconds"] = round(time.monotonic() - t_setup, 1)
-        result["setup"] = setup
         result["settled"] = ok
         watch.close()  # the benchmark's own watch is not part of the steady state
 

@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from coroner.client.rest import ApiError, Rest, registrations_path, warming_up
+from coroner.client.rest import ApiError, Rest, list_pages, registrations_path, warming_up
 from coroner.core import api, kubewire, wire
 from coroner_dev import fleet
 from coroner_dev.devcluster import cluster as cluster_mod
@@ -476,18 +476,13 @@ class Watch:
         return self
 
     def _list(self) -> str:
-        token = None
-        while True:
-            query: dict[str, Any] = {"limit": self.PAGE}
-            if token:
-                query["continue"] = token
-            body = self.client.request("GET", self.path, query=query, timeout=120)
+        rv = ""
+        for page in list_pages(self.client, self.path, limit=self.PAGE):
             now = time.monotonic()
-            for item in body.get("items", []):
+            for item in page.get("items", []):
                 self.on_event("ADDED", item, now)
-            token = body["metadata"].get("continue")
-            if not token:
-                return str(body["metadata"]["resourceVersion"])
+            rv = str(page["metadata"]["resourceVersion"])
+        return rv
 
     def _run(self) -> None:
         rv = None

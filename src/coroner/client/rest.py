@@ -28,7 +28,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import urllib3
@@ -275,6 +275,22 @@ def _load_client_certificate(ctx: ssl.SSLContext, user: dict[str, Any], file: An
         key.touch(mode=0o600)
         key.write_bytes(base64.b64decode(user["client-key-data"]))
         ctx.load_cert_chain(str(cert), str(key))
+
+
+def list_pages(
+    client: Rest, path: str, *, query: Mapping[str, Any] | None = None, limit: int = 500, timeout: float = 120.0
+) -> Iterator[dict[str, Any]]:
+    """One LIST, page by page (`limit` objects each; the pages are one snapshot, and the last one's
+    metadata carries its resourceVersion): a large collection is never one response that the API
+    server and the reader hold at once."""
+    token: str | None = None
+    while True:
+        page_query = {**(query or {}), "limit": limit, **({"continue": token} if token else {})}
+        page = client.request("GET", path, query=page_query, timeout=timeout)
+        yield page
+        token = (page.get("metadata") or {}).get("continue") or None
+        if token is None:
+            return
 
 
 def registrations_path(namespace: str | None = None, name: str | None = None) -> str:
