@@ -3,6 +3,7 @@ errors, its watch, and the bound-token rotation a pod sees."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import pathlib
@@ -121,16 +122,22 @@ def test_the_agent_api_lists_watches_and_attests_its_own_nodes_registrations(
     agent = AgentApi(Rest.from_kubeconfig(components.agent_kubeconfig(coroner_api, node)), node_name=node)
     kube.create_registration(admin, namespace, kube.registration_body(name="mine", node=node))
     kube.create_registration(admin, namespace, kube.registration_body(name="theirs", node="other-node"))
-    items, resource_version = agent.list_registrations()
-    assert {i["metadata"]["name"] for i in items if i["metadata"]["namespace"] == namespace} == {"mine"}
-
+    # The agent's own watch (list, then watch), its calls handed to an event loop as in production.
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    relists: list[list[dict[str, Any]]] = []
     events: list[tuple[str, dict[str, Any]]] = []
-    stream = agent.rest.watch(
-        registrations_path(), query={"labelSelector": agent.selector, "resourceVersion": resource_version},
-        timeout_seconds=5,
+    stop = threading.Event()
+    watcher = threading.Thread(
+        target=agent.watch_registrations,
+        kwargs={
+            "loop": loop, "stop": stop, "timeout_seconds": 5, "on_relist": relists.append,
+            "on_event": lambda event_type, obj: events.append((event_type, obj)),
+        },
     )  # fmt: skip
-    reader = threading.Thread(target=lambda: events.extend((e["type"], e["object"]) for e in stream))
-    reader.start()
+    watcher.start()
+    kube.wait_for(lambda: relists, timeout=15, what="the agent's list")
+    assert {i["metadata"]["name"] for i in relists[0] if i["metadata"]["namespace"] == namespace} == {"mine"}
     body = agent.get_registration(namespace, "mine")
     assert body is not None
     written = _attest(agent, body, components.attestation(body, verdict="Alive", node=node))
@@ -138,8 +145,14 @@ def test_the_agent_api_lists_watches_and_attests_its_own_nodes_registrations(
     with pytest.raises(ApiError) as stale:  # the same compare-and-swap again: what it relied on moved
         _attest(agent, body, components.attestation(body, verdict="Dead", node=node))
     assert stale.value.status in (409, 422)
-    reader.join(timeout=15)
-    assert ("MODIFIED", "mine") in {(t, o["metadata"]["name"]) for t, o in events}
+    kube.wait_for(
+        lambda: ("MODIFIED", "mine") in {(t, o["metadata"]["name"]) for t, o in events},
+        timeout=15,
+        what="the attestation's watch event",
+    )
+    stop.set()
+    watcher.join(timeout=15)
+    loop.call_soon_threadsafe(loop.stop)
     assert all(o["metadata"]["name"] != "theirs" for _, o in events)
 
     agent.renew_lease(holder="rest-test", duration=15, annotations={api.AGENT_LEASE_BOOT_ID: "b"})

@@ -92,11 +92,6 @@ def _file(name: str, content: str, *, link: bool = False) -> str:
     return path
 
 
-def _key(body: dict[str, Any]) -> tuple[str, str]:
-    meta = body.get("metadata") or {}
-    return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
-
-
 # --- the agent ---------------------------------------------------------------------------------
 
 
@@ -413,12 +408,8 @@ class SimOperator:
         self.context.run(self._relist, items)
 
     def _relist(self, items: list[dict[str, Any]]) -> None:
-        listed = {_key(body) for body in items}
-        for key, body in list(self.operator.world.bodies.items()):
-            if key not in listed:
-                self.inputs.on_registration(body, deleted=True)
-        for body in items:
-            self.inputs.on_registration(body, deleted=False)
+        # One page: the model server's list is one snapshot, at the watch's position.
+        self.inputs.on_list_page(items, first=True, last=True, resource_version=str(self.watches[0].pos))
 
     def on_registration(self, etype: str, body: dict[str, Any]) -> None:
         travel = self.trial.travel

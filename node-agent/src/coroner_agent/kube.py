@@ -8,9 +8,7 @@ produces one (unknown is never dead).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime
-import json
 import logging
 import random
 import threading
@@ -22,7 +20,7 @@ from coroner.client.rest import ApiError, Rest, busy_or_unavailable, registratio
 from coroner.core import api, kubewire
 from coroner.core.wire import JSON_PATCH
 from coroner.runtime.blocking import Blocking
-from coroner.runtime.controller import decorrelated_jitter
+from coroner.runtime.watch import Handoff, reflect
 
 logger = logging.getLogger("coroner.agent")
 
@@ -86,10 +84,6 @@ class AgentApi:
         boot_id = ((node.get("status") or {}).get("nodeInfo") or {}).get("bootID")
         return str(boot_id) if boot_id else None
 
-    def list_registrations(self) -> tuple[list[dict[str, Any]], str]:
-        result = self.rest.request("GET", registrations_path(), query={"labelSelector": self.selector})
-        return list(result.get("items") or []), str(result["metadata"]["resourceVersion"])
-
     def get_registration(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             return self.rest.request("GET", registrations_path(namespace, name))
@@ -125,54 +119,24 @@ class AgentApi:
         on_error: Callable[[str, BaseException], None] | None = None,
         rng: random.Random | None = None,
     ) -> None:
-        """List-then-watch forever in this (worker) thread; a 410 or a dropped watch relists.
+        """List-then-watch this node's registrations forever in this (worker) thread
+        (`coroner.runtime.watch.reflect`). Events are handed to the event loop, never called here; a
+        relist is handed over whole once its last page is read (one node's registrations)."""
+        handoff = Handoff(loop, stop=stop)
+        listed: list[dict[str, Any]] = []
 
-        Events are delivered on the event loop via call_soon_threadsafe, never called here. A failed
-        list or watch is reported to `on_error` ("list" or "watch", the error; from this thread) and
-        retried after a decorrelated-jitter backoff (0.5 s up to 30 s): after an API server restart
-        the agents of a cluster relist spread out, not in lockstep.
-        """
-        rng = rng or random.Random()
-        backoff: float | None = None
-        while not stop.is_set():
-            call = "list"
-            try:
-                items, resource_version = self.list_registrations()
-                loop.call_soon_threadsafe(on_relist, items)
-                backoff = None
-                call = "watch"
-                while not stop.is_set():
-                    query = {
-                        "labelSelector": self.selector,
-                        "resourceVersion": resource_version,
-                        "allowWatchBookmarks": True,
-                    }
-                    for event in self.rest.watch(registrations_path(), query=query, timeout_seconds=timeout_seconds):
-                        if stop.is_set():
-                            break
-                        obj = event.get("object") or {}
-                        if event.get("type") == "ERROR":
-                            raise ApiError(int(obj.get("code") or 500), str(obj.get("reason") or ""), json.dumps(obj))
-                        resource_version = str(obj.get("metadata", {}).get("resourceVersion", resource_version))
-                        if event.get("type") == "BOOKMARK":
-                            continue
-                        loop.call_soon_threadsafe(on_event, event["type"], obj)
-            except ApiError as exc:
-                if exc.status != 410:
-                    if on_error is not None:
-                        on_error(call, exc)
-                    backoff = decorrelated_jitter(rng, base=0.5, cap=30.0, previous=backoff)
-                    logger.warning(
-                        "%s failed node=%s status=%s; relisting in %.1fs", call, self.node_name, exc.status, backoff
-                    )
-                    stop.wait(backoff)
-            except Exception as exc:  # connection errors: back off and relist, never guess
-                if on_error is not None:
-                    on_error(call, exc)
-                backoff = decorrelated_jitter(rng, base=0.5, cap=30.0, previous=backoff)
-                logger.warning("%s failed node=%s error=%r; relisting in %.1fs", call, self.node_name, exc, backoff)
-                with contextlib.suppress(Exception):
-                    stop.wait(backoff)
+        def on_page(items: list[dict[str, Any]], first: bool, last: bool, _: str) -> None:
+            if first:
+                listed.clear()
+            listed.extend(items)
+            if last:
+                handoff(on_relist, list(listed))
+
+        reflect(
+            self.rest, registrations_path(), query={"labelSelector": self.selector}, stop=stop,
+            on_page=on_page, on_event=lambda event_type, obj: handoff(on_event, event_type, obj),
+            on_error=on_error, rng=rng, timeout_seconds=timeout_seconds, what=f"node={self.node_name}",
+        )  # fmt: skip
 
 
 class ApiPort:

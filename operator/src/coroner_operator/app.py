@@ -16,19 +16,24 @@ so retirements, deletions, condition writes and Events come from one replica at 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from coroner.client.rest import Rest, registrations_path
 from coroner.core import admission_digest, api, model
 from coroner.core.decision import Policy
 from coroner.core.model import Key
 from coroner.core.world import World
 from coroner.runtime.controller import Controller, Result, utcnow
 from coroner.runtime.leader import LeaderElector
+from coroner.runtime.watch import Handoff, reflect
 from coroner_operator.events import EventPoster
 from coroner_operator.executor import Executor
 from coroner_operator.inputs import WatchInputs
@@ -140,7 +145,12 @@ class Operator:
             elector=self.elector,
         )
         self.inputs = WatchInputs(
-            world=world, controller=self.controller, executor=self.executor, gauge=self.gauge, clock=clock
+            world=world,
+            controller=self.controller,
+            executor=self.executor,
+            gauge=self.gauge,
+            clock=clock,
+            on_deleted=self.observe_deletion,
         )
 
     @property
@@ -198,6 +208,45 @@ class Operator:
         if self.elector is not None:
             loops.append(self.elector.run())
         return loops
+
+    async def watch_registrations(self, rest: Rest) -> None:
+        """List-then-watch every registration (`coroner.runtime.watch.reflect`) in a thread of its
+        own, each page and event handed to `inputs` on this loop, until cancelled (the thread stops
+        at its next event or the end of its stream). The operator's own watch, not kopf's: kopf
+        keeps a memory record per object and starts a task per object on every event, which at
+        150,000 registrations cost several GB during the initial list."""
+        loop = asyncio.get_running_loop()
+        stop = threading.Event()
+        ended: asyncio.Future[None] = loop.create_future()
+        handoff = Handoff(loop, stop=stop)
+
+        def on_page(items: list[dict[str, Any]], first: bool, last: bool, resource_version: str) -> None:
+            handoff(lambda: self.inputs.on_list_page(items, first=first, last=last, resource_version=resource_version))
+
+        def end(error: BaseException | None) -> None:
+            if not ended.done():
+                ended.set_result(None) if error is None else ended.set_exception(error)
+
+        def run() -> None:
+            error: BaseException | None = None
+            try:
+                reflect(
+                    rest, registrations_path(), stop=stop, on_page=on_page,
+                    on_event=lambda event_type, body: handoff(
+                        lambda: self.inputs.on_registration(body, deleted=event_type == "DELETED")
+                    ),
+                    what="registrations",
+                )  # fmt: skip
+            except BaseException as exc:  # a bug: the loop's failure stops the operator
+                error = exc
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the process is stopping
+                loop.call_soon_threadsafe(end, error)
+
+        threading.Thread(target=run, name="watch-registrations", daemon=True).start()
+        try:
+            await ended
+        finally:
+            stop.set()
 
     async def drain(self) -> None:
         """Waits until the queue is empty and nothing is being reconciled (tests)."""

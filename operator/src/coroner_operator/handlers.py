@@ -1,8 +1,12 @@
-"""kopf wiring: thin handlers that feed watch events into the cache and the work queue.
+"""kopf wiring: thin handlers that feed the Node and Lease watch events into the cache and the work
+queue. (Registrations have the operator's own watch: `Operator.watch_registrations`.)
 
 Nothing here decides anything. Indexes gate the start: kopf invokes no other handler until every
-index is populated, so the first reconcile already knows every Node and every agent Lease (a node
-absent from a populated cache may be gone; absent from an empty one it is merely not seen yet).
+index is populated, so the first Node or Lease event says the cache knows every Node and every
+agent Lease (a node absent from a populated cache may be gone; absent from an empty one it is
+merely not seen yet): `Runtime.indexed` is set then, and only then is the registration watch
+started, so the first reconcile already knows them. Some such event comes soon in any cluster: the
+operator renews its own Lease in the system namespace, and its Pod runs on a Node.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ class Runtime:
 
     operator: Operator | None = None
     tasks: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)
+    indexed: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    """Set at the first Node or Lease event: kopf's indexes (every Node, every Lease) are populated."""
 
 
 #: The Leases the operator watches: every namespace but kube-node-lease. It needs the agents' Leases
@@ -79,23 +85,19 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
         operator().inputs.on_lease(_raw(body), deleted=False)
         return {f"{namespace}/{name}": True}
 
+    def indexed() -> Operator:
+        op = operator()
+        op.world.mark_nodes_synced()  # indexes are populated before any non-index handler runs
+        runtime.indexed.set()
+        return op
+
     @kopf.on.event("v1", "nodes", registry=registry)
     async def node_event(event: kopf.RawEvent, **_: Any) -> None:
-        op = operator()
-        op.world.mark_nodes_synced()
-        op.inputs.on_node(_object(event), deleted=event["type"] == "DELETED")
+        indexed().inputs.on_node(_object(event), deleted=event["type"] == "DELETED")
 
     @kopf.on.event("coordination.k8s.io", "v1", "leases", registry=registry)
     async def lease_event(event: kopf.RawEvent, **_: Any) -> None:
-        operator().inputs.on_lease(_object(event), deleted=event["type"] == "DELETED")
-
-    @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL, registry=registry)
-    async def registration_event(event: kopf.RawEvent, **_: Any) -> None:
-        op = operator()
-        op.world.mark_nodes_synced()  # indexes are populated before any non-index handler runs
-        op.inputs.on_registration(_object(event), deleted=event["type"] == "DELETED")
-        if event["type"] == "DELETED":
-            op.observe_deletion(_object(event))
+        indexed().inputs.on_lease(_object(event), deleted=event["type"] == "DELETED")
 
 
 def _raw(body: kopf.Body) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from typing import Any
 from coroner.core import model
 from coroner.core.decision import lease_expiry
 from coroner.core.model import Key
-from coroner.core.world import World
+from coroner.core.world import World, resource_version_number
 from coroner.runtime.controller import Controller
 from coroner_operator.executor import Executor
 from coroner_operator.metrics import DecisionGauge
@@ -37,12 +37,16 @@ class WatchInputs:
         executor: Executor,
         gauge: DecisionGauge,
         clock: Callable[[], datetime.datetime],
+        on_deleted: Callable[[dict[str, Any]], None] = lambda body: None,
     ) -> None:
+        """`on_deleted` is told of each registration deleted (its last body), after it is forgotten."""
         self.world = world
         self.controller = controller
         self.executor = executor
         self.gauge = gauge
         self.clock = clock
+        self.on_deleted = on_deleted
+        self._listed: set[Key] = set()
 
     def on_registration(self, body: dict[str, Any], *, deleted: bool) -> None:
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
@@ -53,6 +57,7 @@ class WatchInputs:
             self.world.forget_registration(key)
             self.gauge.set(key, None)
             self.executor.forget(key)
+            self.on_deleted(body)
         else:
             # An event older than a body we wrote ourselves is skipped (see World.observe_registration).
             if not self.world.observe_registration(body):
@@ -61,6 +66,27 @@ class WatchInputs:
             peers |= {(p.namespace or "", p.name or "") for p in self.world.peers_of(key)}
         for peer in sorted(peers):
             self.controller.enqueue(peer)
+
+    def on_list_page(self, items: list[dict[str, Any]], *, first: bool, last: bool, resource_version: str) -> None:
+        """One page of a (re)list of every registration. After the last, a cached registration the
+        list did not hold was deleted while no watch ran (unless its cached body is newer than the
+        list: a write of the operator's own answered after the list's snapshot)."""
+        if first:
+            self._listed = set()
+        for body in items:
+            self._listed.add(model.key_of(body))
+            self.on_registration(body, deleted=False)
+        if not last:
+            return
+        listed_at = int(resource_version) if resource_version.isdigit() else -1
+        gone = [
+            body
+            for key, body in self.world.bodies.items()
+            if key not in self._listed and resource_version_number(body) <= listed_at
+        ]
+        self._listed = set()
+        for body in gone:
+            self.on_registration(body, deleted=True)
 
     def on_lease(self, body: dict[str, Any], *, deleted: bool) -> None:
         if not deleted and self.world.is_routine_agent_renewal(body, now=self.clock()):

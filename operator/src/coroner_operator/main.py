@@ -15,6 +15,7 @@ import socket
 import sys
 import time
 import uuid
+from collections.abc import Coroutine
 from typing import Any
 
 import click
@@ -75,7 +76,7 @@ def build_registry(
             identity=identity,
         )
         runtime.operator = operator
-        loops = operator.loops()
+        loops = [*operator.loops(), _after(runtime.indexed, operator.watch_registrations(kube.rest))]
         if metrics_port is not None:
             loops.append(_serve_http(metrics_address, metrics_port, metrics, operator))
         runtime.tasks = [asyncio.create_task(loop) for loop in loops]
@@ -104,6 +105,16 @@ def build_registry(
 
     settings_ = settings
     return registry
+
+
+async def _after(event: asyncio.Event, loop: Coroutine[Any, Any, None]) -> None:
+    """`loop`, once `event` is set."""
+    try:
+        await event.wait()
+    except asyncio.CancelledError:
+        loop.close()
+        raise
+    await loop
 
 
 def _stop_if_failed(task: asyncio.Task[None]) -> None:
