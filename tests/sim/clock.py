@@ -36,16 +36,17 @@ def iso(t: float, *, fraction: bool = True) -> str:
 
 
 #: parse_registration results by the identity of the (immutable) body parsed; see `installed`.
-PARSED: dict[int, tuple[Any, Any]] = {}
+PARSED: dict[tuple[int, bool], tuple[Any, Any]] = {}
 _parse = model.parse_registration
 
 
-def _memo_parse(obj: object) -> Any:
-    hit = PARSED.get(id(obj))
+def _memo_parse(obj: object, *, raw_attestation: bool = True) -> Any:
+    key = (id(obj), raw_attestation)
+    hit = PARSED.get(key)
     if hit is not None and hit[0] is obj:
         return hit[1]
-    registration = _parse(obj)
-    PARSED[id(obj)] = (obj, registration)
+    registration = _parse(obj, raw_attestation=raw_attestation)
+    PARSED[key] = (obj, registration)
     return registration
 
 

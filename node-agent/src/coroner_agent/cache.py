@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from coroner.core.model import Key
-from coroner.core.world import slim
+from coroner.core.world import without_managed_fields
 from coroner_agent.effects import FirstLook
 
 
@@ -28,7 +28,7 @@ class AgentCache:
         """During the shutdown wait: the keys changed since it last looked (None: not waiting)."""
 
     def observe(self, key: Key, body: dict[str, Any]) -> None:
-        self.bodies[key] = slim(body)
+        self.bodies[key] = without_managed_fields(body)
         self.touched(key)
 
     def forget(self, key: Key) -> None:

@@ -169,20 +169,18 @@ class Operator:
     async def _reconcile(self, key: Key) -> Result:
         return await self.reconciler.reconcile(key)
 
-    def observe_deletion(self, body: dict[str, Any]) -> None:
+    def observe_deletion(self, registration: model.Registration) -> None:
         """A registration deleted while active is counted and logged: its retention deletes only
         terminal ones, and admission lets only a cluster admin, the namespace controller or the
         garbage collector delete an active one; the record of a possibly live worker is gone."""
-        registration = model.parse_registration(body)
         if registration.terminal:
             return
-        metadata = body.get("metadata") or {}
         logger.warning(
             "active registration deleted namespace=%s name=%s registered-by=%s: not by Coroner (its retention "
             "deletes only terminal ones); by a cluster admin, the namespace controller or the garbage collector",
-            metadata.get("namespace"),
-            metadata.get("name"),
-            (metadata.get("annotations") or {}).get(api.REGISTERED_BY_ANNOTATION, "(unrecorded)"),
+            registration.namespace,
+            registration.name,
+            registration.registered_by or "(unrecorded)",
         )
         self.metrics.active_deletions.inc()  # after the line: whoever sees the count finds it logged
 

@@ -37,9 +37,9 @@ class WatchInputs:
         executor: Executor,
         gauge: DecisionGauge,
         clock: Callable[[], datetime.datetime],
-        on_deleted: Callable[[dict[str, Any]], None] = lambda body: None,
+        on_deleted: Callable[[model.Registration], None] = lambda registration: None,
     ) -> None:
-        """`on_deleted` is told of each registration deleted (its last body), after it is forgotten."""
+        """`on_deleted` is told of each registration deleted (as last seen), after it is forgotten."""
         self.world = world
         self.controller = controller
         self.executor = executor
@@ -50,22 +50,30 @@ class WatchInputs:
 
     def on_registration(self, body: dict[str, Any], *, deleted: bool) -> None:
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        if deleted:
+            self._deleted(key, model.parse_registration(body))
+            return
         # Peers' decisions depend on this one (ClientInstanceConflict, ConflictingIdentity), both
         # the peers it had and the peers it has now.
-        peers = {(p.namespace or "", p.name or "") for p in self.world.peers_of(key)}
-        if deleted:
-            self.world.forget_registration(key)
-            self.gauge.set(key, None)
-            self.executor.forget(key)
-            self.on_deleted(body)
-        else:
-            # An event older than a body we wrote ourselves is skipped (see World.observe_registration).
-            if not self.world.observe_registration(body):
-                return
-            self.controller.enqueue(key)
-            peers |= {(p.namespace or "", p.name or "") for p in self.world.peers_of(key)}
+        peers = self._peers(key)
+        # An event older than a body we wrote ourselves is skipped (see World.observe_registration).
+        if not self.world.observe_registration(body):
+            return
+        self.controller.enqueue(key)
+        for peer in sorted(peers | self._peers(key)):
+            self.controller.enqueue(peer)
+
+    def _deleted(self, key: Key, last: model.Registration) -> None:
+        peers = self._peers(key)
+        self.world.forget_registration(key)
+        self.gauge.set(key, None)
+        self.executor.forget(key)
+        self.on_deleted(last)
         for peer in sorted(peers):
             self.controller.enqueue(peer)
+
+    def _peers(self, key: Key) -> set[Key]:
+        return {(p.namespace or "", p.name or "") for p in self.world.peers_of(key)}
 
     def on_list_page(self, items: list[dict[str, Any]], *, first: bool, last: bool, resource_version: str) -> None:
         """One page of a (re)list of every registration. After the last, a cached registration the
@@ -80,13 +88,13 @@ class WatchInputs:
             return
         listed_at = int(resource_version) if resource_version.isdigit() else -1
         gone = [
-            body
+            (key, self.world.parsed[key])
             for key, body in self.world.bodies.items()
             if key not in self._listed and resource_version_number(body) <= listed_at
         ]
         self._listed = set()
-        for body in gone:
-            self.on_registration(body, deleted=True)
+        for key, seen_last in gone:
+            self._deleted(key, seen_last)
 
     def on_lease(self, body: dict[str, Any], *, deleted: bool) -> None:
         if not deleted and self.world.is_routine_agent_renewal(body, now=self.clock()):

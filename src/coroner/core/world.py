@@ -1,7 +1,7 @@
 """What is known of the cluster, as facts for the decision: the informer-style cache.
 
-Every decision is made from this cache — never a LIST per event. It holds the latest raw body of
-each registration, the agent Lease facts per node, the Node facts, the protecting Leases per
+Every decision is made from this cache — never a LIST per event. It holds the latest parsed record
+of each registration (and of its raw body what a write reads back, `slim`), the agent Lease facts per node, the Node facts, the protecting Leases per
 namespace, and indexes that find a registration's possible peers (same clientInstanceId, same
 incarnation, same session) without scanning the namespace.
 """
@@ -25,16 +25,31 @@ from coroner.core.model import Key, key_of, parse_time
 _SHARED_STRING_MAX = 128
 
 
-def slim(body: dict[str, Any], *, intern: Callable[[str], str] | None = None) -> dict[str, Any]:
-    """The body as the cache keeps it: without metadata.managedFields (never read here, and the
-    bulk of an object touched by launcher, agent and operator: three managers' field sets), and,
-    given `intern` (the operator passes `sys.intern`), with every key and short string shared
-    across bodies. A body decoded from JSON holds its own copy of every key; at 150,000
-    registrations the copies were half of what the cache held per registration."""
+def without_managed_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """`body` without metadata.managedFields: never read by Coroner, and the bulk of an object
+    touched by launcher, agent and operator (three managers' field sets)."""
     meta = body.get("metadata")
     if isinstance(meta, dict) and "managedFields" in meta:
-        body = {**body, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
-    return body if intern is None else cast(dict[str, Any], _shared(body, intern))
+        return {**body, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+    return body
+
+
+#: What the cache keeps of a registration's metadata besides its parsed record: its key and version.
+_KEPT_METADATA = ("namespace", "name", "resourceVersion")
+
+
+def slim(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The body as the cache keeps it beside its parsed record: what the writes read back, verbatim
+    (``status``: the stored conditions a write keeps, the attestation a retirement tests) and the
+    object's namespace, name and resourceVersion. The rest (spec, labels, annotations,
+    managedFields) is in the parsed record or never read."""
+    meta = body.get("metadata")
+    kept: dict[str, Any] = {
+        "metadata": {k: meta[k] for k in _KEPT_METADATA if k in meta} if isinstance(meta, Mapping) else {}
+    }
+    if "status" in body:
+        kept["status"] = body["status"]
+    return kept
 
 
 def _shared(value: object, intern: Callable[[str], str]) -> object:
@@ -45,6 +60,33 @@ def _shared(value: object, intern: Callable[[str], str]) -> object:
     if isinstance(value, str) and len(value) <= _SHARED_STRING_MAX:
         return intern(value)
     return value
+
+
+def _index_add(index: dict[Any, Key | set[Key]], entry: Any, key: Key) -> None:
+    members = index.get(entry)
+    if members is None or members == key:
+        index[entry] = key
+    elif isinstance(members, set):
+        members.add(key)
+    else:
+        index[entry] = {members, key}
+
+
+def _index_remove(index: dict[Any, Key | set[Key]], entry: Any, key: Key) -> None:
+    members = index.get(entry)
+    if isinstance(members, set):
+        members.discard(key)
+        if len(members) == 1:
+            index[entry] = next(iter(members))
+    elif members == key:
+        del index[entry]
+
+
+def _index_members(index: dict[Any, Key | set[Key]], entry: Any) -> set[Key]:
+    members = index.get(entry)
+    if members is None:
+        return set()
+    return set(members) if isinstance(members, set) else {members}
 
 
 def resource_version_number(body: Mapping[str, Any]) -> int:
@@ -115,26 +157,32 @@ class World:
     admission_unverified: tuple[str, ...] = ()
     """Why the admission policies are not verified as shipped (`Facts.admission_unverified`): set
     by the operator's refresher; empty for a caller that does not check them (the CLI)."""
-    by_instance: dict[tuple[str, str], set[Key]] = dataclasses.field(default_factory=lambda: defaultdict(set))
-    by_incarnation: dict[tuple[str, ...], set[Key]] = dataclasses.field(default_factory=lambda: defaultdict(set))
-    by_session: dict[tuple[str, str, str], set[Key]] = dataclasses.field(default_factory=lambda: defaultdict(set))
-    by_node: dict[str, set[Key]] = dataclasses.field(default_factory=lambda: defaultdict(set))
+    # The peer indexes hold one Key where one registration has the entry (nearly always: a worker's
+    # clientInstanceId and incarnation are its own), a set only where several share it: a set per
+    # registration per index was a tenth of the cache at 150,000 registrations.
+    by_instance: dict[tuple[str, str], Key | set[Key]] = dataclasses.field(default_factory=dict)
+    by_incarnation: dict[tuple[str, ...], Key | set[Key]] = dataclasses.field(default_factory=dict)
+    by_session: dict[tuple[str, str, str], Key | set[Key]] = dataclasses.field(default_factory=dict)
+    by_node: dict[str, Key | set[Key]] = dataclasses.field(default_factory=dict)
     by_namespace: dict[str, set[Key]] = dataclasses.field(default_factory=lambda: defaultdict(set))
     intern: Callable[[str], str] | None = dataclasses.field(default=None, repr=False, compare=False)
-    """Shares the keys and short strings of cached bodies (`slim`): the operator passes
-    `sys.intern`; None keeps each body's own strings."""
+    """Shares the keys and short strings of what is cached (the parsed records and `slim` bodies)
+    across registrations: the operator passes `sys.intern`; None keeps each body's own strings. A
+    body decoded from JSON holds its own copy of every key and string; at 150,000 registrations
+    the copies were half of what the cache held per registration."""
 
     # --- registrations -------------------------------------------------------------------------
 
     def put_registration(self, body: dict[str, Any]) -> Key:
-        body = slim(body, intern=self.intern)
         key = key_of(body)
         self.forget_registration(key)
-        registration = model.parse_registration(body)
-        self.bodies[key] = body
+        if self.intern is not None:  # parsed from shared strings, so that the record shares them too
+            body = cast(dict[str, Any], _shared(without_managed_fields(body), self.intern))
+        registration = model.parse_registration(body, raw_attestation=False)
+        self.bodies[key] = slim(body)
         self.parsed[key] = registration
         for index, index_key in self._index_keys(key, registration):
-            index[index_key].add(key)
+            _index_add(index, index_key, key)
         self.by_namespace[key[0]].add(key)
         return key
 
@@ -144,25 +192,23 @@ class World:
         if registration is None:
             return
         for index, index_key in self._index_keys(key, registration):
-            index[index_key].discard(key)
-            if not index[index_key]:
-                del index[index_key]
+            _index_remove(index, index_key, key)
         members = self.by_namespace.get(key[0])
         if members is not None:
             members.discard(key)
             if not members:
                 del self.by_namespace[key[0]]
 
-    def _index_keys(self, key: Key, r: model.Registration) -> list[tuple[dict[Any, set[Key]], Any]]:
+    def _index_keys(self, key: Key, r: model.Registration) -> list[tuple[dict[Any, Key | set[Key]], Any]]:
         keys = self._peer_index_keys(key, r)
         if r.node_name:
             keys.append((self.by_node, r.node_name))
         return keys
 
-    def _peer_index_keys(self, key: Key, r: model.Registration) -> list[tuple[dict[Any, set[Key]], Any]]:
+    def _peer_index_keys(self, key: Key, r: model.Registration) -> list[tuple[dict[Any, Key | set[Key]], Any]]:
         """The index entries of `r` that name its possible peers (every index but `by_node`)."""
         namespace = key[0]
-        keys: list[tuple[dict[Any, set[Key]], Any]] = []
+        keys: list[tuple[dict[Any, Key | set[Key]], Any]] = []
         if r.client_instance_id:
             keys.append((self.by_instance, (namespace, r.client_instance_id)))
         inc = r.incarnation
@@ -191,16 +237,14 @@ class World:
             return []
         found: set[Key] = set()
         for index, index_key in self._peer_index_keys(key, registration):
-            members = index.get(index_key)
-            if members:
-                found |= members
+            found |= _index_members(index, index_key)
         found.discard(key)
         if not found:  # the common case: no other registration shares an entry
             return []
         return [self.parsed[k] for k in sorted(found) if k in self.parsed]
 
     def keys_on_node(self, node: str) -> list[Key]:
-        return sorted(self.by_node.get(node, set()))
+        return sorted(_index_members(self.by_node, node))
 
     def keys_in_namespace(self, namespace: str) -> list[Key]:
         # Indexed: every Lease renewal in a namespace asks this, so it must not scan the registry.

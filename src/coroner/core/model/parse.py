@@ -157,12 +157,14 @@ def _condition_paths(index: int) -> tuple[str, str, str, str, str, str, str]:
     return _CONDITION_PATHS[index] if index < len(_CONDITION_PATHS) else _spelled_condition_paths(index)
 
 
-def parse_registration(obj: object) -> Registration:
+def parse_registration(obj: object, *, raw_attestation: bool = True) -> Registration:
     """A `Registration` from a raw API object; never raises, whatever `obj` is.
 
     Missing or invalid fields become None and are listed in ``problems``. A registration without
     ``status.lastHeartbeatTime`` takes ``metadata.creationTimestamp`` as its last heartbeat: birth
     is the first sign of life, so a worker that died before its first heartbeat still expires.
+    Without `raw_attestation` the attestation's `raw` copy is left empty (a cache that keeps the
+    stored status itself, and holds 150,000 of these, need not keep it twice).
     """
     reader = _Reader()
     root: Mapping[str, object] | None = obj if type(obj) is dict or isinstance(obj, Mapping) else None
@@ -234,7 +236,7 @@ def parse_registration(obj: object) -> Registration:
         last_heartbeat_time=heartbeat_time,
         last_heartbeat_raw=raw_heartbeat if isinstance(raw_heartbeat, str) else None,
         heartbeat_unparsable=heartbeat_unparsable,
-        attestation=_attestation(reader, status),
+        attestation=_attestation(reader, status, raw=raw_attestation),
         conditions=conditions,
         retirement=retirement,
         released=released,
@@ -243,7 +245,7 @@ def parse_registration(obj: object) -> Registration:
     )
 
 
-def _attestation(reader: _Reader, status: Mapping[str, object] | None) -> Attestation | None:
+def _attestation(reader: _Reader, status: Mapping[str, object] | None, *, raw: bool) -> Attestation | None:
     path = "status.attestation"
     body = reader.mapping(status, "attestation", path)
     if body is None:
@@ -266,8 +268,11 @@ def _attestation(reader: _Reader, status: Mapping[str, object] | None) -> Attest
         agent_node=reader.string(agent, "nodeName", "status.attestation.agent.nodeName", required=True, empty_ok=False),
         agent_pod=reader.string(agent, "podName", "status.attestation.agent.podName"),
         agent_identity=reader.string(agent, "identity", "status.attestation.agent.identity"),
-        raw=_json_copy(body, depth=0),
+        raw=_json_copy(body, depth=0) if raw else _NO_RAW,
     )
+
+
+_NO_RAW: Mapping[str, object] = types.MappingProxyType({})
 
 
 _Member = TypeVar("_Member", Verdict, Evidence)
