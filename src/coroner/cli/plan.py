@@ -15,6 +15,7 @@ import dataclasses
 import datetime
 import enum
 import re
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
@@ -79,8 +80,8 @@ class Listing:
 
 
 def build_world(listing: Listing) -> World:
-    """The operator's cache, filled the way its watches fill it."""
-    world = World(system_namespace=listing.system_namespace)
+    """The operator's cache, filled the way its watches fill it (its strings shared, as there)."""
+    world = World(system_namespace=listing.system_namespace, intern=sys.intern)
     for node in listing.nodes:
         world.put_node(node)
     # A complete LIST is what "synced" means to the operator: from here a node that is absent is

@@ -31,6 +31,7 @@ from kubernetes.config import ConfigException
 from coroner.cli import plan as planning
 from coroner.core import api, kubewire
 from coroner.core.decision import Policy
+from coroner.core.world import without_managed_fields
 
 EXIT_OK: Final = 0
 EXIT_CHECK_FAILED: Final = 1
@@ -184,15 +185,23 @@ class Session:
             ) from None
 
     def list_all(
-        self, call: Callable[..., Any], *args: Any, what: str, fix: str = "", not_found: str = ""
+        self,
+        call: Callable[..., Any],
+        *args: Any,
+        what: str,
+        fix: str = "",
+        not_found: str = "",
+        each: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> list[dict[str, Any]]:
-        """Every item of one LIST, page by page (one snapshot: the pages share a resourceVersion)."""
+        """Every item of one LIST, page by page (one snapshot: the pages share a resourceVersion),
+        each passed through `each` as its page arrives (what a large list keeps of an item)."""
         items: list[dict[str, Any]] = []
         token: str | None = None
         while True:
             extra = {"_continue": token} if token else {}
             page = self.request(call, *args, what=what, fix=fix, not_found=not_found, limit=_PAGE, **extra)
-            items.extend(page.get("items") or [])
+            listed = page.get("items") or []
+            items.extend(listed if each is None else map(each, listed))
             token = (page.get("metadata") or {}).get("continue") or None
             if token is None:
                 return items
@@ -240,6 +249,7 @@ class Session:
                 what=f"list workerregistrations {where}",
                 fix=_VIEW_FIX,
                 not_found=not_installed,
+                each=without_managed_fields,
             )
         return self.list_all(
             custom.list_namespaced_custom_object,
@@ -250,6 +260,7 @@ class Session:
             what=f"list workerregistrations {where}",
             fix=_VIEW_FIX,
             not_found=not_installed,
+            each=without_managed_fields,
         )
 
     def list_leases(self, *, namespace: str | None) -> list[dict[str, Any]]:
