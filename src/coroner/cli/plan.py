@@ -15,8 +15,7 @@ import dataclasses
 import datetime
 import enum
 import re
-import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from coroner.core import api, fingerprint, model, policy_json
@@ -79,9 +78,9 @@ class Listing:
     and when: the node-deletion quarantine counts from there (asked only where policy accepts it)."""
 
 
-def build_world(listing: Listing) -> World:
-    """The operator's cache, filled the way its watches fill it (its strings shared, as there)."""
-    world = World(system_namespace=listing.system_namespace, intern=sys.intern)
+def build_world(listing: Listing, *, intern: Callable[[str], str] | None = None) -> World:
+    """The operator's cache, filled the way its watches fill it (`intern`: see `World.intern`)."""
+    world = World(system_namespace=listing.system_namespace, intern=intern)
     for node in listing.nodes:
         world.put_node(node)
     # A complete LIST is what "synced" means to the operator: from here a node that is absent is

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final, TextIO
 
@@ -166,7 +167,7 @@ def apply_command(
     policy = choice.policy
     now = utcnow()
     listing = confirm_gone_nodes(session, listing, policy=policy, now=now)
-    world = planning.build_world(listing)
+    world = planning.build_world(listing, intern=sys.intern)
     plan = fingerprint.decide_all(world=world, policy=policy, now=now)
     if all_candidates:
         keys = (

@@ -5,6 +5,8 @@ This module reads; the checks are the pure `coroner.cli.doctor.CHECKS`, run on w
 
 from __future__ import annotations
 
+import sys
+
 import click
 from kubernetes import client as k8s
 
@@ -131,7 +133,7 @@ def doctor_command(
                 retire_permission=per_namespace,
                 system_namespace=system_namespace,
             )
-            world = planning.build_world(listing)
+            world = planning.build_world(listing, intern=sys.intern)
             plan = fingerprint.decide_all(world=world, policy=choice.policy, now=utcnow())
 
     now = utcnow()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from coroner.cli import options, render
@@ -40,7 +42,7 @@ def plan_command(
         listing, node_deletion_evidence=node_deletion_evidence, node_quarantine_seconds=node_quarantine_seconds
     )
     listing = confirm_gone_nodes(session, listing, policy=choice.policy, now=now)
-    plan = fingerprint.decide_all(world=planning.build_world(listing), policy=choice.policy, now=now)
+    plan = fingerprint.decide_all(world=planning.build_world(listing, intern=sys.intern), policy=choice.policy, now=now)
     render.emit(
         output,
         document=render.plan_document(
