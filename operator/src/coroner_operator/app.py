@@ -222,8 +222,12 @@ class Operator:
             handoff(lambda: self.inputs.on_list_page(items, first=first, last=last, resource_version=resource_version))
 
         def end(error: BaseException | None) -> None:
-            if not ended.done():
-                ended.set_result(None) if error is None else ended.set_exception(error)
+            if ended.done():
+                return
+            if error is None:
+                ended.set_result(None)
+            else:
+                ended.set_exception(error)
 
         def run() -> None:
             error: BaseException | None = None
