@@ -6,6 +6,7 @@ the leader elector under leader election), so `kubectl coroner doctor` knows who
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 from typing import Any
 
@@ -149,3 +150,32 @@ def test_under_leader_election_the_leader_lease_carries_the_operators_user() -> 
     annotations = lease["metadata"]["annotations"]
     assert annotations[api.OPERATOR_USER_ANNOTATION] == USER
     assert api.POLICY_ANNOTATION in annotations
+
+
+def test_a_sweep_that_takes_long_spaces_the_next_and_the_lease_allows_for_it() -> None:
+    """Sweeps take at most `SWEEP_CPU_SHARE` of the time: a sweep of 10 s (150,000 registrations
+    take about that) is followed by a pause of 190 s, not the 60 s of --resync-seconds, and the
+    Lease written with it lasts three such intervals."""
+    from coroner_operator.sweeper import SWEEP_CPU_SHARE
+
+    kube = RecordingKube()
+    now = [datetime.datetime(2026, 12, 1, tzinfo=datetime.UTC)]
+    operator = Operator(
+        world=World(system_namespace=api.SYSTEM_NAMESPACE),
+        kube=kube,  # type: ignore[arg-type]
+        policy=Policy(),
+        metrics=Metrics(),
+        settings=OperatorSettings(resync_seconds=60),
+        identity=USER,
+        clock=lambda: now[0],
+    )
+    sweeper = operator.sweeper
+
+    async def slow_drain(seconds: float) -> None:
+        now[0] += datetime.timedelta(seconds=seconds)
+
+    for seconds, interval in ((1.0, 60.0), (10.0, 10.0 * (1 / SWEEP_CPU_SHARE - 1)), (0.5, 60.0)):
+        sweeper.drain = lambda s=seconds: slow_drain(s)  # type: ignore[method-assign]
+        asyncio.run(sweeper.sweep())
+        assert sweeper.interval == pytest.approx(interval)
+        assert kube.writes[-1]["duration"] == int(interval * 3)

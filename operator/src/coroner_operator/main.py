@@ -165,7 +165,7 @@ async def _serve_http(address: str, port: int, metrics: Metrics, operator: Opera
             if tried is not None and time.monotonic() - tried < window:
                 return web.Response(text=f"ok standby (leader {elector.holder or '?'})\n")
             return web.Response(status=503, text="the leader election loop has not tried recently\n")
-        limit = datetime.timedelta(seconds=operator.settings.resync_seconds * 3 + 60)
+        limit = datetime.timedelta(seconds=operator.sweeper.interval * 3 + 60)
         last = operator.last_sweep
         if last is None and utcnow() - started < limit:
             return web.Response(text="starting\n")
