@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from coroner.core.world import World
 from unit.builders import make_registration
@@ -76,3 +78,51 @@ def test_the_cache_keeps_a_registration_compactly() -> None:
     assert set(first) == {"metadata", "status"}, "the rest is in the parsed record"
     assert set(first["metadata"]) == {"namespace", "name", "resourceVersion"}
     assert next(iter(first["status"])) is next(iter(second["status"])), "keys are shared"
+
+
+_OPS = st.lists(
+    st.tuples(
+        st.booleans(),  # put (True) or forget
+        st.sampled_from(["w1", "w2", "w3", "w4"]),
+        st.sampled_from(["inst-1", "inst-2"]),
+        st.sampled_from([10, 11]),
+        st.sampled_from(["node-a", "node-b"]),
+        st.sampled_from(["s-1", "s-2"]),
+    ),
+    max_size=30,
+)
+
+
+@given(_OPS)
+def test_the_indexes_agree_with_a_scan_after_any_puts_and_forgets(
+    ops: list[tuple[bool, str, str, int, str, str]],
+) -> None:
+    """Whatever the order of puts and forgets, each registration's peers and each node's keys are
+    exactly what a scan of the cached records finds (an index entry holds one Key or a set)."""
+    world = World()
+    for put, name, instance, pid, node, session in ops:
+        if put:
+            world.put_registration(
+                make_registration(
+                    namespace="a", name=name, client_instance_id=instance, pid=pid, node_name=node, session_id=session
+                )
+            )
+        else:
+            world.forget_registration(("a", name))
+    records = world.parsed
+    for key, r in records.items():
+        scanned = {
+            k
+            for k, o in records.items()
+            if k != key
+            and (
+                o.client_instance_id == r.client_instance_id
+                or (o.node_name, o.incarnation) == (r.node_name, r.incarnation)
+                or (o.session_id, o.generation_id) == (r.session_id, r.generation_id)
+            )
+        }
+        assert {(p.namespace, p.name) for p in world.peers_of(key)} == scanned
+    for node in ("node-a", "node-b"):
+        assert world.keys_on_node(node) == sorted(k for k, r in records.items() if r.node_name == node)
+    for index in (world.by_instance, world.by_incarnation, world.by_session, world.by_node):
+        assert all(not isinstance(v, set) or len(v) > 1 for v in index.values()), "a lone member is a Key"

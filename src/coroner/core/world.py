@@ -1,9 +1,10 @@
 """What is known of the cluster, as facts for the decision: the informer-style cache.
 
 Every decision is made from this cache — never a LIST per event. It holds the latest parsed record
-of each registration (and of its raw body what a write reads back, `slim`), the agent Lease facts per node, the Node facts, the protecting Leases per
-namespace, and indexes that find a registration's possible peers (same clientInstanceId, same
-incarnation, same session) without scanning the namespace.
+of each registration (and of its raw body what a write reads back, `slim`), the agent Lease facts
+per node, the Node facts, the protecting Leases per namespace, and indexes that find a
+registration's possible peers (same clientInstanceId, same incarnation, same session) without
+scanning the namespace.
 """
 
 from __future__ import annotations
