@@ -124,7 +124,8 @@ def test_the_agent_api_lists_watches_and_attests_its_own_nodes_registrations(
     kube.create_registration(admin, namespace, kube.registration_body(name="theirs", node="other-node"))
     # The agent's own watch (list, then watch), its calls handed to an event loop as in production.
     loop = asyncio.new_event_loop()
-    threading.Thread(target=loop.run_forever, daemon=True).start()
+    running = threading.Thread(target=loop.run_forever, daemon=True)
+    running.start()
     relists: list[list[dict[str, Any]]] = []
     events: list[tuple[str, dict[str, Any]]] = []
     stop = threading.Event()
@@ -153,6 +154,8 @@ def test_the_agent_api_lists_watches_and_attests_its_own_nodes_registrations(
     stop.set()
     watcher.join(timeout=15)
     loop.call_soon_threadsafe(loop.stop)
+    running.join(timeout=5)
+    loop.close()
     assert all(o["metadata"]["name"] != "theirs" for _, o in events)
 
     agent.renew_lease(holder="rest-test", duration=15, annotations={api.AGENT_LEASE_BOOT_ID: "b"})
