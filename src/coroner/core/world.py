@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any, cast
 
 from coroner.core import api, model
@@ -83,11 +83,12 @@ def _index_remove(index: dict[Any, Key | set[Key]], entry: Any, key: Key) -> Non
         del index[entry]
 
 
-def _index_members(index: dict[Any, Key | set[Key]], entry: Any) -> set[Key]:
+def _index_members(index: dict[Any, Key | set[Key]], entry: Any) -> Collection[Key]:
+    """The keys under `entry` (the index's own set: read it, never change it)."""
     members = index.get(entry)
     if members is None:
-        return set()
-    return set(members) if isinstance(members, set) else {members}
+        return ()
+    return members if isinstance(members, set) else (members,)
 
 
 def resource_version_number(body: Mapping[str, Any]) -> int:
@@ -238,7 +239,7 @@ class World:
             return []
         found: set[Key] = set()
         for index, index_key in self._peer_index_keys(key, registration):
-            found |= _index_members(index, index_key)
+            found.update(_index_members(index, index_key))
         found.discard(key)
         if not found:  # the common case: no other registration shares an entry
             return []
