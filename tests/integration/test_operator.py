@@ -497,18 +497,27 @@ def test_a_delete_whose_preconditions_moved_leaves_the_registration_alone(
         operator.close()
 
 
+@pytest.mark.parametrize("glob", [False, True], ids=["exact", "glob"])
 def test_a_namespaced_operator_serves_only_its_namespaces(
-    granted: Cluster, agent_a: k8s.ApiClient, admin: k8s.ApiClient, namespace: str, tmp_path: pathlib.Path
+    granted: Cluster, agent_a: k8s.ApiClient, admin: k8s.ApiClient, namespace: str, tmp_path: pathlib.Path, glob: bool
 ) -> None:
+    """An exact name is watched on its own; a glob watches every namespace and keeps its matches."""
     other = f"{namespace}-other"
+    served = f"{namespace[:-1]}?" if glob else namespace
     k8s.CoreV1Api(admin).create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=other)))
     try:
         config = components.operator_kubeconfig(granted)
-        with components.process(components.operator_argv(config, f"--namespace={namespace}"), log=tmp_path / "op.log"):
-            for ns in (namespace, other):
-                _register(admin, ns, "w1", heartbeat_age=120)
-                components.attest(agent_a, ns, "w1", evidence="PidfdExited")
-            kube.wait_for(lambda: components.retired(admin, namespace, "w1"), what="retirement in the served namespace")
+        with components.process(components.operator_argv(config, f"--namespace={served}"), log=tmp_path / "op.log"):
+            # The other namespace's registration first, and a second served retirement after the
+            # first: an operator that served the other namespace would have decided it by then.
+            for ns, name in ((other, "w1"), (namespace, "w1"), (namespace, "w2")):
+                _register(admin, ns, name, heartbeat_age=120)
+                components.attest(agent_a, ns, name, evidence="PidfdExited")
+                if ns == namespace:
+                    kube.wait_for(
+                        lambda n=name: components.retired(admin, namespace, n),
+                        what=f"{name} retired in the served namespace",
+                    )
             assert components.reason(admin, other, "w1") is None and not components.retired(admin, other, "w1")
     finally:
         k8s.CoreV1Api(admin).delete_namespace(other)

@@ -17,7 +17,7 @@ from coroner.core import api
 from coroner.core.decision import Policy
 from coroner.core.world import World
 from coroner.runtime.watch import Handoff, reflect
-from coroner_operator.app import Operator
+from coroner_operator.app import Operator, serves, watch_scopes
 from coroner_operator.metrics import Metrics
 from coroner_operator.settings import OperatorSettings
 from unit.builders import make_registration
@@ -205,8 +205,8 @@ def operator() -> Operator:
     )
 
 
-def registration(name: str, rv: int) -> dict[str, Any]:
-    body = make_registration(name=name, uid=f"uid-{name}", attested=False)
+def registration(name: str, rv: int, namespace: str = "jobs") -> dict[str, Any]:
+    body = make_registration(namespace=namespace, name=name, uid=f"uid-{name}", attested=False)
     body["metadata"]["resourceVersion"] = str(rv)
     return body
 
@@ -232,3 +232,48 @@ def test_a_relist_begun_again_forgets_the_pages_of_the_one_cut_short() -> None:
     op.inputs.on_list_page([registration("a", 5)], first=True, last=False, resource_version="20")
     op.inputs.on_list_page([], first=True, last=True, resource_version="21")
     assert op.world.bodies == {}
+
+
+def test_a_namespaces_relist_forgets_only_that_namespaces_registrations() -> None:
+    """One watch per served namespace: each relists on its own, and the end of one namespace's list
+    says nothing about another's registrations (nor does a list interleaved with it)."""
+    op = operator()
+    for namespace in ("a", "b"):
+        op.inputs.on_registration(registration("gone", 5, namespace), deleted=False)
+    op.inputs.on_list_page([], first=True, last=False, resource_version="20", namespace="a")
+    op.inputs.on_list_page([registration("w", 7, "b")], first=True, last=True, resource_version="20", namespace="b")
+    assert ("a", "gone") in op.world.bodies and ("b", "gone") not in op.world.bodies
+    op.inputs.on_list_page([], first=False, last=True, resource_version="20", namespace="a")
+    assert set(op.world.bodies) == {("b", "w")}
+
+
+@pytest.mark.parametrize(
+    ("patterns", "scopes"),
+    [
+        ((), (None,)),
+        (("a",), ("a",)),
+        (("b", "a", "b"), ("a", "b")),
+        (("a", "team-*"), (None,)),
+        (("team-?",), (None,)),
+        (("[ab]",), (None,)),
+    ],
+)
+def test_exact_namespaces_are_watched_one_by_one_and_a_glob_watches_every_namespace(
+    patterns: tuple[str, ...], scopes: tuple[str | None, ...]
+) -> None:
+    assert watch_scopes(patterns) == scopes
+
+
+@pytest.mark.parametrize(
+    ("patterns", "namespace", "served"),
+    [
+        ((), "anything", True),
+        (("a",), "a", True),
+        (("a",), "ab", False),
+        (("team-*",), "team-x", True),
+        (("team-*",), "Team-x", False),
+        (("a", "team-*"), "b", False),
+    ],
+)
+def test_serves_matches_exact_names_and_globs(patterns: tuple[str, ...], namespace: str, served: bool) -> None:
+    assert serves(patterns, namespace) is served

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import fnmatch
 import logging
 import random
 import threading
@@ -208,18 +209,17 @@ class Operator:
         return loops
 
     async def watch_registrations(self, rest: Rest) -> None:
-        """List-then-watch every registration (`coroner.runtime.watch.reflect`) in a thread of its
-        own, each page and event handed to `inputs` on this loop, until cancelled (the thread stops
-        at its next event or the end of its stream). The operator's own watch, not kopf's: kopf
-        keeps a memory record per object and starts a task per object on every event, which at
+        """List-then-watch the served registrations (`coroner.runtime.watch.reflect`; one watch per
+        namespace named by `settings.namespaces`, else one of every namespace), each in a thread of
+        its own, each page and event handed to `inputs` on this loop, until cancelled (a thread
+        stops at its next event or the end of its stream). The operator's own watch, not kopf's:
+        kopf keeps a memory record per object and starts a task per object on every event, which at
         150,000 registrations cost several GB during the initial list."""
         loop = asyncio.get_running_loop()
         stop = threading.Event()
         ended: asyncio.Future[None] = loop.create_future()
         handoff = Handoff(loop, stop=stop)
-
-        def on_page(items: list[dict[str, Any]], first: bool, last: bool, resource_version: str) -> None:
-            handoff(lambda: self.inputs.on_list_page(items, first=first, last=last, resource_version=resource_version))
+        patterns = self.settings.namespaces
 
         def end(error: BaseException | None) -> None:
             if ended.done():
@@ -229,22 +229,34 @@ class Operator:
             else:
                 ended.set_exception(error)
 
-        def run() -> None:
+        def run(namespace: str | None) -> None:
+            def on_page(items: list[dict[str, Any]], first: bool, last: bool, resource_version: str) -> None:
+                items = [body for body in items if serves(patterns, body["metadata"]["namespace"])]
+                handoff(
+                    lambda: self.inputs.on_list_page(
+                        items, first=first, last=last, resource_version=resource_version, namespace=namespace
+                    )
+                )
+
+            def on_event(event_type: str, body: dict[str, Any]) -> None:
+                if serves(patterns, body["metadata"]["namespace"]):
+                    handoff(lambda: self.inputs.on_registration(body, deleted=event_type == "DELETED"))
+
             error: BaseException | None = None
             try:
                 reflect(
-                    rest, registrations_path(), stop=stop, on_page=on_page,
-                    on_event=lambda event_type, body: handoff(
-                        lambda: self.inputs.on_registration(body, deleted=event_type == "DELETED")
-                    ),
-                    what="registrations",
+                    rest, registrations_path(namespace), stop=stop, on_page=on_page, on_event=on_event,
+                    what=f"registrations in {namespace}" if namespace else "registrations",
                 )  # fmt: skip
             except BaseException as exc:  # a bug: the loop's failure stops the operator
                 error = exc
             with contextlib.suppress(RuntimeError):  # the loop is closed: the process is stopping
                 loop.call_soon_threadsafe(end, error)
 
-        threading.Thread(target=run, name="watch-registrations", daemon=True).start()
+        for namespace in watch_scopes(patterns):
+            threading.Thread(
+                target=run, args=(namespace,), name=f"watch-registrations-{namespace or 'all'}", daemon=True
+            ).start()
         try:
             await ended
         finally:
@@ -265,3 +277,17 @@ class Operator:
 
     def close(self) -> None:
         self.kube.close()
+
+
+def watch_scopes(patterns: tuple[str, ...]) -> tuple[str | None, ...]:
+    """The registration watches that serve `patterns`: one per namespace when every pattern names
+    one exactly (a namespaced operator needs no cluster-wide read), else one of every namespace
+    (None), filtered by `serves`: a glob can match a namespace created later."""
+    if not patterns or any(ch in p for p in patterns for ch in "*?["):
+        return (None,)
+    return tuple(sorted(set(patterns)))
+
+
+def serves(patterns: tuple[str, ...], namespace: str) -> bool:
+    """Whether an operator serving `patterns` (exact names or globs; none: all) serves `namespace`."""
+    return not patterns or any(fnmatch.fnmatchcase(namespace, p) for p in patterns)

@@ -46,7 +46,7 @@ class WatchInputs:
         self.gauge = gauge
         self.clock = clock
         self.on_deleted = on_deleted
-        self._listed: set[Key] = set()
+        self._listed: dict[str | None, set[Key]] = {}
 
     def on_registration(self, body: dict[str, Any], *, deleted: bool) -> None:
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
@@ -75,24 +75,36 @@ class WatchInputs:
     def _peers(self, key: Key) -> set[Key]:
         return {(p.namespace or "", p.name or "") for p in self.world.peers_of(key)}
 
-    def on_list_page(self, items: list[dict[str, Any]], *, first: bool, last: bool, resource_version: str) -> None:
-        """One page of a (re)list of every registration. After the last, a cached registration the
-        list did not hold was deleted while no watch ran (unless its cached body is newer than the
-        list: a write of the operator's own answered after the list's snapshot)."""
+    def on_list_page(
+        self,
+        items: list[dict[str, Any]],
+        *,
+        first: bool,
+        last: bool,
+        resource_version: str,
+        namespace: str | None = None,
+    ) -> None:
+        """One page of a (re)list of the registrations of `namespace` (None: of every namespace
+        served). After the last, a cached registration of that scope the list did not hold was
+        deleted while no watch ran (unless its cached body is newer than the list: a write of the
+        operator's own answered after the list's snapshot). Each scope's relist is its own: one
+        watch per namespace relists on its own schedule."""
         if first:
-            self._listed = set()
+            self._listed[namespace] = set()
+        listed = self._listed.setdefault(namespace, set())
         for body in items:
-            self._listed.add(model.key_of(body))
+            listed.add(model.key_of(body))
             self.on_registration(body, deleted=False)
         if not last:
             return
+        del self._listed[namespace]
         listed_at = int(resource_version) if resource_version.isdigit() else -1
+        scope = self.world.bodies if namespace is None else self.world.keys_in_namespace(namespace)
         gone = [
             (key, self.world.parsed[key])
-            for key, body in self.world.bodies.items()
-            if key not in self._listed and resource_version_number(body) <= listed_at
+            for key in scope
+            if key not in listed and resource_version_number(self.world.bodies[key]) <= listed_at
         ]
-        self._listed = set()
         for key, seen_last in gone:
             self._deleted(key, seen_last)
 

@@ -230,7 +230,12 @@ def _finite(param: click.Parameter, value: float) -> float:
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--kubeconfig", type=click.Path(exists=True, dir_okay=False), default=None)
-@click.option("--namespace", "namespaces", multiple=True, help="Serve only these namespaces (repeatable; globs).")
+@click.option(
+    "--namespace",
+    "namespaces",
+    multiple=True,
+    help="Serve only the registrations of these namespaces (repeatable; a glob such as team-* watches every namespace and keeps the matching ones).",
+)
 @click.option("--all-namespaces", "-A", is_flag=True, help="Serve every namespace (the default without --namespace).")
 @click.option("--metrics-port", type=int, default=None, help="Serve /metrics and /healthz on this port.")
 @click.option(
@@ -374,6 +379,7 @@ def main(
         event_burst=event_burst,
         event_window_seconds=event_window_seconds,
         system_namespace=system_namespace,
+        namespaces=() if all_namespaces else namespaces,
         leader_election=election,
         leader_identity=leader_elect_identity or default_identity(),
     )

@@ -25,6 +25,8 @@ class OperatorSettings:
     error_backoff: tuple[float, ...] = (1, 2, 4, 8, 16, 30, 60)
     """Delays before retrying a registration whose reconcile failed unexpectedly (never a hot loop)."""
     system_namespace: str = api.SYSTEM_NAMESPACE
+    namespaces: tuple[str, ...] = ()
+    """The namespaces whose registrations this operator serves (exact names or globs); none: all."""
     event_posters: int = 2
     """Concurrent Event writers; Events are posted off the reconcile path (a retirement's worker
     moves on once the compare-and-swap write has landed)."""
