@@ -24,10 +24,14 @@ RESULTS = BENCH / "results"
 #: Each benchmark's arguments at its smallest size ("{out}": the output directory). Scripts of
 #: bench/ that are not benchmarks: this driver and report.py (it renders the recorded results).
 BENCHMARKS: dict[str, list[str]] = {
-    "sim": ["--trials", "2000", "--chunk", "1000", "--out", "{out}/sim.json"],
+    "sim": ["--trials", "400", "--chunk", "200", "--no-mutants", "--out", "{out}/sim.json"],
     "faults": ["--trials", "2", "--seed", "1", "--lanes", "1", "--out", "{out}/faults.json"],
     "attestation": ["--workers", "40", "--kills", "10", "--name", "quick-attestation"],
-    "latency": ["--workers", "40", "--kills", "10", "--nodes", "2", "--kill-window", "5", "--name", "quick-latency"],
+    "latency": [
+        "--workers", "40", "--kills", "10", "--nodes", "2", "--kill-window", "5", "--absence-confirm-seconds", "2",
+        "--heartbeat-seconds", "2", "--ttl", "6", "--sweep-seconds", "2", "--resync-seconds", "2",
+        "--name", "quick-latency",
+    ],
     "massdeath": [
         "--workers", "60", "--killed", "40", "--nodes", "2", "--lost-nodes", "1", "--timeout", "180",
         "--name", "quick-massdeath",

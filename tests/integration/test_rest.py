@@ -18,6 +18,7 @@ from kubernetes import client as k8s
 from coroner.client import rest as rest_mod
 from coroner.client.rest import ApiError, Rest, registrations_path
 from coroner.core import api, wire
+from coroner.runtime.watch import reflect
 from coroner_agent.kube import AgentApi
 from coroner_dev.devcluster.cluster import Cluster
 from support import components, kube
@@ -165,6 +166,59 @@ def test_the_agent_api_lists_watches_and_attests_its_own_nodes_registrations(
     assert lease.metadata.annotations[api.AGENT_LEASE_BOOT_ID] == "b"
     assert lease.metadata.annotations[api.AGENT_LEASE_HOST_ID] == "h"
     assert agent.get_registration(namespace, "absent") is None
+
+
+class Recording(Rest):
+    """The real client, noting each LIST and each watch query it sends."""
+
+    def __init__(self, inner: Rest) -> None:
+        self.__dict__.update(inner.__dict__)
+        self.lists: list[dict[str, Any]] = []
+        self.watches: list[dict[str, Any]] = []
+
+    def request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        if method == "GET":
+            self.lists.append(dict(kwargs.get("query") or {}))
+        return super().request(method, path, **kwargs)
+
+    def watch(self, path: str, *, query: dict[str, Any], timeout_seconds: int) -> Any:
+        self.watches.append(dict(query))
+        return super().watch(path, query=query, timeout_seconds=timeout_seconds)
+
+
+def test_the_api_server_serves_the_watch_a_streaming_list_in_pages_then_its_events(
+    coroner_api: Cluster, admin: k8s.ApiClient, namespace: str
+) -> None:
+    """The collection arrives as a streaming list (no LIST request at all), in pages, and the same
+    stream goes on as the watch."""
+    components.install(coroner_api, grant=False)
+    for i in range(5):
+        kube.create_registration(admin, namespace, kube.registration_body(name=f"w{i}", node="n"))
+    client = Recording(Rest.from_kubeconfig(coroner_api.kubeconfig))
+    pages: list[tuple[list[str], bool, bool]] = []
+    events: list[tuple[str, str]] = []
+    stop = threading.Event()
+    watcher = threading.Thread(
+        target=reflect,
+        args=(client, registrations_path(namespace)),
+        kwargs={
+            "stop": stop, "page_limit": 2, "timeout_seconds": 30,
+            "on_page": lambda items, first, last, _: pages.append(([i["metadata"]["name"] for i in items], first, last)),
+            "on_event": lambda event_type, obj: events.append((event_type, obj["metadata"]["name"])),
+        },
+    )  # fmt: skip
+    watcher.start()
+    try:
+        kube.wait_for(lambda: pages and pages[-1][2], timeout=15, what="the streaming list's last page")
+        kube.create_registration(admin, namespace, kube.registration_body(name="later", node="n"))
+        kube.wait_for(lambda: ("ADDED", "later") in events, timeout=15, what="the watch event after the list")
+    finally:
+        stop.set()
+        watcher.join(timeout=40)
+    assert [len(names) for names, _, _ in pages] == [2, 2, 1]
+    assert sorted(n for names, _, _ in pages for n in names) == [f"w{i}" for i in range(5)]
+    assert [(first, last) for _, first, last in pages] == [(True, False), (False, False), (False, True)]
+    assert client.lists == [] and len(client.watches) == 1 and client.watches[0]["sendInitialEvents"]
 
 
 def test_a_stale_attestation_never_lands_on_a_registration_created_again_under_its_name(

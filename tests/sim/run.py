@@ -228,7 +228,11 @@ def parallel(
         return deadline is not None and time.perf_counter() > deadline
 
     try:
-        if jobs == 1:
+        if not tasks:
+            # Nothing left (a finished run resumed): no pool. A pool terminated as soon as it had
+            # started hung once, past the test's timeout, in a process that had run other tests.
+            pass
+        elif jobs == 1:
             for task in tasks:
                 if finished(*_chunk(task)):
                     break

@@ -24,6 +24,7 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
+from rich.text import Text
 
 from coroner.cli import doctor, options, plan, render, session
 from coroner.cli.commands import completion
@@ -1091,6 +1092,39 @@ class TestOutputs:
             doctor.failed("node-loss", "x", objects=("node/x",)),
         ]
         assert render.doctor_names(checks) == ["node/x", "node/y"]
+
+    def test_a_table_lines_up_its_columns_and_folds_its_detail_within_the_width(self) -> None:
+        columns = [render.Column("NAME"), render.Column("PID", right=True), render.Column("DETAIL", fold=True)]
+        rows = [[("a", None), ("7", None), ("short", None)], [("long-name", None), ("12345", "red"), ("x " * 12, None)]]
+        narrow = io.StringIO()
+        render.print_table(Console(file=narrow, width=40, color_system=None), title="T", columns=columns, rows=rows)
+        assert narrow.getvalue().splitlines() == [
+            "T",
+            " NAME         PID  DETAIL",
+            " " + "─" * 39,
+            " a              7  short",
+            " long-name  12345  x x x x x x x x x x x",
+            "                   x",
+        ]
+
+    def test_control_characters_in_object_text_are_shown_not_sent_to_the_terminal(self) -> None:
+        columns = [render.Column("NAME"), render.Column("DETAIL", fold=True)]
+        text = rendered(
+            lambda c: render.print_table(c, title="T", columns=columns, rows=[[("a", None), ("x\x1b[2J\ry", None)]])
+        )
+        assert "x?[2J?y" in text and "\x1b" not in text and "\r" not in text
+
+    @given(st.lists(st.tuples(st.text(min_size=1, max_size=12), st.text(max_size=80)), max_size=6))
+    @settings(max_examples=50, deadline=None)
+    def test_a_table_styled_for_a_terminal_says_what_the_plain_one_says(self, cells: list[tuple[str, str]]) -> None:
+        columns = [render.Column("NAME"), render.Column("DETAIL", fold=True)]
+        rows = [[(name, "bold green"), (detail, None)] for name, detail in cells]
+        plain, styled = io.StringIO(), io.StringIO()
+        render.print_table(Console(file=plain, width=60, color_system=None), title="T", columns=columns, rows=rows)
+        terminal = Console(file=styled, width=60, force_terminal=True, color_system="standard")
+        render.print_table(terminal, title="T", columns=columns, rows=rows)
+        assert "\x1b[" in styled.getvalue()
+        assert Text.from_ansi(styled.getvalue()).plain.rstrip("\n") == plain.getvalue().rstrip("\n")
 
     def test_wide_adds_columns(self) -> None:
         result = planned([worker("a")])

@@ -16,7 +16,7 @@ from coroner.client.rest import ApiError
 from coroner.core import api
 from coroner.core.decision import Policy
 from coroner.core.world import World
-from coroner.runtime.watch import Handoff, reflect
+from coroner.runtime.watch import INITIAL_EVENTS_END, Handoff, reflect
 from coroner_operator.app import Operator, serves, watch_scopes
 from coroner_operator.metrics import Metrics
 from coroner_operator.settings import OperatorSettings
@@ -31,13 +31,18 @@ def obj(name: str, rv: int) -> dict[str, Any]:
 
 class Server:
     """Lists `objects` two a page at resourceVersion `rv`; each watch plays the next script (a list
-    of events, or an exception raised when the watch is opened); the last one stops the reflector."""
+    of events, or an exception raised when the watch is opened); the last one stops the reflector.
+    With `streaming`, a watch with sendInitialEvents first sends `objects` and the end bookmark
+    (without, it is refused as a server without streaming lists refuses it)."""
 
     def __init__(self, objects: list[dict[str, Any]], rv: int, scripts: list[Any], stop: threading.Event) -> None:
         self.objects, self.rv, self.scripts, self.stop = objects, rv, list(scripts), stop
         self.lists: list[dict[str, Any]] = []
         self.watches: list[dict[str, Any]] = []
         self.fail_list_page: int | None = None
+        self.streaming = False
+        self.cut_stream = False
+        self.streams: list[dict[str, Any]] = []
 
     def request(self, method: str, path: str, *, query: dict[str, Any], timeout: float) -> dict[str, Any]:
         self.lists.append(dict(query))
@@ -52,7 +57,19 @@ class Server:
         return {"items": self.objects[start:end], "metadata": meta}
 
     def watch(self, path: str, *, query: dict[str, Any], timeout_seconds: int) -> Iterator[dict[str, Any]]:
-        self.watches.append(dict(query))
+        if query.get("sendInitialEvents"):
+            self.streams.append(dict(query))
+            if not self.streaming:  # what a server without streaming lists answers
+                raise ApiError(422, "Invalid", "sendInitialEvents is forbidden for watch")
+            for o in self.objects:
+                yield {"type": "ADDED", "object": o}
+            if self.cut_stream:
+                self.cut_stream = False
+                return
+            end = {"metadata": {"resourceVersion": str(self.rv), "annotations": {INITIAL_EVENTS_END: "true"}}}
+            yield {"type": "BOOKMARK", "object": end}
+        else:
+            self.watches.append(dict(query))
         script = self.scripts.pop(0)
         if isinstance(script, BaseException):
             self.stop.set() if not self.scripts else None
@@ -142,6 +159,55 @@ def test_a_list_cut_midway_is_started_again_from_its_first_page() -> None:
         ("page", ["c"], False, True, "10"),
     ]
     assert errors == [("list", "ConnectionResetError")]
+
+
+def test_a_streaming_list_is_handed_over_in_pages_and_its_stream_goes_on_as_the_watch() -> None:
+    record = Record()
+    stop = RecordingStop(record)
+    server = Server([obj("a", 1), obj("b", 2), obj("c", 3)], 10, [[{"type": "DELETED", "object": obj("b", 13)}]], stop)
+    server.streaming = True
+    server.scripts.insert(0, [{"type": "MODIFIED", "object": obj("a", 11)}])  # the stream's own, after the end
+    run(server, record)
+    assert record.calls == [
+        ("page", ["a", "b"], True, False, "2"),
+        ("page", ["c"], False, True, "10"),
+        ("MODIFIED", "a"),
+        ("DELETED", "b"),
+    ]
+    assert server.lists == []  # no LIST at all
+    (stream,) = server.streams
+    assert stream["resourceVersionMatch"] == "NotOlderThan" and stream["allowWatchBookmarks"]
+    assert stream["labelSelector"] == "a=b"
+    assert [w["resourceVersion"] for w in server.watches] == ["11"]  # after the stream ended, from where it was
+
+
+def test_a_server_without_streaming_lists_is_listed_page_by_page_at_once_and_not_asked_again() -> None:
+    record = Record()
+    stop = RecordingStop(record)
+    gone = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired"}}
+    server = Server([obj("a", 1)], 10, [[gone], []], stop)
+    errors: list[tuple[str, str]] = []
+    run(server, record, errors)
+    assert len(server.streams) == 1 and len(server.lists) == 2
+    assert errors == [] and record.waits == []
+
+
+def test_a_streaming_list_that_outlasts_its_watch_is_listed_page_by_page_from_then_on() -> None:
+    record = Record()
+    stop = RecordingStop(record)
+    server = Server([obj("a", 1), obj("b", 2), obj("c", 3)], 10, [[]], stop)
+    server.streaming = server.cut_stream = True  # the server ends the stream before the end marker
+    errors: list[tuple[str, str]] = []
+    run(server, record, errors)
+    pages = [c for c in record.calls if c[0] == "page"]
+    # The cut list's first page was handed over; the next list starts again from a first page.
+    assert pages == [
+        ("page", ["a", "b"], True, False, "2"),
+        ("page", ["a", "b"], True, False, "10"),
+        ("page", ["c"], False, True, "10"),
+    ]
+    assert len(server.streams) == 1 and len(server.lists) == 2
+    assert errors == [] and record.waits == []
 
 
 def test_an_error_status_is_reported_with_the_call_that_met_it() -> None:

@@ -1,4 +1,4 @@
-"""Every output of ``kubectl coroner``: the rich tables, and the JSON / YAML documents.
+"""Every output of ``kubectl coroner``: the tables, and the JSON / YAML documents.
 
 The pure modules (`coroner.cli.plan`, `coroner.cli.doctor`) decide; this module only shows what
 they decided. Tables go to a `rich.console.Console` (`console()`); documents are plain dicts that
@@ -8,20 +8,20 @@ they decided. Tables go to a `rich.console.Console` (`console()`); documents are
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import enum
 import json
 import os
 import sys
+import textwrap
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 import click
 import rich.progress
 import yaml
-from rich import box
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from coroner.cli.doctor import Check, CheckStatus, doctor_exit_code
@@ -211,6 +211,85 @@ def dump(document: Mapping[str, Any], *, output: str) -> str:
     return json.dumps(document, indent=2, default=str) + "\n"
 
 
+#: A cell: its text and its rich style (None: plain).
+Cell = tuple[str, str | None]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Column:
+    header: str
+    right: bool = False
+    """Right-justified (numbers)."""
+    fold: bool = False
+    """Wraps its cells: at `max_width` if given, else within what the console's width leaves (at
+    least 20 columns; one such column, the last)."""
+    max_width: int | None = None
+
+
+#: Control characters in object text are shown as "?": printed raw they would move a terminal's
+#: cursor or rewrite what it shows (rich drops them, which would hide that they were there).
+_CONTROL: Final = dict.fromkeys([*range(32), 127], "?")
+
+#: Lines handed to the console at once.
+_LINES_PER_PRINT: Final = 1000
+
+
+def print_table(console: Console, *, title: str, columns: Sequence[Column], rows: Iterable[Sequence[Cell]]) -> None:
+    """One table in kubectl's layout: the title, the header, a rule, a line per row (more where a
+    cell folds); each column as wide as its widest cell, two spaces apart. Laid out here and printed
+    a thousand lines at a time: rich lays a `Table` out cell by cell (about 1 ms a row), and a plan
+    of 150,000 registrations would take minutes and gigabytes to print."""
+    rows = [[(value.translate(_CONTROL), style) for value, style in row] for row in rows]
+    widths = [max([len(column.header)] + [len(row[i][0]) for row in rows]) for i, column in enumerate(columns)]
+    for i, column in enumerate(columns):
+        if column.max_width is not None:
+            widths[i] = min(widths[i], column.max_width)
+        elif column.fold:
+            room = console.width - sum(w + 2 for j, w in enumerate(widths) if j != i) - 1
+            widths[i] = min(widths[i], max(20, room))
+
+    def line(cells: Sequence[Cell]) -> list[Cell]:
+        pieces: list[Cell] = [(" ", None)]
+        for i, (value, style) in enumerate(cells):
+            pad = " " * (widths[i] - len(value))
+            if columns[i].right:
+                pieces.append((pad, None))
+            pieces.append((value, style))
+            if i < len(cells) - 1:
+                pieces.append((("" if columns[i].right else pad) + "  ", None))
+        return pieces
+
+    def lines_of(row: Sequence[Cell]) -> Iterator[list[Cell]]:
+        folded = [_fold(value, widths[i]) if columns[i].fold else [value] for i, (value, _) in enumerate(row)]
+        for n in range(max(len(parts) for parts in folded)):
+            yield line([(parts[n] if n < len(parts) else "", row[i][1]) for i, parts in enumerate(folded)])
+
+    def flush(lines: list[list[Cell]]) -> None:
+        if console.color_system is None:  # nothing to style (a pipe, a file): the text as it is
+            console.file.write("".join(value for pieces in lines for value, _ in (*pieces, ("\n", None))))
+        else:
+            styled = (Text.assemble(*((value, style or "") for value, style in pieces)) for pieces in lines)
+            console.print(Text("\n").join(styled), soft_wrap=True)
+
+    head = line([(column.header, "bold") for column in columns])
+    rule: list[Cell] = [(" " + "─" * (sum(w + 2 for w in widths) - 2), None)]
+    batch: list[list[Cell]] = [[(title, "italic")], head, rule]
+    for row in rows:
+        batch.extend(lines_of(row))
+        if len(batch) >= _LINES_PER_PRINT:
+            flush(batch)
+            batch = []
+    if batch:
+        flush(batch)
+
+
+def _fold(value: str, width: int) -> list[str]:
+    """`value` in lines of at most `width`: wrapped between words, a word longer than that cut."""
+    if len(value) <= width:
+        return [value]
+    return textwrap.wrap(value, width, break_on_hyphens=False) or [""]
+
+
 _REASON_STYLE: Final = {Reason.ELIGIBLE_STALE_ORPHAN: "bold green", Reason.ALREADY_TERMINAL: "dim"}
 _OUTCOME_STYLE: Final = {
     RowOutcome.RETIRED: "bold green",
@@ -233,42 +312,35 @@ def render_plan(
     scope = "all namespaces" if namespace is None else f"namespace {namespace}"
     if policy is not None:
         console.print(Text(policy.describe()), soft_wrap=True)
-    table = Table(title=Text(f"Coroner plan: {scope}"), box=box.SIMPLE_HEAD, title_justify="left")
-    if namespace is None:
-        table.add_column("NAMESPACE", no_wrap=True)
-    table.add_column("NAME", no_wrap=True)
-    table.add_column("NODE", no_wrap=True)
-    table.add_column("PID", justify="right", no_wrap=True)
-    table.add_column("VERDICT", no_wrap=True)
-    table.add_column("REASON", no_wrap=True)
+    columns = [Column("NAMESPACE")] if namespace is None else []
+    columns += [Column("NAME"), Column("NODE"), Column("PID", right=True), Column("VERDICT"), Column("REASON")]
     if wide:
-        table.add_column("UID", no_wrap=True)
-        table.add_column("EVIDENCE", no_wrap=True)
-        table.add_column("DEATH EVIDENCE", no_wrap=True)
-    table.add_column("DETAIL", overflow="fold", ratio=1, min_width=20)
-    for entry in plan.entries:
+        columns += [Column("UID"), Column("EVIDENCE"), Column("DEATH EVIDENCE")]
+    columns.append(Column("DETAIL", fold=True))
+
+    def row(entry: PlanEntry) -> list[Cell]:
         registration = entry.registration
         reason = entry.decision.reason
         attestation = registration.attestation
-        cells = [
-            Text(registration.name or "?"),
-            Text(registration.node_name or "?"),
-            Text("?" if registration.incarnation.pid is None else str(registration.incarnation.pid)),
-            Text(entry.row.verdict or "-"),
-            Text(reason.value, style=_REASON_STYLE.get(reason, "yellow")),
+        cells: list[Cell] = [(registration.namespace or "?", None)] if namespace is None else []
+        cells += [
+            (registration.name or "?", None),
+            (registration.node_name or "?", None),
+            ("?" if registration.incarnation.pid is None else str(registration.incarnation.pid), None),
+            (entry.row.verdict or "-", None),
+            (reason.value, _REASON_STYLE.get(reason, "yellow")),
         ]
         if wide:
             cells += [
-                Text(registration.uid or "?"),
-                Text("-" if attestation is None or attestation.evidence is None else str(attestation.evidence)),
-                Text(entry.row.death_evidence or "-"),
+                (registration.uid or "?", None),
+                ("-" if attestation is None or attestation.evidence is None else str(attestation.evidence), None),
+                (entry.row.death_evidence or "-", None),
             ]
-        cells.append(Text(entry.decision.detail))
-        if namespace is None:
-            cells.insert(0, Text(registration.namespace or "?"))
-        table.add_row(*cells)
+        cells.append((entry.decision.detail, None))
+        return cells
+
     if plan.entries:
-        console.print(table)
+        print_table(console, title=f"Coroner plan: {scope}", columns=columns, rows=map(row, plan.entries))
     else:
         console.print(Text(f"No WorkerRegistrations in {scope}."))
     counted = [f"{reason.value} {count}" for reason, count in plan.counts.items() if count]
@@ -312,27 +384,25 @@ def render_apply(
         title = "Coroner apply: nothing left to retire"
     else:
         title = f"Coroner apply as {retired_by}"
-    table = Table(title=Text(title), box=box.SIMPLE_HEAD, title_justify="left")
-    table.add_column("NAMESPACE", no_wrap=True)
-    table.add_column("NAME", no_wrap=True)
-    table.add_column("NODE", no_wrap=True)
-    table.add_column("PID", justify="right", no_wrap=True)
-    table.add_column("OUTCOME", no_wrap=True)
+    columns = [Column("NAMESPACE"), Column("NAME"), Column("NODE"), Column("PID", right=True), Column("OUTCOME")]
     if wide:
-        table.add_column("DEATH EVIDENCE", no_wrap=True)
-    table.add_column("DETAIL", overflow="fold", ratio=1, min_width=20)
-    for result in results:
-        cells = [
-            Text(result.key[0]),
-            Text(result.key[1]),
-            Text(result.node_name or "?"),
-            Text("?" if result.pid is None else str(result.pid)),
-            Text(result.outcome.value, style=_OUTCOME_STYLE.get(result.outcome, "bold red")),
+        columns.append(Column("DEATH EVIDENCE"))
+    columns.append(Column("DETAIL", fold=True))
+
+    def row(result: RowResult) -> list[Cell]:
+        cells: list[Cell] = [
+            (result.key[0], None),
+            (result.key[1], None),
+            (result.node_name or "?", None),
+            ("?" if result.pid is None else str(result.pid), None),
+            (result.outcome.value, _OUTCOME_STYLE.get(result.outcome, "bold red")),
         ]
         if wide:
-            cells.append(Text(result.evidence or "-"))
-        table.add_row(*cells, Text(result.detail))
-    console.print(table)
+            cells.append((result.evidence or "-", None))
+        cells.append((result.detail, None))
+        return cells
+
+    print_table(console, title=title, columns=columns, rows=map(row, results))
     if preview and any(result.outcome == RowOutcome.WOULD_RETIRE for result in results):
         console.print(Text("Nothing was changed. Run the same command with --yes to retire these rows."))
 
@@ -369,18 +439,19 @@ def render_doctor(
     """The human table of one doctor run; `wide` adds the objects each check names."""
     if policy is not None:
         console.print(Text(policy.describe()), soft_wrap=True)
-    table = Table(title=Text("Coroner doctor"), box=box.SIMPLE_HEAD, title_justify="left")
-    table.add_column("CHECK", no_wrap=True)
-    table.add_column("STATUS", no_wrap=True)
+    columns = [Column("CHECK"), Column("STATUS")]
     if wide:
-        table.add_column("OBJECTS", overflow="fold", max_width=60)
-    table.add_column("DETAIL", overflow="fold", ratio=1, min_width=20)
-    for check in checks:
-        cells = [Text(check.name), Text(check.status.value, style=_STATUS_STYLE[check.status])]
+        columns.append(Column("OBJECTS", fold=True, max_width=60))
+    columns.append(Column("DETAIL", fold=True))
+
+    def row(check: Check) -> list[Cell]:
+        cells: list[Cell] = [(check.name, None), (check.status.value, _STATUS_STYLE[check.status])]
         if wide:
-            cells.append(Text(" ".join(check.objects) or "-"))
-        table.add_row(*cells, Text(check.summary))
-    console.print(table)
+            cells.append((" ".join(check.objects) or "-", None))
+        cells.append((check.summary, None))
+        return cells
+
+    print_table(console, title="Coroner doctor", columns=columns, rows=map(row, checks))
 
 
 def _plain(value: object) -> object:

@@ -1,8 +1,11 @@
 """List-then-watch of one collection (client-go's reflector), for the processes that cache it: the
 operator (every registration) and the agent (its node's).
 
-`reflect` runs in a thread of its own: it lists the collection page by page, then watches from
-the list's resourceVersion (with bookmarks, so a quiet watch still moves it), re-watches when the
+`reflect` runs in a thread of its own: it lists the collection, then watches from the list's
+resourceVersion (with bookmarks, so a quiet watch still moves it). The list is a streaming list
+where the API server serves one (client-go's WatchList: a watch that starts with every object from
+the server's watch cache and goes on as the watch; measured at 30,000 registrations: 2.2-2.4 s
+against 3.0-3.7 s for a paged LIST), else a LIST of 500 a page. It re-watches when the
 server ends a stream, and lists again after a 410 or any failure, after a decorrelated-jitter
 backoff (0.5 s up to 30 s: after an API server restart the watchers of a cluster relist spread
 out, not in lockstep). It decides nothing: each page and each event goes to its caller's callbacks,
@@ -16,7 +19,7 @@ import json
 import logging
 import random
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from coroner.client.rest import ApiError, Rest, list_pages
@@ -26,6 +29,9 @@ logger = logging.getLogger("coroner.watch")
 
 #: Objects per LIST page: a collection of 150,000 is never one response held decoded at once.
 PAGE_LIMIT = 500
+
+#: The annotation on the bookmark that ends a streaming list's initial events.
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 
 
 def reflect(
@@ -50,25 +56,28 @@ def reflect(
     after it. A failed list or watch is reported to `on_error` ("list" or "watch", the error)."""
     rng = rng or random.Random()
     backoff: float | None = None
+    lister = _Lister(rest, path, query=query, page_limit=page_limit, timeout_seconds=timeout_seconds, what=what)
     while not stop.is_set():
         call = "list"
         try:
-            resource_version = _list(rest, path, query=query, page_limit=page_limit, on_page=on_page, stop=stop)
-            if resource_version is None:
+            listed = lister.list(on_page=on_page, stop=stop)
+            if listed is None:
                 return
+            resource_version, events = listed
             backoff = None
             call = "watch"
             while not stop.is_set():
-                watch_query = {**(query or {}), "resourceVersion": resource_version, "allowWatchBookmarks": True}
-                for event in rest.watch(path, query=watch_query, timeout_seconds=timeout_seconds):
+                if events is None:
+                    watch_query = {**(query or {}), "resourceVersion": resource_version, "allowWatchBookmarks": True}
+                    events = rest.watch(path, query=watch_query, timeout_seconds=timeout_seconds)
+                for event in events:
                     if stop.is_set():
                         return
-                    obj = event.get("object") or {}
-                    if event.get("type") == "ERROR":
-                        raise ApiError(int(obj.get("code") or 500), str(obj.get("reason") or ""), json.dumps(obj))
+                    obj = _object(event)
                     resource_version = str((obj.get("metadata") or {}).get("resourceVersion") or resource_version)
                     if event.get("type") != "BOOKMARK":
                         on_event(str(event.get("type")), obj)
+                events = None
         except ApiError as exc:
             if exc.status == 410:  # the watch fell behind the server's history: list again at once
                 continue
@@ -83,6 +92,48 @@ def reflect(
             backoff = decorrelated_jitter(rng, base=0.5, cap=30.0, previous=backoff)
             logger.warning("%s failed %s error=%r; relisting in %.1fs", call, what, exc, backoff)
             stop.wait(backoff)
+
+
+class _Lister:
+    """A reflector's (re)list: streaming while the server serves streaming lists, else paged."""
+
+    def __init__(
+        self,
+        rest: Rest,
+        path: str,
+        *,
+        query: Mapping[str, Any] | None,
+        page_limit: int,
+        timeout_seconds: int,
+        what: str,
+    ) -> None:
+        self.rest, self.path, self.query, self.what = rest, path, query, what
+        self.page_limit, self.timeout_seconds = page_limit, timeout_seconds
+        self.streaming = True
+
+    def list(
+        self, *, on_page: Callable[[list[dict[str, Any]], bool, bool, str], None], stop: threading.Event
+    ) -> tuple[str, Iterator[dict[str, Any]] | None] | None:
+        """The list's resourceVersion and, for a streaming list, its stream (which goes on as the
+        watch); None if stopped midway."""
+        if self.streaming:
+            try:
+                return _stream_list(
+                    self.rest, self.path, query=self.query, page_limit=self.page_limit, on_page=on_page, stop=stop,
+                    timeout_seconds=self.timeout_seconds,
+                )  # fmt: skip
+            except IncompleteList:
+                logger.warning("a streaming list of %s outlasted its watch; listing page by page", self.what)
+                self.streaming = False
+            except ApiError as exc:
+                if exc.status not in (400, 422):
+                    raise
+                logger.info(
+                    "the API server refuses streaming lists (%s): listing %s page by page", exc.status, self.what
+                )
+                self.streaming = False
+        paged = _list(self.rest, self.path, query=self.query, page_limit=self.page_limit, on_page=on_page, stop=stop)
+        return None if paged is None else (paged, None)
 
 
 def _list(
@@ -104,6 +155,62 @@ def _list(
         on_page(list(page.get("items") or []), first, not metadata.get("continue"), resource_version)
         first = False
     return resource_version
+
+
+def _stream_list(
+    rest: Rest,
+    path: str,
+    *,
+    query: Mapping[str, Any] | None,
+    page_limit: int,
+    on_page: Callable[[list[dict[str, Any]], bool, bool, str], None],
+    stop: threading.Event,
+    timeout_seconds: int,
+) -> tuple[str, Iterator[dict[str, Any]]] | None:
+    """One streaming list (a watch with `sendInitialEvents`: the API server sends the collection
+    from its watch cache as ADDED events, then a bookmark marking their end), handed over in pages
+    of `page_limit`; its resourceVersion and the same stream, which goes on as the watch (None if
+    stopped midway). A consistent read, like a paged LIST, but neither side holds a page of the
+    collection as one response, and the server neither reads etcd nor decodes each object again."""
+    watch_query = {
+        **(query or {}),
+        "sendInitialEvents": True,
+        "resourceVersionMatch": "NotOlderThan",
+        "allowWatchBookmarks": True,
+    }
+    events = rest.watch(path, query=watch_query, timeout_seconds=timeout_seconds)
+    page: list[dict[str, Any]] = []
+    first = True
+    for event in events:
+        if stop.is_set():
+            return None
+        obj = _object(event)
+        resource_version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+        if event.get("type") == "BOOKMARK":
+            if ((obj.get("metadata") or {}).get("annotations") or {}).get(INITIAL_EVENTS_END) == "true":
+                on_page(page, first, True, resource_version)
+                return resource_version, events
+            continue
+        if event.get("type") != "ADDED":  # only ADDED comes before the end of the initial events
+            raise ApiError(500, "UnexpectedEvent", f"{event.get('type')} before the end of a streaming list")
+        page.append(obj)
+        if len(page) == page_limit:
+            on_page(page, first, False, resource_version)
+            page, first = [], False
+    raise IncompleteList()
+
+
+class IncompleteList(Exception):
+    """The server ended a streaming list before its end marker: the collection took longer to
+    send than a watch may last (its timeoutSeconds), so it is listed page by page from then on."""
+
+
+def _object(event: dict[str, Any]) -> dict[str, Any]:
+    """A watch event's object; an ERROR event raises its status (410: the history moved on)."""
+    obj: dict[str, Any] = event.get("object") or {}
+    if event.get("type") == "ERROR":
+        raise ApiError(int(obj.get("code") or 500), str(obj.get("reason") or ""), json.dumps(obj))
+    return obj
 
 
 class Handoff:
