@@ -28,7 +28,7 @@ BENCHMARKS: dict[str, list[str]] = {
     "faults": ["--trials", "2", "--seed", "1", "--lanes", "1", "--out", "{out}/faults.json"],
     "attestation": ["--workers", "40", "--kills", "10", "--name", "quick-attestation"],
     "latency": [
-        "--workers", "40", "--kills", "10", "--nodes", "2", "--kill-window", "5", "--absence-confirm-seconds", "2",
+        "--workers", "40", "--kills", "10", "--nodes", "2", "--kill-window", "5",
         "--heartbeat-seconds", "2", "--ttl", "6", "--sweep-seconds", "2", "--resync-seconds", "2",
         "--name", "quick-latency",
     ],
