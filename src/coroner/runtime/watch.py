@@ -30,6 +30,10 @@ logger = logging.getLogger("coroner.watch")
 #: Objects per LIST page: a collection of 150,000 is never one response held decoded at once.
 PAGE_LIMIT = 500
 
+#: What gets each page of a list: its objects, whether it is the first, whether the last, and the
+#: resourceVersion (the list's snapshot on the last page).
+OnPage = Callable[[list[dict[str, Any]], bool, bool, str], None]
+
 #: The annotation on the bookmark that ends a streaming list's initial events.
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 
@@ -40,7 +44,7 @@ def reflect(
     *,
     query: Mapping[str, Any] | None = None,
     stop: threading.Event,
-    on_page: Callable[[list[dict[str, Any]], bool, bool, str], None],
+    on_page: OnPage,
     on_event: Callable[[str, dict[str, Any]], None],
     on_error: Callable[[str, BaseException], None] | None = None,
     rng: random.Random | None = None,
@@ -111,17 +115,12 @@ class _Lister:
         self.page_limit, self.timeout_seconds = page_limit, timeout_seconds
         self.streaming = True
 
-    def list(
-        self, *, on_page: Callable[[list[dict[str, Any]], bool, bool, str], None], stop: threading.Event
-    ) -> tuple[str, Iterator[dict[str, Any]] | None] | None:
+    def list(self, *, on_page: OnPage, stop: threading.Event) -> tuple[str, Iterator[dict[str, Any]] | None] | None:
         """The list's resourceVersion and, for a streaming list, its stream (which goes on as the
         watch); None if stopped midway."""
         if self.streaming:
             try:
-                return _stream_list(
-                    self.rest, self.path, query=self.query, page_limit=self.page_limit, on_page=on_page, stop=stop,
-                    timeout_seconds=self.timeout_seconds,
-                )  # fmt: skip
+                return self._streamed(on_page, stop)
             except IncompleteList:
                 logger.warning("a streaming list of %s outlasted its watch; listing page by page", self.what)
                 self.streaming = False
@@ -132,72 +131,53 @@ class _Lister:
                     "the API server refuses streaming lists (%s): listing %s page by page", exc.status, self.what
                 )
                 self.streaming = False
-        paged = _list(self.rest, self.path, query=self.query, page_limit=self.page_limit, on_page=on_page, stop=stop)
+        paged = self._paged(on_page, stop)
         return None if paged is None else (paged, None)
 
+    def _paged(self, on_page: OnPage, stop: threading.Event) -> str | None:
+        """One LIST, handed over page by page; its resourceVersion (None if stopped midway)."""
+        first, resource_version = True, ""
+        for page in list_pages(self.rest, self.path, query=self.query, limit=self.page_limit):
+            if stop.is_set():
+                return None
+            metadata = page.get("metadata") or {}
+            resource_version = str(metadata.get("resourceVersion") or "")
+            on_page(list(page.get("items") or []), first, not metadata.get("continue"), resource_version)
+            first = False
+        return resource_version
 
-def _list(
-    rest: Rest,
-    path: str,
-    *,
-    query: Mapping[str, Any] | None,
-    page_limit: int,
-    on_page: Callable[[list[dict[str, Any]], bool, bool, str], None],
-    stop: threading.Event,
-) -> str | None:
-    """One list, handed over page by page; its resourceVersion (None if stopped midway)."""
-    first, resource_version = True, ""
-    for page in list_pages(rest, path, query=query, limit=page_limit):
-        if stop.is_set():
-            return None
-        metadata = page.get("metadata") or {}
-        resource_version = str(metadata.get("resourceVersion") or "")
-        on_page(list(page.get("items") or []), first, not metadata.get("continue"), resource_version)
-        first = False
-    return resource_version
-
-
-def _stream_list(
-    rest: Rest,
-    path: str,
-    *,
-    query: Mapping[str, Any] | None,
-    page_limit: int,
-    on_page: Callable[[list[dict[str, Any]], bool, bool, str], None],
-    stop: threading.Event,
-    timeout_seconds: int,
-) -> tuple[str, Iterator[dict[str, Any]]] | None:
-    """One streaming list (a watch with `sendInitialEvents`: the API server sends the collection
-    from its watch cache as ADDED events, then a bookmark marking their end), handed over in pages
-    of `page_limit`; its resourceVersion and the same stream, which goes on as the watch (None if
-    stopped midway). A consistent read, like a paged LIST, but neither side holds a page of the
-    collection as one response, and the server neither reads etcd nor decodes each object again."""
-    watch_query = {
-        **(query or {}),
-        "sendInitialEvents": True,
-        "resourceVersionMatch": "NotOlderThan",
-        "allowWatchBookmarks": True,
-    }
-    events = rest.watch(path, query=watch_query, timeout_seconds=timeout_seconds)
-    page: list[dict[str, Any]] = []
-    first = True
-    for event in events:
-        if stop.is_set():
-            return None
-        obj = _object(event)
-        resource_version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
-        if event.get("type") == "BOOKMARK":
-            if ((obj.get("metadata") or {}).get("annotations") or {}).get(INITIAL_EVENTS_END) == "true":
-                on_page(page, first, True, resource_version)
-                return resource_version, events
-            continue
-        if event.get("type") != "ADDED":  # only ADDED comes before the end of the initial events
-            raise ApiError(500, "UnexpectedEvent", f"{event.get('type')} before the end of a streaming list")
-        page.append(obj)
-        if len(page) == page_limit:
-            on_page(page, first, False, resource_version)
-            page, first = [], False
-    raise IncompleteList()
+    def _streamed(self, on_page: OnPage, stop: threading.Event) -> tuple[str, Iterator[dict[str, Any]]] | None:
+        """One streaming list (a watch with `sendInitialEvents`: the API server sends the collection
+        from its watch cache as ADDED events, then a bookmark marking their end), handed over in
+        pages; its resourceVersion and the same stream, which goes on as the watch (None if stopped
+        midway). A consistent read, like a paged LIST, but neither side holds a page of the
+        collection as one response, and the server neither reads etcd nor decodes each object again."""
+        watch_query = {
+            **(self.query or {}),
+            "sendInitialEvents": True,
+            "resourceVersionMatch": "NotOlderThan",
+            "allowWatchBookmarks": True,
+        }
+        events = self.rest.watch(self.path, query=watch_query, timeout_seconds=self.timeout_seconds)
+        page: list[dict[str, Any]] = []
+        first = True
+        for event in events:
+            if stop.is_set():
+                return None
+            obj = _object(event)
+            resource_version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+            if event.get("type") == "BOOKMARK":
+                if ((obj.get("metadata") or {}).get("annotations") or {}).get(INITIAL_EVENTS_END) == "true":
+                    on_page(page, first, True, resource_version)
+                    return resource_version, events
+                continue
+            if event.get("type") != "ADDED":  # only ADDED comes before the end of the initial events
+                raise ApiError(500, "UnexpectedEvent", f"{event.get('type')} before the end of a streaming list")
+            page.append(obj)
+            if len(page) == self.page_limit:
+                on_page(page, first, False, resource_version)
+                page, first = [], False
+        raise IncompleteList()
 
 
 class IncompleteList(Exception):
