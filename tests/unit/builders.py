@@ -310,3 +310,22 @@ def shipped_admission_policies() -> list[dict[str, Any]]:
     """The admission policies and bindings, and the CRD, as manifests/base ships them: what the
     operator lists on a cluster whose policies are intact (a fresh copy each call)."""
     return copy.deepcopy(list(_shipped_admission_policies()))
+
+
+def make_operator(kube: object, *, settings: Any = None, identity: str = "unknown") -> Any:
+    """An `Operator` over the fake `kube`, with an empty World, the default policy and its own
+    metrics (`settings`: an `OperatorSettings`, default ones if None)."""
+    from coroner.core import api
+    from coroner.core.world import World
+    from coroner_operator.app import Operator
+    from coroner_operator.metrics import Metrics
+    from coroner_operator.settings import OperatorSettings
+
+    return Operator(
+        world=World(system_namespace=api.SYSTEM_NAMESPACE),
+        kube=kube,  # type: ignore[arg-type]
+        policy=Policy(),
+        metrics=Metrics(),
+        settings=settings or OperatorSettings(),
+        identity=identity,
+    )

@@ -18,7 +18,7 @@ from coroner.runtime.leader import ElectionConfig
 from coroner_operator.app import Operator
 from coroner_operator.metrics import Metrics
 from coroner_operator.settings import OperatorSettings
-from unit.builders import make_registration
+from unit.builders import make_operator, make_registration
 
 pytestmark = pytest.mark.unit
 
@@ -156,14 +156,7 @@ def test_many_registrations_space_the_sweeps_and_the_lease_allows_for_it() -> No
     """A sweep every --resync-seconds (60) up to 30,000 registrations; at 150,000 every 300 s (2 ms
     each), and the Lease written with it lasts three such intervals."""
     kube = RecordingKube()
-    operator = Operator(
-        world=World(system_namespace=api.SYSTEM_NAMESPACE),
-        kube=kube,  # type: ignore[arg-type]
-        policy=Policy(),
-        metrics=Metrics(),
-        settings=OperatorSettings(resync_seconds=60),
-        identity=USER,
-    )
+    operator = make_operator(kube, settings=OperatorSettings(resync_seconds=60), identity=USER)
     sweeper = operator.sweeper
 
     async def drained() -> None:

@@ -15,7 +15,7 @@ from coroner.core.world import World
 from coroner_operator.app import Operator
 from coroner_operator.metrics import Metrics
 from coroner_operator.settings import OperatorSettings
-from unit.builders import make_registration
+from unit.builders import make_operator, make_registration
 from unit.test_terminal_deletion import FakeKube
 
 pytestmark = pytest.mark.unit
@@ -36,13 +36,7 @@ class DeletedDuringReview(FakeKube):
 
 def test_a_registration_deleted_while_its_reconcile_awaits_is_not_decided() -> None:
     kube = DeletedDuringReview()
-    operator = Operator(
-        world=World(system_namespace=api.SYSTEM_NAMESPACE),
-        kube=kube,  # type: ignore[arg-type]
-        policy=Policy(),
-        metrics=Metrics(),
-        settings=OperatorSettings(),
-    )
+    operator = make_operator(kube)
     kube.world = operator.world
     operator.world.put_registration(make_registration(name="w1", uid="uid-w1"))
     result = asyncio.run(operator.reconciler.reconcile(("jobs", "w1")))

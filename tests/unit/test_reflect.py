@@ -13,14 +13,9 @@ from typing import Any
 import pytest
 
 from coroner.client.rest import ApiError
-from coroner.core import api
-from coroner.core.decision import Policy
-from coroner.core.world import World
 from coroner.runtime.watch import INITIAL_EVENTS_END, Handoff, reflect
 from coroner_operator.app import Operator, serves, watch_scopes
-from coroner_operator.metrics import Metrics
-from coroner_operator.settings import OperatorSettings
-from unit.builders import make_registration
+from unit.builders import make_operator, make_registration
 
 pytestmark = pytest.mark.unit
 
@@ -262,13 +257,8 @@ class NoKube:
 
 
 def operator() -> Operator:
-    return Operator(
-        world=World(system_namespace=api.SYSTEM_NAMESPACE),
-        kube=NoKube(),  # type: ignore[arg-type]
-        policy=Policy(),
-        metrics=Metrics(),
-        settings=OperatorSettings(),
-    )
+    operator: Operator = make_operator(NoKube())
+    return operator
 
 
 def registration(name: str, rv: int, namespace: str = "jobs") -> dict[str, Any]:
