@@ -230,8 +230,12 @@ class Operator:
                 ended.set_exception(error)
 
         def run(namespace: str | None) -> None:
+            # Only a watch of every namespace serving a glob sees what it does not serve.
+            filtered = namespace is None and bool(patterns)
+
             def on_page(items: list[dict[str, Any]], first: bool, last: bool, resource_version: str) -> None:
-                items = [body for body in items if serves(patterns, body["metadata"]["namespace"])]
+                if filtered:
+                    items = [body for body in items if serves(patterns, body["metadata"]["namespace"])]
                 handoff(
                     lambda: self.inputs.on_list_page(
                         items, first=first, last=last, resource_version=resource_version, namespace=namespace
@@ -239,7 +243,7 @@ class Operator:
                 )
 
             def on_event(event_type: str, body: dict[str, Any]) -> None:
-                if serves(patterns, body["metadata"]["namespace"]):
+                if not filtered or serves(patterns, body["metadata"]["namespace"]):
                     handoff(lambda: self.inputs.on_registration(body, deleted=event_type == "DELETED"))
 
             error: BaseException | None = None
