@@ -17,7 +17,7 @@ import datetime
 import json
 import os
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, NoReturn
 
 import click
@@ -31,7 +31,7 @@ from kubernetes.config import ConfigException
 from coroner.cli import plan as planning
 from coroner.core import api, kubewire
 from coroner.core.decision import Policy
-from coroner.core.world import without_managed_fields
+from coroner.core.world import World
 
 EXIT_OK: Final = 0
 EXIT_CHECK_FAILED: Final = 1
@@ -184,27 +184,24 @@ class Session:
                 f"cannot {what}: the API server at {self.server} answered with something not JSON."
             ) from None
 
-    def list_all(
-        self,
-        call: Callable[..., Any],
-        *args: Any,
-        what: str,
-        fix: str = "",
-        not_found: str = "",
-        each: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-    ) -> list[dict[str, Any]]:
-        """Every item of one LIST, page by page (one snapshot: the pages share a resourceVersion),
-        each passed through `each` as its page arrives (what a large list keeps of an item)."""
-        items: list[dict[str, Any]] = []
+    def pages(
+        self, call: Callable[..., Any], *args: Any, what: str, fix: str = "", not_found: str = ""
+    ) -> Iterator[list[dict[str, Any]]]:
+        """The items of one LIST, a page at a time (one snapshot: the pages share a resourceVersion)."""
         token: str | None = None
         while True:
             extra = {"_continue": token} if token else {}
             page = self.request(call, *args, what=what, fix=fix, not_found=not_found, limit=_PAGE, **extra)
-            listed = page.get("items") or []
-            items.extend(listed if each is None else map(each, listed))
+            yield page.get("items") or []
             token = (page.get("metadata") or {}).get("continue") or None
             if token is None:
-                return items
+                return
+
+    def list_all(
+        self, call: Callable[..., Any], *args: Any, what: str, fix: str = "", not_found: str = ""
+    ) -> list[dict[str, Any]]:
+        """Every item of one LIST."""
+        return [item for page in self.pages(call, *args, what=what, fix=fix, not_found=not_found) for item in page]
 
     def read(self, call: Callable[..., Any], *args: Any, what: str) -> Any:
         """For doctor: the body, None for 404, or `Unreadable` — only an unreachable cluster raises."""
@@ -233,35 +230,27 @@ class Session:
 
     # --- reads ---------------------------------------------------------------------------------
 
-    def list_registrations(self, *, namespace: str | None) -> list[dict[str, Any]]:
+    def cache_registrations(self, world: World, *, namespace: str | None) -> None:
+        """Puts every WorkerRegistration of `namespace` (None: every namespace) into `world` as its
+        LIST page arrives: a page's raw bodies go once the World holds its compact copy, so a large
+        cluster's registrations are never in memory twice (at 150,000 the raw bodies alone were
+        gigabytes)."""
         custom = k8s.CustomObjectsApi(self.client)
         where = "in every namespace" if namespace is None else f"in namespace {namespace}"
         not_installed = (
             f"the WorkerRegistration API (CustomResourceDefinition {api.CRD_NAME}) is not installed on the "
             f"cluster at {self.server}; install it with `kubectl apply -k manifests/overlays/plan-only`."
         )
-        if namespace is None:
-            return self.list_all(
-                custom.list_cluster_custom_object,
-                api.GROUP,
-                api.VERSION,
-                api.PLURAL,
-                what=f"list workerregistrations {where}",
-                fix=_VIEW_FIX,
-                not_found=not_installed,
-                each=without_managed_fields,
-            )
-        return self.list_all(
-            custom.list_namespaced_custom_object,
-            api.GROUP,
-            api.VERSION,
-            namespace,
-            api.PLURAL,
-            what=f"list workerregistrations {where}",
-            fix=_VIEW_FIX,
-            not_found=not_installed,
-            each=without_managed_fields,
+        call, args = (
+            (custom.list_cluster_custom_object, (api.GROUP, api.VERSION, api.PLURAL))
+            if namespace is None
+            else (custom.list_namespaced_custom_object, (api.GROUP, api.VERSION, namespace, api.PLURAL))
         )
+        for page in self.pages(
+            call, *args, what=f"list workerregistrations {where}", fix=_VIEW_FIX, not_found=not_installed
+        ):
+            for body in page:
+                world.put_registration(body)
 
     def list_leases(self, *, namespace: str | None) -> list[dict[str, Any]]:
         coordination = k8s.CoordinationV1Api(self.client)
@@ -355,13 +344,17 @@ def gather(
     namespace: str | None,
     system_namespace: str,
     permission: Callable[[str], bool | None],
+    intern: Callable[[str], str] | None = None,
 ) -> planning.Listing:
     """One LIST each of registrations, Leases and Nodes, and the retire permission per namespace.
 
-    For one namespace the Leases are two namespaced LISTs (that namespace's protecting Leases and
-    the system namespace's agent Leases): the same facts as a cluster-wide LIST, with less RBAC.
+    The registrations go into the listing's World as their pages arrive (`intern`: see
+    `World.intern`). For one namespace the Leases are two namespaced LISTs (that namespace's
+    protecting Leases and the system namespace's agent Leases): the same facts as a cluster-wide
+    LIST, with less RBAC.
     """
-    registrations = session.list_registrations(namespace=namespace)
+    listed = World(system_namespace=system_namespace, intern=intern)
+    session.cache_registrations(listed, namespace=namespace)
     if namespace is None:
         leases = session.list_leases(namespace=None)
     else:
@@ -369,13 +362,9 @@ def gather(
         if namespace != system_namespace:
             leases += session.list_leases(namespace=namespace)
     nodes = session.list_nodes()
-    namespaces = (
-        [namespace]
-        if namespace is not None
-        else sorted({str((body.get("metadata") or {}).get("namespace") or "") for body in registrations})
-    )
+    namespaces = [namespace] if namespace is not None else listed.namespaces()
     return planning.Listing(
-        registrations=registrations,
+        listed=listed,
         leases=leases,
         nodes=nodes,
         retire_permission={ns: permission(ns) for ns in namespaces},
@@ -393,9 +382,8 @@ def confirm_gone_nodes(
     if not policy.node_deletion_evidence:
         return listing
     listed = {str((node.get("metadata") or {}).get("name") or "") for node in listing.nodes}
-    named = {str((body.get("spec") or {}).get("nodeName") or "") for body in listing.registrations}
     gone: dict[str, datetime.datetime] = {}
-    for name in sorted(named - listed - {""}):
+    for name in sorted(planning.named_nodes(listing) - listed - {""}):
         found = session.read(k8s.CoreV1Api(session.client).read_node, name, what=f"get Node {name}")
         if found is None:
             gone[name] = now

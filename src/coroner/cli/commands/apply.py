@@ -160,6 +160,7 @@ def apply_command(
         namespace=scope,
         system_namespace=system_namespace,
         permission=lambda ns: session.can_retire(namespace=ns),
+        intern=sys.intern,
     )
     choice = listed_policy(
         listing, node_deletion_evidence=node_deletion_evidence, node_quarantine_seconds=node_quarantine_seconds
@@ -167,7 +168,7 @@ def apply_command(
     policy = choice.policy
     now = utcnow()
     listing = confirm_gone_nodes(session, listing, policy=policy, now=now)
-    world = planning.build_world(listing, intern=sys.intern)
+    world = planning.build_world(listing)
     plan = fingerprint.decide_all(world=world, policy=policy, now=now)
     if all_candidates:
         keys = (

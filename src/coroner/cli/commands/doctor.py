@@ -105,15 +105,15 @@ def doctor_command(
     plan: Plan | planning.Unreadable
     world: World | planning.Unreadable
     per_namespace: dict[str, bool | None] = {}
+    listed = World(system_namespace=system_namespace, intern=sys.intern)
     try:
-        registrations = session.list_registrations(namespace=None)
+        session.cache_registrations(listed, namespace=None)
     except PluginError as exc:
         if exc.unreachable:
             raise
         plan = world = planning.Unreadable(reason=exc.message)
     else:
-        namespaces = sorted({str((b.get("metadata") or {}).get("namespace") or "") for b in registrations})
-        for ns in namespaces:
+        for ns in listed.namespaces():
             if cluster_wide or operator_user is None:
                 per_namespace[ns] = cluster_wide
             else:
@@ -127,13 +127,13 @@ def doctor_command(
         else:
             # Decided with the operator's permission, so the counts are the operator's view.
             listing = planning.Listing(
-                registrations=registrations,
+                listed=listed,
                 leases=leases,
                 nodes=nodes,
                 retire_permission=per_namespace,
                 system_namespace=system_namespace,
             )
-            world = planning.build_world(listing, intern=sys.intern)
+            world = planning.build_world(listing)
             plan = fingerprint.decide_all(world=world, policy=choice.policy, now=utcnow())
 
     now = utcnow()

@@ -36,13 +36,14 @@ def plan_command(
         namespace=scope,
         system_namespace=system_namespace,
         permission=lambda ns: session.can_retire(namespace=ns),
+        intern=sys.intern,
     )
     now = utcnow()
     choice = listed_policy(
         listing, node_deletion_evidence=node_deletion_evidence, node_quarantine_seconds=node_quarantine_seconds
     )
     listing = confirm_gone_nodes(session, listing, policy=choice.policy, now=now)
-    plan = fingerprint.decide_all(world=planning.build_world(listing, intern=sys.intern), policy=choice.policy, now=now)
+    plan = fingerprint.decide_all(world=planning.build_world(listing), policy=choice.policy, now=now)
     render.emit(
         output,
         document=render.plan_document(
