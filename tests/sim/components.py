@@ -558,8 +558,11 @@ class Human:
         server = self.trial.server
         registrations, _ = server.list("wreg", lambda b: True)
         leases, _ = server.list("lease", lambda b: True)
+        cache = World()
+        for body in registrations:
+            cache.put_registration(dict(body))
         listing = cli_plan.Listing(
-            registrations=registrations,
+            registrations=cache,
             leases=leases,
             nodes=[],
             retire_permission={"jobs": server.holds_retire("human")},

@@ -20,6 +20,7 @@ import yaml
 from coroner.core.api import REGISTERED_BY_ANNOTATION
 from coroner.core.decision import AgentFacts, Decision, Facts, LeaseFacts, NodeFacts, Policy, decide
 from coroner.core.model import Registration, format_time, parse_registration
+from coroner.core.world import World
 
 UTC: Final = datetime.UTC
 NOW: Final = datetime.datetime(2026, 11, 30, 18, 0, 0, tzinfo=UTC)
@@ -329,3 +330,11 @@ def make_operator(kube: object, *, settings: Any = None, identity: str = "unknow
         settings=settings or OperatorSettings(),
         identity=identity,
     )
+
+
+def cached(registrations: Sequence[Mapping[str, Any]]) -> World:
+    """Registrations as a plan's reads cache them (`plan.Listing.registrations`)."""
+    world = World()
+    for body in registrations:
+        world.put_registration(dict(body))
+    return world

@@ -33,7 +33,7 @@ from coroner.core import admission_digest, api, fingerprint, model, wire
 from coroner.core.decision import Policy
 from coroner.core.model import format_time
 from coroner.core.reasons import ApplyAbort, Evidence, Reason
-from unit.builders import BOOT, HOST, NAMESPACE, NODE, NODE_UID, NOW, OTHER_BOOT, condition, make_registration
+from unit.builders import BOOT, HOST, NAMESPACE, NODE, NODE_UID, NOW, OTHER_BOOT, cached, condition, make_registration
 
 pytestmark = pytest.mark.unit
 
@@ -105,7 +105,7 @@ def listing(
 ) -> plan.Listing:
     namespaces = {r["metadata"]["namespace"] for r in registrations} or {NAMESPACE}
     return plan.Listing(
-        registrations=registrations,
+        registrations=cached(registrations),
         leases=[agent_lease()] if leases is None else leases,
         nodes=[node()] if nodes is None else nodes,
         retire_permission=dict.fromkeys(namespaces, permission),
@@ -200,7 +200,7 @@ class TestFacts:
     def test_the_retire_permission_is_per_namespace(self) -> None:
         ops = worker("a", namespace="ops")
         facts = plan.Listing(
-            registrations=[worker("a"), ops],
+            registrations=cached([worker("a"), ops]),
             leases=[agent_lease()],
             nodes=[node()],
             retire_permission={NAMESPACE: True, "ops": False},

@@ -15,7 +15,7 @@ import dataclasses
 import datetime
 import enum
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from coroner.core import api, fingerprint, model, policy_json
@@ -64,13 +64,10 @@ class Unreadable:
 class Listing:
     """What one plan read from the API: one LIST per kind, plus the retire permission per namespace."""
 
-    registrations: Sequence[Mapping[str, Any]] = ()
-    """Raw WorkerRegistrations of the planned scope (one namespace, or all), where a caller holds
-    them; the plugin's reads put theirs straight into `listed`."""
-    listed: World | None = None
-    """WorkerRegistrations of the scope already cached, each page as its LIST answer arrived (raw
-    bodies and the World's compact copies are never all in memory at once); `build_world` adds
-    `registrations` and the other facts to it."""
+    registrations: World
+    """The WorkerRegistrations of the planned scope (one namespace, or all), cached as the operator
+    caches them: the plugin puts each LIST page in as it arrives, so raw bodies and the cache's
+    compact copies are never all in memory at once. `build_world` adds the other facts."""
     leases: Sequence[Mapping[str, Any]]
     """Raw Leases: the agent Leases of the system namespace and the protecting Leases of the scope."""
     nodes: Sequence[Mapping[str, Any]]
@@ -83,20 +80,9 @@ class Listing:
     and when: the node-deletion quarantine counts from there (asked only where policy accepts it)."""
 
 
-def named_nodes(listing: Listing) -> set[str]:
-    """The nodes the listing's registrations name."""
-    named = {str((body.get("spec") or {}).get("nodeName") or "") for body in listing.registrations}
-    if listing.listed is not None:
-        named.update(listing.listed.by_node)
-    return named
-
-
-def build_world(listing: Listing, *, intern: Callable[[str], str] | None = None) -> World:
-    """The operator's cache, filled the way its watches fill it (`intern`: see `World.intern`;
-    a `listed` World keeps its own). Completes and returns `listing.listed` where there is one."""
-    world = listing.listed
-    if world is None:
-        world = World(system_namespace=listing.system_namespace, intern=intern)
+def build_world(listing: Listing) -> World:
+    """The operator's cache, filled the way its watches fill it: `listing.registrations`, completed."""
+    world = listing.registrations
     for node in listing.nodes:
         world.put_node(node)
     # A complete LIST is what "synced" means to the operator: from here a node that is absent is
@@ -105,8 +91,6 @@ def build_world(listing: Listing, *, intern: Callable[[str], str] | None = None)
     world.nodes_gone.update(listing.nodes_gone)
     for lease in listing.leases:
         world.put_lease(lease)
-    for body in listing.registrations:
-        world.put_registration(dict(body))
     world.retire_permission.update(listing.retire_permission)
     return world
 

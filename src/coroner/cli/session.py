@@ -233,8 +233,7 @@ class Session:
     def cache_registrations(self, world: World, *, namespace: str | None) -> None:
         """Puts every WorkerRegistration of `namespace` (None: every namespace) into `world` as its
         LIST page arrives: a page's raw bodies go once the World holds its compact copy, so a large
-        cluster's registrations are never in memory twice (at 150,000 the raw bodies alone were
-        gigabytes)."""
+        cluster's registrations are never all in memory twice."""
         custom = k8s.CustomObjectsApi(self.client)
         where = "in every namespace" if namespace is None else f"in namespace {namespace}"
         not_installed = (
@@ -364,7 +363,7 @@ def gather(
     nodes = session.list_nodes()
     namespaces = [namespace] if namespace is not None else listed.namespaces()
     return planning.Listing(
-        listed=listed,
+        registrations=listed,
         leases=leases,
         nodes=nodes,
         retire_permission={ns: permission(ns) for ns in namespaces},
@@ -383,7 +382,7 @@ def confirm_gone_nodes(
         return listing
     listed = {str((node.get("metadata") or {}).get("name") or "") for node in listing.nodes}
     gone: dict[str, datetime.datetime] = {}
-    for name in sorted(planning.named_nodes(listing) - listed - {""}):
+    for name in sorted(set(listing.registrations.by_node) - listed):
         found = session.read(k8s.CoreV1Api(session.client).read_node, name, what=f"get Node {name}")
         if found is None:
             gone[name] = now

@@ -127,7 +127,7 @@ def doctor_command(
         else:
             # Decided with the operator's permission, so the counts are the operator's view.
             listing = planning.Listing(
-                listed=listed,
+                registrations=listed,
                 leases=leases,
                 nodes=nodes,
                 retire_permission=per_namespace,
