@@ -35,6 +35,7 @@ from coroner.core import api
 from coroner_dev import fleet
 from coroner_dev.devcluster import cluster as cluster_mod
 from coroner_dev.devcluster.cluster import Cluster
+from faults.canary import Canary
 from faults.proxy import ApiProxy
 from support import kube
 
@@ -412,9 +413,11 @@ class Plane:
             body = self.admin.sanitize_for_serialization(binding)
             body["metadata"] = {k: v for k, v in body["metadata"].items() if k in ("name", "labels", "annotations")}
             bodies.append(body)
+        canary = Canary(self.admin, self.retry)
+        canary.bind()
         for binding in bindings:
             self.retry(lambda name=binding.metadata.name: admission.delete_validating_admission_policy_binding(name))
-        time.sleep(2.0)  # the API server's policy informer lets go of them
+        canary.unbind()  # deleted after them: once the API server lets go of it, it let go of them
         try:
             yield
         finally:
@@ -424,7 +427,7 @@ class Plane:
                 except ApiException as exc:
                     if exc.status != 409:
                         raise
-            time.sleep(2.0)  # and enforces them again
+            canary.bind()  # written after them: once it is enforced, they are
 
     def operator_may_retire(self, namespace: str) -> bool:
         return self._may(OPERATOR_SA, api.SYSTEM_NAMESPACE, api.RETIRE_VERB, namespace)

@@ -123,5 +123,5 @@ def test_the_sieve_detectors_fire(plane: Plane, fault: str, seed: int, expected:
     reported by the detector named."""
     result = runner.run_one(plane, seed=seed, faults=[fault], index=seed, mass_count=MASS, bound=10.0)
     missing = {c for c in expected if not result.counts[c]}
-    assert not missing, (missing, result.violations, result.facts.get("timeline"))
+    assert not missing, (missing, result.violations, result.facts, "\n".join(result.timeline))
     assert not result.counts["harness_errors"], result.violations

@@ -65,6 +65,9 @@ class TrialResult:
     latencies: list[float] = dataclasses.field(default_factory=list)
     phases: dict[str, float] = dataclasses.field(default_factory=dict)
     """Seconds spent in each phase (where a trial's time goes, for the long run's throughput)."""
+    timeline: list[str] = dataclasses.field(default_factory=list)
+    """The trial's notes, the newest last (what a failed self-test prints: a passing mutant trial
+    writes no log)."""
 
     @property
     def ok(self) -> bool:
@@ -362,6 +365,7 @@ class Trial:
             self.result.seconds = time.monotonic() - started
             self.result.workers = len(self.workers)
             self.result.deaths = sum(1 for w in self.workers if w.dead)
+            self.result.timeline = self.timeline[-60:]
             if not self.result.ok:
                 log = self.plane.work / f"trial-{self.namespace}.log"
                 log.write_text("\n".join(self.timeline) + "\n" + json.dumps(self.result.violations, indent=1) + "\n")
