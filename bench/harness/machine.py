@@ -100,10 +100,17 @@ def versions() -> dict[str, Any]:
     }
 
 
+#: Environment variables that change what a run measures (the Go runtime's of the control plane
+#: the benchmark starts), written in front of the command as they were set.
+_MEASURED_ENV = ("GOMEMLIMIT", "GOGC")
+
+
 def command_line() -> str:
-    return shlex.join(
+    env = [f"{name}={os.environ[name]}" for name in _MEASURED_ENV if name in os.environ]
+    argv = shlex.join(
         [os.path.relpath(sys.executable, REPO) if sys.executable.startswith(str(REPO)) else sys.executable, *sys.argv]
     )
+    return " ".join([*env, argv])
 
 
 def raise_nofile() -> int:
