@@ -272,6 +272,8 @@ class StaleViewOperator(_ViewFault):
     def verify(self) -> None:
         statuses = self.facts.get("retirement_statuses") or []
         if self.variant.startswith("mutant"):
+            if not any(200 <= s < 300 for s in statuses):  # nothing for the detectors to see
+                self.failures.append(f"the mutant's retirement never landed: {statuses}")
             return
         if not statuses:
             self.failures.append("the operator never tried to retire on the stale view")
@@ -307,6 +309,8 @@ class StaleViewAgent(_ViewFault):
     def verify(self) -> None:
         statuses = self.facts.get("attestation_statuses") or []
         if self.variant.startswith("mutant"):
+            if not any(200 <= s < 300 for s in statuses):  # nothing for the detectors to see
+                self.failures.append(f"the mutant's attestation never landed: {statuses}")
             return
         if any(200 <= s < 300 for s in statuses):
             self.failures.append(f"an attestation on the stale view was accepted: {statuses}")
