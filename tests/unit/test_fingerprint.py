@@ -73,6 +73,32 @@ def row(**changes: object) -> PlanRow:
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
 
+def test_the_digests_are_pinned() -> None:
+    """A saved plan's fingerprints must match what a later kubectl-coroner computes for the same
+    rows: these values were computed by the first implementation and may never change under v1
+    (escaped text included). Any row count past a hash's chunk exercises the streamed payload."""
+    many = [
+        row(
+            name=f"w-{i}",
+            uid=f"u{i}",
+            namespace="ns",
+            node_name='n\u00e9"1',
+            reason=Reason.ELIGIBLE_STALE_ORPHAN if i % 3 == 0 else Reason.PID_ALIVE,
+            verdict="Dead" if i % 3 == 0 else "Alive",
+            death_evidence="PidfdExited" if i % 3 == 0 else None,
+            incarnation=("b", "4026531836", 100 + i, str(i), "h"),
+            client_instance_id=f"ci-{i}",
+        )
+        for i in range(2500)
+    ]
+    assert registry_fingerprint(many) == "v1:sha256:3fac5949af3384c5c73872da803a7cbffd0010c785e40ff229c0f6b5b71414f8"
+    assert candidate_fingerprint(many) == "v1:sha256:c21b85f5792c0a0a38e7e1f3f40dac3e3dad5037c535c1ca6174aaa7dda31ec8"
+    assert (
+        candidate_fingerprint(many[1:3]) == "v1:sha256:0540532e5c5acb6f1131fce72ce432eb95fe41b07779b65d7109b5f209f16033"
+    )
+    assert registry_fingerprint([]) == "v1:sha256:a8253116afe7c92321402182e41d82be8d50fdde1ef93b7d1f0ef6f435391018"
+
+
 def test_format() -> None:
     assert FORMAT.fullmatch(registry_fingerprint(rows(registry())))
     assert FORMAT.fullmatch(candidate_fingerprint(rows(registry())))

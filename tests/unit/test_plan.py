@@ -33,6 +33,7 @@ from coroner.core import admission_digest, api, fingerprint, model, wire
 from coroner.core.decision import Policy
 from coroner.core.model import format_time
 from coroner.core.reasons import ApplyAbort, Evidence, Reason
+from coroner.core.world import World
 from unit.builders import BOOT, HOST, NAMESPACE, NODE, NODE_UID, NOW, OTHER_BOOT, cached, condition, make_registration
 
 pytestmark = pytest.mark.unit
@@ -849,6 +850,21 @@ class TestUsage:
         assert result.exit_code == 2 and "Traceback" not in result.output
         assert "--node-quarantine-seconds" in result.output and "kubeconfig" not in result.output
 
+    def test_the_cycle_collector_is_off_during_a_command_and_back_after(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import gc
+
+        seen: list[bool] = []
+
+        def connect(*args: Any, **kwargs: Any) -> None:
+            seen.append(gc.isenabled())
+            raise session.PluginError("stop here")
+
+        monkeypatch.setattr(session.Session, "__init__", connect)
+        assert gc.isenabled()
+        result = self.run("plan", "-n", "x")
+        assert result.exit_code == 2 and "stop here" in result.output
+        assert seen == [False] and gc.isenabled()
+
     def test_namespace_and_all_namespaces_conflict(self) -> None:
         result = self.run("plan", "-n", "x", "-A")
         assert result.exit_code == 2 and "not both" in result.output
@@ -1269,3 +1285,47 @@ def test_a_refused_connection_is_unreachable_not_slow(error: Exception, timed_ou
 class _FakeSession:
     server = "https://127.0.0.1:1"
     connection = session.Connection()
+
+
+class TestReadOnlyCache:
+    """What `plan` and `doctor` leave out (the bodies, each decision's structured evidence) changes
+    nothing they show: the same reasons, details, rows, counts and fingerprints."""
+
+    @given(
+        workers=st.lists(
+            st.tuples(
+                st.sampled_from(["Dead", "Alive", "Unknown"]),
+                st.sampled_from(["PidfdExited", "ProcAbsent", "PidfdPinned"]),
+                st.sampled_from(["inst-1", "inst-2", "inst-3", "inst-4"]),
+                st.booleans(),
+            ),
+            max_size=8,
+        ),
+        permission=st.sampled_from([True, False, None]),
+    )
+    def test_the_lean_plan_is_the_plan(
+        self, workers: list[tuple[str, str, str, bool]], permission: bool | None
+    ) -> None:
+        registrations = [
+            worker(f"w{i}", verdict=verdict, evidence=evidence, client_instance_id=instance, attested=attested)
+            for i, (verdict, evidence, instance, attested) in enumerate(workers)
+        ]
+        full_listing = listing(registrations, permission=permission)
+        lean_world = World(keep_bodies=False)
+        for body in registrations:
+            lean_world.put_registration(dict(body))
+        lean_listing = dataclasses.replace(full_listing, registrations=lean_world)
+        full = fingerprint.decide_all(world=plan.build_world(full_listing), policy=Policy(), now=NOW)
+        lean = fingerprint.decide_all(
+            world=plan.build_world(lean_listing), policy=Policy(), now=NOW, keep_evidence=False
+        )
+        assert lean_world.bodies == {} and len(lean_world.parsed) == len(registrations)
+        assert lean.rows == full.rows
+        assert lean.counts == full.counts
+        assert (lean.registry_fingerprint, lean.candidate_fingerprint) == (
+            full.registry_fingerprint,
+            full.candidate_fingerprint,
+        )
+        for a, b in zip(lean.entries, full.entries, strict=True):
+            assert dataclasses.replace(a.decision, evidence=b.decision.evidence) == b.decision
+            assert a.decision.evidence == {}

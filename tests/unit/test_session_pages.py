@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import threading
 from typing import Any
 
 import pytest
@@ -109,3 +110,47 @@ def test_a_continue_token_gone_mid_list_is_an_error_naming_the_list_and_the_fix(
     assert caught.value.status == 410
     assert "list workerregistrations in every namespace" in caught.value.message
     assert "run the command again" in caught.value.message
+
+
+def test_the_next_page_is_asked_for_while_the_caller_takes_in_this_one(
+    plugin: session.Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The API server serves page k+1 while the plugin caches page k; nothing is asked for past the
+    last page, and every page arrives once, in order."""
+    server = Server(10)
+    asked = threading.Event()
+    listed = server.list
+
+    def list_(*args: Any, **kwargs: Any) -> _Response:
+        answer = listed(*args, **kwargs)
+        if len(server.calls) == 2:
+            asked.set()
+        return answer
+
+    custom = _Custom(server)
+    custom.list_cluster_custom_object = list_
+    monkeypatch.setattr(session.k8s, "CustomObjectsApi", lambda client: custom)
+    pages = plugin.pages(custom.list_cluster_custom_object, "g", "v", "p", what="list")
+    first = next(pages)
+    assert asked.wait(10), "page 2 was not asked for while page 1 was being taken in"
+    rest = list(pages)
+    assert [i["metadata"]["name"] for page in [first, *rest] for i in page] == [f"r{i}" for i in range(10)]
+    assert len(server.calls) == 3
+
+
+def test_a_page_that_fails_ahead_raises_in_its_turn_and_a_caller_may_stop_early(
+    plugin: session.Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = Server(21, gone_after=2)
+    _scripted(monkeypatch, server)
+    custom = _Custom(server)
+    pages = plugin.pages(custom.list_cluster_custom_object, "g", "v", "p", what="list")
+    assert len(next(pages)) == 4 and len(next(pages)) == 4
+    with pytest.raises(session.PluginError) as caught:
+        next(pages)
+    assert caught.value.status == 410
+    server = Server(21)
+    early = plugin.pages(_Custom(server).list_cluster_custom_object, "g", "v", "p", what="list")
+    next(early)
+    early.close()  # waits for the page asked for ahead, asks for none after it
+    assert len(server.calls) == 2

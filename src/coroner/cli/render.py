@@ -51,12 +51,17 @@ REGISTRATION_NAME_PREFIX: Final = f"{api.KIND.lower()}.{api.GROUP}/"
 
 
 def emit(
-    output: str, *, document: Mapping[str, Any], table: Callable[[Console, bool], None], names: Iterable[str]
+    output: str,
+    *,
+    document: Callable[[], Mapping[str, Any]],
+    table: Callable[[Console, bool], None],
+    names: Iterable[str],
 ) -> None:
     """Print one command's result in the ``-o`` asked for: ``table``/``wide`` (`table` draws it on
-    stdout's console, wide or not), ``json``/``yaml`` (`document`), ``name`` (`names`, one a line)."""
+    stdout's console, wide or not), ``json``/``yaml`` (what `document` builds: only then, as a
+    plan's document copies every row's facts), ``name`` (`names`, one a line)."""
     if output in ("json", "yaml"):
-        click.echo(dump(document, output=output), nl=False)
+        click.echo(dump(document(), output=output), nl=False)
     elif output == "name":
         for name in names:
             click.echo(name)

@@ -18,7 +18,8 @@ import json
 import os
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Final, NoReturn
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Final, NoReturn, cast
 
 import click
 import kubernetes
@@ -187,15 +188,27 @@ class Session:
     def pages(
         self, call: Callable[..., Any], *args: Any, what: str, fix: str = "", not_found: str = ""
     ) -> Iterator[list[dict[str, Any]]]:
-        """The items of one LIST, a page at a time (one snapshot: the pages share a resourceVersion)."""
-        token: str | None = None
-        while True:
+        """The items of one LIST, a page at a time (one snapshot: the pages share a resourceVersion).
+
+        The next page is asked for (and decoded) on a thread while the caller takes in this one: the
+        API server serves it meanwhile instead of waiting for the caller, and at most two pages are
+        in memory. A failed page raises here, in its turn."""
+
+        def fetch(token: str | None) -> dict[str, Any]:
             extra = {"_continue": token} if token else {}
-            page = self.request(call, *args, what=what, fix=fix, not_found=not_found, limit=_PAGE, **extra)
-            yield page.get("items") or []
-            token = (page.get("metadata") or {}).get("continue") or None
-            if token is None:
-                return
+            return cast(
+                dict[str, Any], self.request(call, *args, what=what, fix=fix, not_found=not_found, limit=_PAGE, **extra)
+            )
+
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="list-page") as ahead:
+            page = fetch(None)
+            while True:
+                token = (page.get("metadata") or {}).get("continue") or None
+                following = ahead.submit(fetch, token) if token is not None else None
+                yield page.get("items") or []
+                if following is None:
+                    return
+                page = following.result()
 
     def list_all(
         self, call: Callable[..., Any], *args: Any, what: str, fix: str = "", not_found: str = ""
@@ -344,15 +357,16 @@ def gather(
     system_namespace: str,
     permission: Callable[[str], bool | None],
     intern: Callable[[str], str] | None = None,
+    keep_bodies: bool = True,
 ) -> planning.Listing:
     """One LIST each of registrations, Leases and Nodes, and the retire permission per namespace.
 
-    The registrations go into the listing's World as their pages arrive (`intern`: see
-    `World.intern`). For one namespace the Leases are two namespaced LISTs (that namespace's
+    The registrations go into the listing's World as their pages arrive (`intern`, `keep_bodies`:
+    see `World`; only a command that writes needs the bodies). For one namespace the Leases are two namespaced LISTs (that namespace's
     protecting Leases and the system namespace's agent Leases): the same facts as a cluster-wide
     LIST, with less RBAC.
     """
-    listed = World(system_namespace=system_namespace, intern=intern)
+    listed = World(system_namespace=system_namespace, intern=intern, keep_bodies=keep_bodies)
     session.cache_registrations(listed, namespace=namespace)
     if namespace is None:
         leases = session.list_leases(namespace=None)

@@ -169,7 +169,7 @@ def apply_command(
     now = utcnow()
     listing = confirm_gone_nodes(session, listing, policy=policy, now=now)
     world = planning.build_world(listing)
-    plan = fingerprint.decide_all(world=world, policy=policy, now=now)
+    plan = fingerprint.decide_all(world=world, policy=policy, now=now, keep_evidence=False)
     if all_candidates:
         keys = (
             list(saved.candidates)
@@ -234,7 +234,7 @@ def apply_command(
     results.sort(key=lambda result: result.key)
     render.emit(
         output,
-        document=render.apply_document(
+        document=lambda: render.apply_document(
             assessment=assessment, results=results, preview=not yes, retired_by=retired_by, policy=choice
         ),
         table=lambda console, wide: render.render_apply(

@@ -105,7 +105,7 @@ def doctor_command(
     plan: Plan | planning.Unreadable
     world: World | planning.Unreadable
     per_namespace: dict[str, bool | None] = {}
-    listed = World(system_namespace=system_namespace, intern=sys.intern)
+    listed = World(system_namespace=system_namespace, intern=sys.intern, keep_bodies=False)
     try:
         session.cache_registrations(listed, namespace=None)
     except PluginError as exc:
@@ -134,7 +134,7 @@ def doctor_command(
                 system_namespace=system_namespace,
             )
             world = planning.build_world(listing)
-            plan = fingerprint.decide_all(world=world, policy=choice.policy, now=utcnow())
+            plan = fingerprint.decide_all(world=world, policy=choice.policy, now=utcnow(), keep_evidence=False)
 
     now = utcnow()
     checks = diagnosis.run_checks(
@@ -158,7 +158,7 @@ def doctor_command(
     )
     render.emit(
         output,
-        document=render.doctor_document(checks, now=now, policy=choice),
+        document=lambda: render.doctor_document(checks, now=now, policy=choice),
         table=lambda console, wide: render.render_doctor(checks, console=console, policy=choice, wide=wide),
         names=render.doctor_names(checks),
     )

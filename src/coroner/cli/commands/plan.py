@@ -37,16 +37,22 @@ def plan_command(
         system_namespace=system_namespace,
         permission=lambda ns: session.can_retire(namespace=ns),
         intern=sys.intern,
+        keep_bodies=False,
     )
     now = utcnow()
     choice = listed_policy(
         listing, node_deletion_evidence=node_deletion_evidence, node_quarantine_seconds=node_quarantine_seconds
     )
     listing = confirm_gone_nodes(session, listing, policy=choice.policy, now=now)
-    plan = fingerprint.decide_all(world=planning.build_world(listing), policy=choice.policy, now=now)
+    plan = fingerprint.decide_all(
+        world=planning.build_world(listing),
+        policy=choice.policy,
+        now=now,
+        keep_evidence=output in ("json", "yaml"),  # only the documents print each row's facts
+    )
     render.emit(
         output,
-        document=render.plan_document(
+        document=lambda: render.plan_document(
             plan, namespace=scope, now=now, retire_permission=listing.retire_permission, policy=choice
         ),
         table=lambda console, wide: render.render_plan(

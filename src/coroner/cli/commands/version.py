@@ -81,6 +81,6 @@ def version_command(client_only: bool, output: str, connection: Connection) -> N
             supported = "" if api.VERSION in served or not served else f"; this plugin speaks {api.API_VERSION}"
             console.print(f"Coroner API: {state}{supported}", highlight=False, markup=False)
 
-    render.emit(output, document=document, table=table, names=[f"kubectl-coroner/{client['version']}"])
+    render.emit(output, document=lambda: document, table=table, names=[f"kubectl-coroner/{client['version']}"])
     if error is not None:
         raise error
