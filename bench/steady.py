@@ -40,8 +40,9 @@ Measured over a window after everything settled (all R show Retirable=PidAlive) 
   heartbeats are the launcher's writes and count as Coroner's here.
 
 After the window: the API server's and etcd's RSS (`control_plane_rss_mb`); `kubectl coroner plan -A`
-(`plan_seconds`, `plan_rss_mb`: its own peak RSS) and `kubectl get workerregistrations -A`
-(`kubectl_get_all_seconds`) as admin; the operator stopped and a fresh one started, seconds until
+(`plan_seconds`, `plan_rss_mb`: its own peak RSS, `harness.timed_child`; results before 4 Dec 2026
+recorded the benchmark's own peak there, an upper bound) and `kubectl get workerregistrations -A`
+(`kubectl_get_all_seconds`, `kubectl_get_all_rss_mb`) as admin; the operator stopped and a fresh one started, seconds until
 its `coroner_registrations` gauges count every registration (`cold_start_seconds_to_all_decided`);
 then two replicas with `--leader-elect`, the leader SIGKILLed once it decided everything, seconds
 from the kill until the standby's gauges count every registration, its Lease expiry included
@@ -57,7 +58,6 @@ import http.client
 import itertools
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -530,11 +530,11 @@ def main() -> int:
             for started in bench.cluster.processes
             if psutil.pid_exists(started.pid)
         }
-        plan_seconds, plan_rss = timed_child(
+        plan_seconds, plan_rss = c.timed_child(
             [str(c.BIN / "kubectl-coroner"), "plan", "-A", f"--kubeconfig={bench.cluster.kubeconfig}"]
         )
         result["plan_seconds"], result["plan_rss_mb"] = plan_seconds, plan_rss
-        get_seconds, get_rss = timed_child(
+        get_seconds, get_rss = c.timed_child(
             [str(bench.cluster.binary("kubectl")), f"--kubeconfig={bench.cluster.kubeconfig}",
              "get", api.PLURAL, "-A", "--no-headers"]
         )  # fmt: skip
@@ -558,20 +558,6 @@ def main() -> int:
     if result["plot"]:
         c.write_result(args.name, result)
     return 0
-
-
-def timed_child(argv: list[str]) -> tuple[float | None, float | None]:
-    """Runs `argv` (output discarded): its wall seconds and its own peak RSS (MiB, from wait4)."""
-    t0 = time.monotonic()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    seconds = round(time.monotonic() - t0, 2)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        error = proc.stderr.read().decode(errors="replace")[-500:] if proc.stderr else ""
-        c.log(f"{argv[0]} failed ({proc.returncode}): {error}")
-        return None, None
-    return seconds, round(usage.ru_maxrss / 1024, 1)  # ru_maxrss is in KiB on Linux
 
 
 def decided(port: int) -> int:

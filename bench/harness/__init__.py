@@ -51,6 +51,7 @@ from harness.machine import machine_info as machine_info
 from harness.machine import py_spy as py_spy
 from harness.machine import raise_nofile as raise_nofile
 from harness.machine import tail as tail
+from harness.machine import timed_child as timed_child
 from harness.machine import top_frames as top_frames
 from harness.machine import versions as versions
 from harness.results import WALL_OFFSET as WALL_OFFSET

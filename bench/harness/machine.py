@@ -316,3 +316,33 @@ def top_frames(path: pathlib.Path, *, limit: int = 15) -> dict[str, Any]:
         "inclusive_percent": {k: round(100 * v / total, 1) for k, v in inclusive.most_common(limit)},
         "self_percent": {k: round(100 * v / total, 1) for k, v in own.most_common(limit)},
     }
+
+
+def timed_child(argv: list[str]) -> tuple[float | None, float | None]:
+    """Runs `argv` (output discarded): its wall seconds and its own peak RSS (MiB).
+
+    The peak is the child's VmHWM, read from /proc while it runs (its last reading). Not wait4's
+    ru_maxrss: Linux carries the high-water mark of the memory a process had before exec into the
+    program it execs, and a child of this process starts in this process's memory (vfork), so
+    ru_maxrss says the benchmark's own peak (bench/steady.py holds every registration's body),
+    whatever the child used."""
+    t0 = time.monotonic()
+    peak_kib = 0
+    with subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as proc:
+        status = pathlib.Path(f"/proc/{proc.pid}/status")
+        while True:
+            with contextlib.suppress(OSError, ValueError):  # between its exit and its reaping
+                for line in status.read_text().splitlines():
+                    if line.startswith("VmHWM:"):
+                        peak_kib = max(peak_kib, int(line.split()[1]))
+            try:
+                proc.wait(timeout=0.02)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        seconds = round(time.monotonic() - t0, 2)
+        if proc.returncode != 0:
+            error = proc.stderr.read().decode(errors="replace")[-500:] if proc.stderr else ""
+            log(f"{argv[0]} failed ({proc.returncode}): {error}")
+            return None, None
+    return seconds, round(peak_kib / 1024, 1)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from coroner.client.rest import ApiError
-from coroner.runtime.watch import INITIAL_EVENTS_END, CollectorPause, Handoff, reflect
+from coroner.runtime.watch import INITIAL_EVENTS_END, Handoff, reflect
 from coroner_operator.app import Operator, serves, watch_scopes
 from unit.builders import make_operator, make_registration
 
@@ -333,28 +333,3 @@ def test_exact_namespaces_are_watched_one_by_one_and_a_glob_watches_every_namesp
 )
 def test_serves_matches_exact_names_and_globs(patterns: tuple[str, ...], namespace: str, served: bool) -> None:
     assert serves(patterns, namespace) is served
-
-
-def test_the_collector_is_off_while_any_list_is_taken_in_and_back_after() -> None:
-    import gc
-
-    assert gc.isenabled()
-    pause = CollectorPause()
-    try:
-        pause.begin("a")
-        pause.begin(None)
-        assert not gc.isenabled()
-        pause.end("a")
-        assert not gc.isenabled(), "one list is still in progress"
-        pause.begin(None)  # that list restarted from its first page
-        pause.end(None)
-        assert gc.isenabled()
-        pause.end("never-begun")  # a watch that stopped before its first page
-        assert gc.isenabled()
-        gc.disable()  # a collector that was off stays off
-        off = CollectorPause()
-        off.begin("a")
-        off.end("a")
-        assert not gc.isenabled()
-    finally:
-        gc.enable()

@@ -34,7 +34,7 @@ from coroner.core.model import Key
 from coroner.core.world import World
 from coroner.runtime.controller import Controller, Result, utcnow
 from coroner.runtime.leader import LeaderElector
-from coroner.runtime.watch import CollectorPause, Handoff, reflect
+from coroner.runtime.watch import Handoff, reflect
 from coroner_operator.events import EventPoster
 from coroner_operator.executor import Executor
 from coroner_operator.inputs import WatchInputs
@@ -219,7 +219,6 @@ class Operator:
         stop = threading.Event()
         ended: asyncio.Future[None] = loop.create_future()
         handoff = Handoff(loop, stop=stop)
-        pause = CollectorPause()
         patterns = self.settings.namespaces
 
         def end(error: BaseException | None) -> None:
@@ -237,19 +236,11 @@ class Operator:
             def on_page(items: list[dict[str, Any]], first: bool, last: bool, resource_version: str) -> None:
                 if filtered:
                     items = [body for body in items if serves(patterns, body["metadata"]["namespace"])]
-
-                def take() -> None:
-                    if first:
-                        pause.begin(namespace)
-                    try:
-                        self.inputs.on_list_page(
-                            items, first=first, last=last, resource_version=resource_version, namespace=namespace
-                        )
-                    finally:
-                        if last:
-                            pause.end(namespace)
-
-                handoff(take)
+                handoff(
+                    lambda: self.inputs.on_list_page(
+                        items, first=first, last=last, resource_version=resource_version, namespace=namespace
+                    )
+                )
 
             def on_event(event_type: str, body: dict[str, Any]) -> None:
                 if not filtered or serves(patterns, body["metadata"]["namespace"]):
@@ -264,7 +255,6 @@ class Operator:
             except BaseException as exc:  # a bug: the loop's failure stops the operator
                 error = exc
             with contextlib.suppress(RuntimeError):  # the loop is closed: the process is stopping
-                loop.call_soon_threadsafe(pause.end, namespace)
                 loop.call_soon_threadsafe(end, error)
 
         for namespace in watch_scopes(patterns):

@@ -362,9 +362,9 @@ def gather(
     """One LIST each of registrations, Leases and Nodes, and the retire permission per namespace.
 
     The registrations go into the listing's World as their pages arrive (`intern`, `keep_bodies`:
-    see `World`; only a command that writes needs the bodies). For one namespace the Leases are two namespaced LISTs (that namespace's
-    protecting Leases and the system namespace's agent Leases): the same facts as a cluster-wide
-    LIST, with less RBAC.
+    see `World`; only a command that writes needs the bodies). For one namespace the Leases are
+    two namespaced LISTs (that namespace's protecting Leases and the system namespace's agent
+    Leases): the same facts as a cluster-wide LIST, with less RBAC.
     """
     listed = World(system_namespace=system_namespace, intern=intern, keep_bodies=keep_bodies)
     session.cache_registrations(listed, namespace=namespace)

@@ -112,8 +112,8 @@ def decide_all(*, world: World, policy: Policy, now: datetime.datetime, keep_evi
     ``kubectl coroner plan``, ``apply`` and ``doctor``.
 
     Without `keep_evidence` each decision's structured `Decision.evidence` is dropped once decided
-    (reason, detail and death evidence stay): only ``plan -o json`` prints it, and the plan's
-    evidence was over a third of what ``plan -A`` held at 150,000 registrations."""
+    (reason, detail and death evidence stay): only ``plan -o json`` prints it, and at 150,000
+    registrations it was 290 MB of the 1.7 GB ``plan -A`` held."""
     entries = []
     for key in sorted(world.parsed):
         registration = world.parsed[key]

@@ -15,7 +15,6 @@ which `Handoff` carries onto an event loop.
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import logging
 import random
@@ -222,30 +221,3 @@ class Handoff:
         except RuntimeError:  # the loop is closed: the process is stopping
             self._slots.release()
             self.stop.set()
-
-
-class CollectorPause:
-    """Keeps the cycle collector off while any list is being taken into the cache.
-
-    A list fills the cache with hundreds of thousands of long-lived objects, and the collector
-    would walk each generation of them again and again: a third of the time it took to cache
-    150,000 registrations from their LIST. Reference counting frees what is dropped meanwhile; the
-    collector is back (if it was on) once no list is in progress, and collects what cycles formed.
-    Called on the loop thread only."""
-
-    def __init__(self) -> None:
-        self._listing: set[object] = set()
-        self._collecting = gc.isenabled()
-
-    def begin(self, scope: object) -> None:
-        """A list of `scope` started (its first page)."""
-        if not self._listing:
-            self._collecting = gc.isenabled()
-        self._listing.add(scope)
-        gc.disable()
-
-    def end(self, scope: object) -> None:
-        """A list of `scope` ended: its last page was taken in, or its watch stopped."""
-        self._listing.discard(scope)
-        if not self._listing and self._collecting:
-            gc.enable()
