@@ -113,7 +113,7 @@ def decide_all(*, world: World, policy: Policy, now: datetime.datetime, keep_evi
 
     Without `keep_evidence` each decision's structured `Decision.evidence` is dropped once decided
     (reason, detail and death evidence stay): only ``plan -o json`` prints it, and at 150,000
-    registrations it was 290 MB of the 1.7 GB ``plan -A`` held."""
+    registrations it was 290 MB of the 1.2 GB ``plan -A`` built."""
     entries = []
     for key in sorted(world.parsed):
         registration = world.parsed[key]

@@ -175,7 +175,7 @@ class World:
     keep_bodies: bool = dataclasses.field(default=True, repr=False, compare=False)
     """Whether `bodies` keeps each registration's `slim` body. A reader that never writes (``plan``,
     ``doctor``) leaves it empty: only a write (the operator's, ``apply``'s) reads them back, and
-    at 150,000 registrations they were 260 MB of the 1.7 GB ``plan -A`` held."""
+    at 150,000 registrations they were 260 MB of the 1.2 GB ``plan -A`` built."""
 
     # --- registrations -------------------------------------------------------------------------
 
