@@ -42,9 +42,9 @@ Measured over a window after everything settled (all R show Retirable=PidAlive) 
 After the window: the API server's and etcd's RSS (`control_plane_rss_mb`); `kubectl coroner plan -A`
 (`plan_seconds`, `plan_rss_mb`: its own peak RSS, `harness.timed_child`; results before 4 Dec 2026
 recorded the benchmark's own peak there, an upper bound) and `kubectl get workerregistrations -A`
-(`kubectl_get_all_seconds`, `kubectl_get_all_rss_mb`) as admin; the operator stopped and a fresh one started, seconds until
-its `coroner_registrations` gauges count every registration (`cold_start_seconds_to_all_decided`);
-then two replicas with `--leader-elect`, the leader SIGKILLed once it decided everything, seconds
+(`kubectl_get_all_seconds`, `kubectl_get_all_rss_mb`) as admin; the operator stopped and a fresh
+one started, seconds until its `coroner_registrations` gauges count every registration
+(`cold_start_seconds_to_all_decided`); then two replicas with `--leader-elect`, the leader SIGKILLed once it decided everything, seconds
 from the kill until the standby's gauges count every registration, its Lease expiry included
 (`takeover_seconds_to_all_decided`).
 """

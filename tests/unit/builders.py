@@ -332,9 +332,10 @@ def make_operator(kube: object, *, settings: Any = None, identity: str = "unknow
     )
 
 
-def cached(registrations: Sequence[Mapping[str, Any]]) -> World:
-    """Registrations as a plan's reads cache them (`plan.Listing.registrations`)."""
-    world = World()
+def cached(registrations: Sequence[Mapping[str, Any]], *, keep_bodies: bool = True) -> World:
+    """Registrations as a plan's reads cache them (`plan.Listing.registrations`; `plan` and `doctor`
+    keep no bodies)."""
+    world = World(keep_bodies=keep_bodies)
     for body in registrations:
         world.put_registration(dict(body))
     return world

@@ -33,7 +33,6 @@ from coroner.core import admission_digest, api, fingerprint, model, wire
 from coroner.core.decision import Policy
 from coroner.core.model import format_time
 from coroner.core.reasons import ApplyAbort, Evidence, Reason
-from coroner.core.world import World
 from unit.builders import BOOT, HOST, NAMESPACE, NODE, NODE_UID, NOW, OTHER_BOOT, cached, condition, make_registration
 
 pytestmark = pytest.mark.unit
@@ -1311,9 +1310,7 @@ class TestReadOnlyCache:
             for i, (verdict, evidence, instance, attested) in enumerate(workers)
         ]
         full_listing = listing(registrations, permission=permission)
-        lean_world = World(keep_bodies=False)
-        for body in registrations:
-            lean_world.put_registration(dict(body))
+        lean_world = cached(registrations, keep_bodies=False)
         lean_listing = dataclasses.replace(full_listing, registrations=lean_world)
         full = fingerprint.decide_all(world=plan.build_world(full_listing), policy=Policy(), now=NOW)
         lean = fingerprint.decide_all(

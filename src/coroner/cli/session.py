@@ -19,7 +19,7 @@ import os
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Final, NoReturn, cast
+from typing import Any, Final, NoReturn
 
 import click
 import kubernetes
@@ -194,11 +194,9 @@ class Session:
         API server serves it meanwhile instead of waiting for the caller, and at most two pages are
         in memory. A failed page raises here, in its turn."""
 
-        def fetch(token: str | None) -> dict[str, Any]:
+        def fetch(token: str | None) -> Any:
             extra = {"_continue": token} if token else {}
-            return cast(
-                dict[str, Any], self.request(call, *args, what=what, fix=fix, not_found=not_found, limit=_PAGE, **extra)
-            )
+            return self.request(call, *args, what=what, fix=fix, not_found=not_found, limit=_PAGE, **extra)
 
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="list-page") as ahead:
             page = fetch(None)
