@@ -11,9 +11,13 @@ import pytest
 
 pytestmark = pytest.mark.unit
 
+# bench/ on the path only for this import: it holds a `faults.py` that would shadow the fault
+# tests' `faults` package for every test module collected after this one.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
-
-from harness import machine  # noqa: E402
+try:
+    from harness import machine
+finally:
+    del sys.path[0]
 
 
 def test_a_small_child_of_a_large_parent_is_measured_small() -> None:
