@@ -288,3 +288,42 @@ def test_the_reads_a_retirement_acted_on_serve_the_next_batch_once_its_write_is_
     op.events.record = record  # type: ignore[method-assign]
     asyncio.run(asyncio.wait_for(op.reconciler.reconcile(KEY), timeout=10))
     assert len(kube.patches) == 1 and reads == ["leases", "admission"]
+
+
+def test_the_admission_read_and_the_lease_fence_read_are_in_flight_together() -> None:
+    # Both reads guard the same write and both must be sent after the decision: one waiting for the
+    # other would put a second round trip (and a second wait for the API server's watch cache to
+    # become fresh) between a death and its retirement.
+    class Gated(FakeKube):
+        def __init__(self) -> None:
+            super().__init__()
+            self.asked: list[str] = []
+            self.answer = asyncio.Event()
+
+        async def list_leases(self, *, namespace: str) -> list[dict[str, Any]]:
+            self.asked.append("leases")
+            await self.answer.wait()
+            return await super().list_leases(namespace=namespace)
+
+        async def list_admission_policies(self) -> list[dict[str, Any]]:
+            self.asked.append("admission")
+            if len(self.asked) > 1:  # the check before the first decision is answered at once
+                await self.answer.wait()
+            return await super().list_admission_policies()
+
+    kube = Gated()
+    op = operator(kube)
+
+    async def scenario() -> None:
+        retiring = asyncio.ensure_future(op.reconciler.reconcile(KEY))
+        for _ in range(100):
+            if len(kube.asked) == 3:
+                break
+            await asyncio.sleep(0.01)
+        in_flight = list(kube.asked)
+        kube.answer.set()
+        await asyncio.wait_for(retiring, timeout=10)
+        assert sorted(in_flight[1:]) == ["admission", "leases"], in_flight
+
+    asyncio.run(scenario())
+    assert len(kube.patches) == 1

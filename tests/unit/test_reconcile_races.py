@@ -70,11 +70,5 @@ def test_a_decision_is_dated_after_the_live_reads_it_awaited() -> None:
         monotonic=lambda: clock[0],
     )
     operator.world.put_registration(make_registration(name="w1", uid="uid-w1"))
-    dated: list[float] = []
-
-    async def run(effects: object, *, decided_at: float) -> None:
-        dated.append(decided_at)
-
-    operator.reconciler.executor.run = run  # type: ignore[method-assign]
-    asyncio.run(operator.reconciler.reconcile(("jobs", "w1")))
-    assert dated == [100.0]
+    decided_at, _ = asyncio.run(operator.reconciler.decide(("jobs", "w1")))
+    assert decided_at == 100.0

@@ -48,6 +48,10 @@ from coroner_operator.metrics import DecisionGauge, Metrics
 logger = logging.getLogger("coroner.operator")
 
 
+#: A namespace's Leases as a live read found them, or what kept the read from answering.
+Fence = Sequence[Mapping[str, Any]] | PortError
+
+
 class RetireFailed(Exception):
     """A retirement that neither landed nor was refused for a reason that a re-decision answers."""
 
@@ -73,8 +77,7 @@ async def _port_call(call: Any) -> Any:
 
 
 class OperatorPort(RetirePort):
-    """The retire protocol's port for the operator, for the decisions made at `decided_at` (a
-    `time.monotonic()` reading taken before the cache was read).
+    """The retire protocol's port for the operator.
 
     The `retire` verb costs no request here: admission enforces it on the retirement write itself
     (policy coroner-retire-requires-capability, and RBAC), so a review before the write would only
@@ -82,10 +85,9 @@ class OperatorPort(RetirePort):
     decision there and every `--permission-refresh-seconds` since); a revocation the cache has not
     seen yet bites at the write, whose refusal is PERMISSION_MISSING.
 
-    The Lease fence is a live read, one per namespace for every retirement decided before it was
-    sent; each retirement holds that read until its write is answered (`holds`, closed when the
-    write is answered), so the next read goes out for the whole batch decided meanwhile
-    (`FreshRead.hold`).
+    The Lease fence is `fence`: the live read `Executor.fence` took for this retirement (sent with
+    the admission read, both after the decision), or what kept it from answering; it is held in
+    `holds` with the admission read until the write is answered (`FreshRead.hold`).
     Events go to the poster (aggregated under bursts)."""
 
     def __init__(
@@ -93,26 +95,24 @@ class OperatorPort(RetirePort):
         *,
         kube: KubeApi,
         granted: Callable[[str], bool | None],
-        lease_reads: FreshRead[str, list[dict[str, Any]]],
+        fence: Fence,
         events: EventPoster,
-        decided_at: float,
         holds: contextlib.AsyncExitStack,
     ) -> None:
         self.kube = kube
         self.granted = granted
-        self.lease_reads = lease_reads
+        self.fence = fence
         self.events = events
-        self.decided_at = decided_at
         self.holds = holds
-        """The reads this retirement acts on (the caller's too), held until its write is answered."""
+        """The reads this retirement acts on, held until its write is answered."""
 
     async def can_retire(self, *, namespace: str, name: str) -> bool | None:
         return self.granted(namespace)
 
     async def list_leases(self, *, namespace: str) -> Sequence[Mapping[str, Any]]:
-        held = self.lease_reads.hold(namespace, decided_at=self.decided_at)
-        result: list[dict[str, Any]] = await _port_call(self.holds.enter_async_context(held))
-        return result
+        if isinstance(self.fence, PortError):
+            raise self.fence
+        return self.fence
 
     async def patch_status(self, *, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
         try:
@@ -161,9 +161,24 @@ class Executor:
         """`key` is gone (deleted): nothing more to say about it."""
         self._kept_logged.pop(key, None)
 
-    async def run(self, effects: Effects, *, decided_at: float, holds: contextlib.AsyncExitStack | None = None) -> None:
+    async def fence(self, namespace: str, *, decided_at: float, holds: contextlib.AsyncExitStack) -> Fence:
+        """The Leases of `namespace` from a read sent no earlier than `decided_at` (a
+        `time.monotonic()` reading taken before the cache was read), held in `holds` (the next read
+        of the namespace waits until the retirement lets go of it); or what the API server said
+        instead (the retire protocol's FAILED)."""
+        held = self.lease_reads.hold(namespace, decided_at=decided_at)
+        try:
+            result: list[dict[str, Any]] = await _port_call(holds.enter_async_context(held))
+        except PortError as error:
+            return error
+        return result
+
+    async def run(
+        self, effects: Effects, *, holds: contextlib.AsyncExitStack | None = None, fence: Fence | None = None
+    ) -> None:
         """Runs `effects` (at most one write); raises what the runtime should retry with backoff.
-        A retirement lets go of `holds` (the reads its caller acted on) once its write is answered."""
+        A retirement acts on `fence` (`Executor.fence`) and lets go of `holds` (the reads it acted
+        on, the fence's too) once its write is answered."""
         key = effects.key
         if effects.kept is not None:
             self._log_kept(key, effects.kept)
@@ -172,13 +187,10 @@ class Executor:
         if effects.write_conditions is not None:
             await self._write_conditions(key, effects.write_conditions)
         if effects.retire is not None:
+            if fence is None or holds is None:
+                raise ValueError("a retirement acts on a Lease fence read for it, held until its write is answered")
             port = OperatorPort(
-                kube=self.kube,
-                granted=self.world.retire_permission.get,
-                lease_reads=self.lease_reads,
-                events=self.events,
-                decided_at=decided_at,
-                holds=contextlib.AsyncExitStack() if holds is None else holds,
+                kube=self.kube, granted=self.world.retire_permission.get, fence=fence, events=self.events, holds=holds
             )
             async with port.holds:
                 result = await retire(port, effects.retire, retirer=self.retirer, clock=self.clock)

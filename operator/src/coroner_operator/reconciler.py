@@ -23,11 +23,13 @@ Three phases, one module each:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import datetime
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from coroner.core import model
 from coroner.core.decision import NodeFacts, Policy
@@ -40,6 +42,9 @@ from coroner_operator.executor import Executor
 from coroner_operator.kubeapi import KubeApi
 from coroner_operator.metrics import DecisionGauge
 from coroner_operator.permissions import PermissionRefresher
+
+A = TypeVar("A")
+B = TypeVar("B")
 
 
 class Reconciler:
@@ -71,25 +76,30 @@ class Reconciler:
             decided_at, effects = await self.decide(key)
             if effects is None or effects.retire is None:
                 break
-            # A retirement waits for reads shared with every retirement decided meanwhile (the
-            # admission policies here, the Lease fence in the executor): its worker goes on to the
-            # next key, so a burst of deaths is one batch per read, not one per worker.
+            # A retirement waits for reads shared with every retirement decided meanwhile: its
+            # worker goes on to the next key, so a burst of deaths is one batch per read, not one
+            # per worker.
             detach()
-            # The admission policies, read after the decision; one that finds them weakened is
-            # recorded, and the registration decided again from it. The read is held until the
-            # write is answered (the executor lets go of `holds` then), so the next read serves
-            # the whole batch decided meanwhile.
+            # The admission policies and the namespace's Lease fence, both read after the decision
+            # and sent together: each is a consistent read that may wait for the API server's
+            # watch cache to catch up, and sent one after the other they would wait twice. Admission
+            # found weakened is recorded, and the registration decided again from it. Both reads
+            # are held until the write is answered (the executor lets go of `holds` then), so the
+            # next reads serve the whole batch decided meanwhile.
             async with contextlib.AsyncExitStack() as holds:
-                verified = await holds.enter_async_context(self.permissions.admission_held(decided_at=decided_at))
+                verified, fence = await _together(
+                    holds.enter_async_context(self.permissions.admission_held(decided_at=decided_at)),
+                    self.executor.fence(key[0], decided_at=decided_at, holds=holds),
+                )
                 if verified:
                     self.gauge.set(key, effects.reason)
-                    await self.executor.run(effects, decided_at=decided_at, holds=holds)
+                    await self.executor.run(effects, holds=holds, fence=fence)
                     return Result(requeue_at=effects.requeue_at)
         if effects is None:
             self.gauge.set(key, None)
             return Result()
         self.gauge.set(key, effects.reason)
-        await self.executor.run(effects, decided_at=decided_at)
+        await self.executor.run(effects)
         return Result(requeue_at=effects.requeue_at)
 
     async def decide(self, key: Key) -> tuple[float, Effects | None]:
@@ -138,3 +148,13 @@ class Reconciler:
             self.world.put_node(live)
             return None
         return dataclasses.replace(view, exists=False)
+
+
+async def _together(first: Awaitable[A], second: Awaitable[B]) -> tuple[A, B]:
+    """Both results; an error is raised only once both have ended, so neither enters its hold into
+    a stack that the error already closed (a hold never let go would stall that read for good)."""
+    one, two = await asyncio.gather(first, second, return_exceptions=True)
+    for result in (one, two):
+        if isinstance(result, BaseException):
+            raise result
+    return one, two  # type: ignore[return-value]
