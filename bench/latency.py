@@ -420,6 +420,7 @@ def main() -> int:
                     bench, nodes[0].agent.pid, name=f"{args.name}-{name}-agent", seconds=args.kill_window
                 )
             writes_before = c.operator_status_writes(c.scrape_operator(port))
+            waits_before = c.cache_read_waits(bench.admin)
             floor_start = len(floor.samples)
             floor.measure(True)
             silences: list[float] = []
@@ -446,6 +447,11 @@ def main() -> int:
                     kind: int(writes_after[kind] - writes_before[kind]) for kind in writes_after
                 },
                 "floor_during_kills": c.percentiles([2 * x for x in floor.samples[floor_start:]]),
+                # What the operator's consistent reads (the Lease fence, the admission policies)
+                # waited for before the API server served them.
+                "apiserver_watch_cache_read_wait": c.diff_cache_read_waits(
+                    c.cache_read_waits(bench.admin), waits_before, resources=c.RETIREMENT_READS
+                ),
             }
             if args.heartbeat:
                 result[name]["heartbeat_silence_at_kill"] = c.percentiles(silences)

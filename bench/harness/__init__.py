@@ -16,6 +16,7 @@ from coroner.client.rest import ApiError as ApiError
 from coroner.client.rest import Rest as Rest
 from coroner.client.rest import registrations_path as registrations_path
 from harness.cluster import ATTRIBUTION_CLASSES as ATTRIBUTION_CLASSES
+from harness.cluster import RETIREMENT_READS as RETIREMENT_READS
 from harness.cluster import WRITE_VERBS as WRITE_VERBS
 from harness.cluster import Attribution as Attribution
 from harness.cluster import Bench as Bench
@@ -24,9 +25,11 @@ from harness.cluster import Node as Node
 from harness.cluster import RequestKey as RequestKey
 from harness.cluster import Watch as Watch
 from harness.cluster import apiserver_requests as apiserver_requests
+from harness.cluster import cache_read_waits as cache_read_waits
 from harness.cluster import client as client
 from harness.cluster import create as create
 from harness.cluster import create_admitted as create_admitted
+from harness.cluster import diff_cache_read_waits as diff_cache_read_waits
 from harness.cluster import diff_requests as diff_requests
 from harness.cluster import metrics_text as metrics_text
 from harness.cluster import operator_status_writes as operator_status_writes

@@ -128,6 +128,58 @@ def diff_requests(after: Counter[RequestKey], before: Counter[RequestKey]) -> di
     return out
 
 
+#: The watch cache's wait before a consistent read: a LIST without a resourceVersion is served from
+#: the API server's watch cache once the cache has caught up with etcd's current revision, which
+#: for a rarely written resource takes a progress notification from etcd (asked for every 100 ms
+#: while a read waits).
+CACHE_READ_WAIT = "apiserver_watch_cache_read_wait_seconds"
+CACHE_READ_WAIT_BOUNDS_MS = (25, 50, 100, 200)
+
+
+def cache_read_waits(admin: Rest) -> dict[str, dict[str, float]]:
+    """`CACHE_READ_WAIT` per resource: its cumulative buckets (``le=<seconds>``), count and sum."""
+    text = metrics_text(admin)
+    out: dict[str, dict[str, float]] = {}
+    for suffix in ("bucket", "count", "sum"):
+        for labels, value in parse_prometheus(text, f"{CACHE_READ_WAIT}_{suffix}"):
+            group, resource_ = labels.get("group", ""), labels.get("resource", "")
+            entry = out.setdefault(f"{group}/{resource_}" if group else resource_, {})
+            entry[f"le={labels.get('le')}" if suffix == "bucket" else suffix] = value
+    return out
+
+
+#: The resources the operator reads with a consistent LIST right before a retirement.
+RETIREMENT_READS = (
+    "coordination.k8s.io/leases",
+    "admissionregistration.k8s.io/validatingadmissionpolicies",
+    "admissionregistration.k8s.io/validatingadmissionpolicybindings",
+)
+
+
+def diff_cache_read_waits(
+    after: dict[str, dict[str, float]], before: dict[str, dict[str, float]], *, resources: Sequence[str]
+) -> dict[str, dict[str, Any]]:
+    """Per resource of `resources` read in between: the reads, their mean wait, and the share that
+    waited longer than each of `CACHE_READ_WAIT_BOUNDS_MS`."""
+    out: dict[str, dict[str, Any]] = {}
+    for resource_ in resources:
+        now, then = after.get(resource_, {}), before.get(resource_, {})
+        reads = now.get("count", 0.0) - then.get("count", 0.0)
+        if reads <= 0:
+            continue
+        longer = {}
+        for bound in CACHE_READ_WAIT_BOUNDS_MS:
+            key = f"le={bound / 1000:g}"
+            if key in now:
+                longer[str(bound)] = round(1 - (now[key] - then.get(key, 0.0)) / reads, 3)
+        out[resource_] = {
+            "reads": int(reads),
+            "mean_ms": round(1000 * (now.get("sum", 0.0) - then.get("sum", 0.0)) / reads, 1),
+            "share_waiting_over_ms": longer,
+        }
+    return out
+
+
 WRITE_VERBS = ["create", "update", "patch", "delete", "deletecollection"]
 #: Request classes an Attribution tells apart, most specific first: (class, apiGroups, resources,
 #: verbs). Reviews (SelfSubjectAccessReview and the like) are `create`s that store nothing: reads.
