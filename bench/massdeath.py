@@ -60,6 +60,7 @@ import harness as c
 import psutil
 
 from coroner.core import api, procfs, wire
+from coroner_operator.kubeapi import ADMISSION_RESOURCES
 
 NS = "bench"
 NS_FLOOR = "bench-floor"
@@ -312,10 +313,9 @@ def main() -> int:
         ssar = count("POST", "selfsubjectaccessreviews")
         lease_lists = count("LIST", "leases")
         # The operator's admission check right before a batch of retirements: the policies and their
-        # bindings listed, the CRD read (kubeapi.ADMISSION_RESOURCES, admission_digest.CRD).
+        # bindings listed, the CRD read (admission_digest.CRD).
         admission_lists = sum(
-            count("LIST", plural, group="admissionregistration.k8s.io")
-            for plural in ("validatingadmissionpolicies", "validatingadmissionpolicybindings")
+            count("LIST", plural, group="admissionregistration.k8s.io") for plural in ADMISSION_RESOURCES.values()
         ) + count("GET", "customresourcedefinitions", group="apiextensions.k8s.io")
         retirements = len(retired_times) or 1
         writes = attestation_patches + op_writes["retirement"] + op_writes["conditions"] + event_creates + event_updates

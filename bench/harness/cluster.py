@@ -23,6 +23,7 @@ from coroner.client.rest import ApiError, Rest, list_pages, registrations_path, 
 from coroner.core import api, kubewire, wire
 from coroner_dev import fleet
 from coroner_dev.devcluster import cluster as cluster_mod
+from coroner_operator.kubeapi import ADMISSION_RESOURCES
 from harness.machine import LoadMonitor, log, tail
 from harness.workers import Workers
 
@@ -148,11 +149,11 @@ def cache_read_waits(admin: Rest) -> dict[str, dict[str, float]]:
     return out
 
 
-#: The resources the operator reads with a consistent LIST right before a retirement.
+#: The resources the operator reads with a consistent LIST right before a retirement: the Lease
+#: fence and the admission kinds it verifies.
 RETIREMENT_READS = (
     "coordination.k8s.io/leases",
-    "admissionregistration.k8s.io/validatingadmissionpolicies",
-    "admissionregistration.k8s.io/validatingadmissionpolicybindings",
+    *(f"admissionregistration.k8s.io/{plural}" for plural in ADMISSION_RESOURCES.values()),
 )
 
 
