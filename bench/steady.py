@@ -106,7 +106,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--window", type=float, default=300.0, help="measurement window (seconds)")
     parser.add_argument("--idle-seconds", type=float, default=20.0, help="idle control plane background window")
     parser.add_argument("--quick", action="store_true", help="2000 registrations, 120 s window, 10 s idle")
-    parser.add_argument("--profile", action="store_true", help="py-spy the operator for 60 s in the window")
+    parser.add_argument(
+        "--profile", action="store_true", help="py-spy the operator for 60 s in the window, and the cold start's"
+    )
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--name", default=None, help="default: steady (steady-quick with --quick)")
     args = parser.parse_args()
@@ -541,7 +543,11 @@ def main() -> int:
         result["kubectl_get_all_seconds"], result["kubectl_get_all_rss_mb"] = get_seconds, get_rss
         c.log(f"plan -A {plan_seconds} s / {plan_rss} MiB; kubectl get -A {get_seconds} s")
         operator.stop()
-        result["cold_start_seconds_to_all_decided"] = cold_start(bench, args.registrations)
+        result["cold_start_seconds_to_all_decided"], cold_profile = cold_start(
+            bench, args.registrations, profile_name=f"{args.name}-operator-cold-start" if args.profile else None
+        )
+        if cold_profile is not None:
+            result["operator_cold_start_profile"] = cold_profile.summary()
         result["takeover_seconds_to_all_decided"], result["takeover"] = takeover(bench, args.registrations)
         c.log(
             f"cold start -> all decided {result['cold_start_seconds_to_all_decided']} s; "
@@ -577,13 +583,17 @@ def wait_decided(port: int, registrations: int, *, since: float, timeout: float 
     return None
 
 
-def cold_start(bench: c.Bench, registrations: int) -> float | None:
-    """A fresh operator process -> every registration decided (its gauges count all of them)."""
+def cold_start(
+    bench: c.Bench, registrations: int, *, profile_name: str | None = None
+) -> tuple[float | None, c.Profile | None]:
+    """A fresh operator process -> every registration decided (its gauges count all of them); with
+    `profile_name`, py-spy on it from when it serves metrics until it stops (at most 300 s)."""
     port = c.free_port()
     t0 = time.monotonic()
     operator = bench.start_operator(metrics_port=port)
+    profile = None if profile_name is None else c.py_spy(bench, operator.pid, name=profile_name, seconds=300.0)
     try:
-        return wait_decided(port, registrations, since=t0)
+        return wait_decided(port, registrations, since=t0), profile
     finally:
         operator.stop()
 
