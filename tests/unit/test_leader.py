@@ -251,3 +251,23 @@ def test_a_replica_that_stops_leading_stops_reporting_the_decision_gauges() -> N
     gauge.clear()
     assert gauge.by_reason() == {}
     assert all(metrics.registrations.labels(r.value)._value.get() == 0 for r in reasons)
+
+
+def test_the_decision_gauge_counts_each_registration_once_under_its_latest_reason() -> None:
+    from coroner.core.reasons import Reason
+    from coroner_operator.metrics import DecisionGauge, Metrics
+
+    metrics = Metrics(process_collectors=False)
+    gauge = DecisionGauge(metrics)
+
+    def counted(reason: Reason) -> float:
+        return float(metrics.registrations.labels(reason.value)._value.get())
+
+    for _ in range(3):  # every sweep decides it again, unchanged
+        gauge.set(("ns", "w"), Reason.PID_ALIVE)
+    assert counted(Reason.PID_ALIVE) == 1
+    gauge.set(("ns", "w"), Reason.AGENT_UNAVAILABLE)
+    assert (counted(Reason.PID_ALIVE), counted(Reason.AGENT_UNAVAILABLE)) == (0, 1)
+    gauge.set(("ns", "w"), None)
+    gauge.set(("ns", "w"), None)
+    assert counted(Reason.AGENT_UNAVAILABLE) == 0 and gauge.by_reason() == {}

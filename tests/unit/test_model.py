@@ -199,6 +199,16 @@ class TestTime:
     def test_unparsable(self, value: object) -> None:
         assert parse_time(value) is None
 
+    @given(st.text(alphabet="0123456789-:TtZz.+ ", max_size=40) | st.sampled_from(["2026-11-30T18:00:00Z"]))
+    def test_a_text_parses_the_same_every_time_and_shares_its_datetime(self, text: str) -> None:
+        # Remembered parses (a cache holds one datetime per repeated timestamp) change no answer,
+        # and a str subclass is parsed, not looked up.
+        class Text(str):
+            pass
+
+        first, again, subclassed = parse_time(text), parse_time(text), parse_time(Text(text))
+        assert again is first and subclassed == first
+
     def test_format_round_trips(self) -> None:
         moment = datetime.datetime(2026, 11, 30, 18, 0, 0, 123456, tzinfo=UTC)
         assert format_time(moment) == "2026-11-30T18:00:00Z"

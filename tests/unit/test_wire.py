@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coroner.core import api, kubewire, model, wire, world
+from coroner.core import conditions as cond
 from coroner.core.decision import Policy, decide
 from coroner.core.reasons import ConditionType, Evidence, Reason, State, Statement, Verdict
 from unit.builders import NOW, make_facts, make_registration
@@ -300,6 +301,28 @@ def test_the_operators_conditions_parse_back_as_decided() -> None:
     assert parsed.conditions == tuple(desired)
     assert not wire.conditions_changed(parsed, desired)
     assert not parsed.terminal
+
+
+_CONDITION = st.builds(
+    model.Condition,
+    type=st.sampled_from(["Attested", "Retirable"]),
+    status=st.sampled_from([None, "True", "False"]),
+    reason=st.sampled_from([None, "Unknown", "PidAlive"]),
+    message=st.sampled_from([None, "", "alive"]),
+    last_transition_time=st.sampled_from(
+        [None, NOW, NOW + datetime.timedelta(microseconds=1), NOW.replace(tzinfo=None)]
+    ),
+    observed_generation=st.sampled_from([None, 1]),
+)
+
+
+@given(st.lists(_CONDITION, max_size=2), st.lists(_CONDITION, max_size=2))
+def test_conditions_changed_means_they_would_be_stored_differently(
+    stored: list[model.Condition], desired: list[model.Condition]
+) -> None:
+    registration = dataclasses.replace(model.parse_registration(make_registration()), conditions=tuple(stored))
+    expected = cond.render_conditions(stored) != cond.render_conditions(desired)
+    assert wire.conditions_changed(registration, desired) is expected
 
 
 #: Conditions the operator does not write, as others may store them: a goodbye timed to the

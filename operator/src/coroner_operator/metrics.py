@@ -124,6 +124,8 @@ class DecisionGauge:
 
     def set(self, key: Hashable, reason: Reason | None) -> None:
         """`key`'s latest reason; None takes it out (terminal, or gone)."""
+        if self._reasons.get(key) is reason:  # unchanged (every sweep, for nearly every key)
+            return
         old = self._reasons.pop(key, None)
         if old is not None:
             self._gauge.labels(old.value).dec()

@@ -57,7 +57,6 @@ def set_condition(
     and back compares equal to the one set here.
     """
     status_text = _status(status)
-    moment = _whole_seconds(now)
     updated: list[Condition] = []
     found = False
     for condition in conditions:
@@ -67,7 +66,17 @@ def set_condition(
         found = True
         flipped = condition.status != status_text
         # A stored condition without a transition time is repaired: the field is required.
-        transition = moment if flipped or condition.last_transition_time is None else condition.last_transition_time
+        if flipped or condition.last_transition_time is None:
+            transition = _whole_seconds(now)
+        elif (condition.reason, condition.message, condition.observed_generation) == (
+            reason,
+            message,
+            observed_generation,
+        ):
+            updated.append(condition)  # says it already (the common case): the same value
+            continue
+        else:
+            transition = condition.last_transition_time
         updated.append(
             dataclasses.replace(
                 condition,
@@ -85,7 +94,7 @@ def set_condition(
                 status=status_text,
                 reason=reason,
                 message=message,
-                last_transition_time=moment,
+                last_transition_time=_whole_seconds(now),
                 observed_generation=observed_generation,
             )
         )

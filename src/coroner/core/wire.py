@@ -247,7 +247,10 @@ def conditions_ops(
 
 
 def conditions_changed(registration: model.Registration, desired: list[model.Condition]) -> bool:
-    return cond.render_conditions(list(registration.conditions)) != cond.render_conditions(desired)
+    current = list(registration.conditions)
+    if current == desired:  # equal records render equal (the common case, without rendering)
+        return False
+    return cond.render_conditions(current) != cond.render_conditions(desired)
 
 
 def reads_terminal(registration: model.Registration) -> bool:
