@@ -35,6 +35,7 @@ from coroner.core.world import World
 from coroner.runtime.controller import Controller, Result, utcnow
 from coroner.runtime.leader import LeaderElector
 from coroner.runtime.watch import Handoff, reflect
+from coroner_operator.collector import ListingPause
 from coroner_operator.events import EventPoster
 from coroner_operator.executor import Executor
 from coroner_operator.inputs import WatchInputs
@@ -219,6 +220,7 @@ class Operator:
         stop = threading.Event()
         ended: asyncio.Future[None] = loop.create_future()
         handoff = Handoff(loop, stop=stop)
+        pause = ListingPause()
         patterns = self.settings.namespaces
 
         def end(error: BaseException | None) -> None:
@@ -236,11 +238,17 @@ class Operator:
             def on_page(items: list[dict[str, Any]], first: bool, last: bool, resource_version: str) -> None:
                 if filtered:
                     items = [body for body in items if serves(patterns, body["metadata"]["namespace"])]
-                handoff(
-                    lambda: self.inputs.on_list_page(
+
+                def ingest() -> None:
+                    if first:
+                        pause.begin(namespace)
+                    self.inputs.on_list_page(
                         items, first=first, last=last, resource_version=resource_version, namespace=namespace
                     )
-                )
+                    if last:
+                        pause.end(namespace)
+
+                handoff(ingest)
 
             def on_event(event_type: str, body: dict[str, Any]) -> None:
                 if not filtered or serves(patterns, body["metadata"]["namespace"]):
@@ -265,6 +273,7 @@ class Operator:
             await ended
         finally:
             stop.set()
+            pause.close()
 
     async def drain(self) -> None:
         """Waits until the queue is empty and nothing is being reconciled (tests)."""
