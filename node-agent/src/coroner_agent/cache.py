@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from coroner.core.model import Key
-from coroner.core.world import without_managed_fields
+from coroner.core.world import shared, without_managed_fields
 from coroner_agent.effects import FirstLook
 
 
@@ -28,7 +28,8 @@ class AgentCache:
         """During the shutdown wait: the keys changed since it last looked (None: not waiting)."""
 
     def observe(self, key: Key, body: dict[str, Any]) -> None:
-        self.bodies[key] = without_managed_fields(body)
+        # Shared strings: a body as decoded was ~10 KB, ~4 KB so (a node of 1,000 workers: ~6 MB less).
+        self.bodies[key] = cast(dict[str, Any], shared(without_managed_fields(body)))
         self.touched(key)
 
     def forget(self, key: Key) -> None:

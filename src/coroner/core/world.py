@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import sys
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any, cast
@@ -53,11 +54,14 @@ def slim(body: Mapping[str, Any]) -> dict[str, Any]:
     return kept
 
 
-def _shared(value: object, intern: Callable[[str], str]) -> object:
+def shared(value: object, intern: Callable[[str], str] = sys.intern) -> object:
+    """`value` (decoded JSON) rebuilt from shared strings: every key, and every string up to
+    `_SHARED_STRING_MAX` long. A body decoded from JSON holds its own copy of each; a cache of
+    thousands of bodies holds the same few hundred (the operator's `World`, the agent's cache)."""
     if isinstance(value, dict):
-        return {intern(k) if isinstance(k, str) else k: _shared(v, intern) for k, v in value.items()}
+        return {intern(k) if isinstance(k, str) else k: shared(v, intern) for k, v in value.items()}
     if isinstance(value, list):
-        return [_shared(v, intern) for v in value]
+        return [shared(v, intern) for v in value]
     if isinstance(value, str) and len(value) <= _SHARED_STRING_MAX:
         return intern(value)
     return value
@@ -183,7 +187,7 @@ class World:
         key = key_of(body)
         self.forget_registration(key)
         if self.intern is not None:  # parsed from shared strings, so that the record shares them too
-            body = cast(dict[str, Any], _shared(without_managed_fields(body), self.intern))
+            body = cast(dict[str, Any], shared(without_managed_fields(body), self.intern))
         registration = model.parse_registration(body, raw_attestation=False)
         if self.keep_bodies:
             self.bodies[key] = slim(body)
