@@ -35,7 +35,7 @@ def parse_time(value: object) -> datetime.datetime | None:
         return _parse_text(value)
     if not isinstance(value, str):
         return None
-    return _parse_text.__wrapped__(value)
+    return _parse_text.__wrapped__(value)  # a str subclass hashes and compares its own way: not remembered
 
 
 # A cache of 150,000 registrations holds about seven timestamps each, most of them shared (the
