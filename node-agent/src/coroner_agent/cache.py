@@ -28,7 +28,7 @@ class AgentCache:
         """During the shutdown wait: the keys changed since it last looked (None: not waiting)."""
 
     def observe(self, key: Key, body: dict[str, Any]) -> None:
-        # Shared strings: a body as decoded was ~10 KB, ~4 KB so (a node of 1,000 workers: ~6 MB less).
+        # Built from shared strings: ~4 KB a body instead of ~10 KB as decoded (1,000 workers: ~6 MB).
         self.bodies[key] = cast(dict[str, Any], shared(without_managed_fields(body)))
         self.touched(key)
 
