@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import sys
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any, cast
@@ -54,7 +53,7 @@ def slim(body: Mapping[str, Any]) -> dict[str, Any]:
     return kept
 
 
-def shared(value: object, intern: Callable[[str], str] = sys.intern) -> object:
+def shared(value: object, intern: Callable[[str], str]) -> object:
     """`value` (decoded JSON) rebuilt from shared strings: every key, and every string up to
     `_SHARED_STRING_MAX` long. A body decoded from JSON holds its own copy of each; a cache of
     thousands of bodies holds the same few hundred (the operator's `World`, the agent's cache)."""
