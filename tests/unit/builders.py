@@ -11,8 +11,11 @@ from __future__ import annotations
 import copy
 import datetime
 import functools
+import gc
+import json
 import pathlib
-from collections.abc import Mapping, Sequence
+import tracemalloc
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 import yaml
@@ -339,3 +342,37 @@ def cached(registrations: Sequence[Mapping[str, Any]], *, keep_bodies: bool = Tr
     for body in registrations:
         world.put_registration(dict(body))
     return world
+
+
+def watched_texts(count: int, **overrides: Any) -> list[str]:
+    """`count` registrations as watch events deliver them (JSON texts, each decoded on its own):
+    one body (`make_registration(**overrides)`, three conditions, managedFields) under `count` names,
+    uids and resourceVersions. What a cache holds per registration is measured on these."""
+    conditions = [
+        {"type": kind, "status": "True", "reason": "PidAlive", "message": "the agent sees the process alive",
+         "lastTransitionTime": "2026-12-01T10:00:00Z", "observedGeneration": 1}
+        for kind in ("Attested", "Retirable", "Retired")
+    ]  # fmt: skip
+    template = make_registration(conditions=conditions, **overrides)
+    template["metadata"]["managedFields"] = [{"manager": "agent", "fieldsV1": {"f:status": {}}}] * 3
+    texts = []
+    for i in range(count):
+        body = json.loads(json.dumps(template))
+        body["metadata"].update(name=f"w-{i}", uid=f"uid-{i:08d}", resourceVersion=str(1000 + i))
+        texts.append(json.dumps(body))
+    return texts
+
+
+def traced_bytes_each(texts: Sequence[str], keep: Callable[[int, dict[str, Any]], None]) -> float:
+    """Bytes of memory that `keep` holds on to per text it is given decoded (tracemalloc:
+    deterministic for one interpreter)."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i, text in enumerate(texts):
+            keep(i, json.loads(text))
+        gc.collect()
+        return (tracemalloc.get_traced_memory()[0] - before) / len(texts)
+    finally:
+        tracemalloc.stop()

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from coroner.core.world import World
-from unit.builders import make_registration
+from unit.builders import NAMESPACE, make_registration, traced_bytes_each, watched_texts
 
 pytestmark = pytest.mark.unit
 
@@ -39,41 +39,17 @@ def test_the_cache_keeps_a_registration_compactly() -> None:
     body only what a write reads back (status, and the object's name and version), its keys and
     short strings shared (interned) across registrations instead of one copy each. Measured with tracemalloc (deterministic for one
     interpreter); the same body decoded per registration, as watch events deliver them."""
-    import gc
-    import json
-    import tracemalloc
+    import sys
 
     from coroner.core import api
 
-    conditions = [
-        {"type": kind, "status": "True", "reason": "PidAlive", "message": "the agent sees the process alive",
-         "lastTransitionTime": "2026-12-01T10:00:00Z", "observedGeneration": 1}
-        for kind in ("Attested", "Retirable", "Retired")
-    ]  # fmt: skip
-    template = make_registration(conditions=conditions)
-    template["metadata"]["managedFields"] = [{"manager": "agent", "fieldsV1": {"f:status": {}}}] * 3
-    texts = []
-    for i in range(2000):
-        body = json.loads(json.dumps(template))
-        body["metadata"].update(name=f"w-{i}", uid=f"uid-{i:08d}", resourceVersion=str(1000 + i))
-        texts.append(json.dumps(body))
-    import sys
-
+    texts = watched_texts(2000)
     world = World(system_namespace=api.SYSTEM_NAMESPACE, intern=sys.intern)  # as the operator's
-    gc.collect()
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        for text in texts:
-            world.put_registration(json.loads(text))
-        gc.collect()
-        per_registration = (tracemalloc.get_traced_memory()[0] - before) / len(texts)
-    finally:
-        tracemalloc.stop()
+    per_registration = traced_bytes_each(texts, lambda i, body: world.put_registration(body))
     assert per_registration <= 5500, f"{per_registration:.0f} bytes per registration"
     first, second = (
-        world.bodies[(template["metadata"]["namespace"], "w-0")],
-        world.bodies[(template["metadata"]["namespace"], "w-1")],
+        world.bodies[(NAMESPACE, "w-0")],
+        world.bodies[(NAMESPACE, "w-1")],
     )
     assert set(first) == {"metadata", "status"}, "the rest is in the parsed record"
     assert set(first["metadata"]) == {"namespace", "name", "resourceVersion"}
