@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from coroner.client.rest import ApiError
-from coroner.runtime.watch import INITIAL_EVENTS_END, Handoff, reflect
+from coroner.runtime.watch import INITIAL_EVENTS_END, Handoff, IncompleteList, initial_events, reflect
 from coroner_operator.app import Operator, serves, watch_scopes
 from unit.builders import make_operator, make_registration
 
@@ -333,3 +333,33 @@ def test_exact_namespaces_are_watched_one_by_one_and_a_glob_watches_every_namesp
 )
 def test_serves_matches_exact_names_and_globs(patterns: tuple[str, ...], namespace: str, served: bool) -> None:
     assert serves(patterns, namespace) is served
+
+
+@pytest.mark.parametrize(("n", "pages"), [(0, [0]), (2, [2]), (3, [3, 0]), (7, [3, 3, 1])])
+def test_initial_events_come_in_pages_and_leave_the_watch_that_follows_to_the_caller(n: int, pages: list[int]) -> None:
+    end = {"metadata": {"resourceVersion": "99", "annotations": {INITIAL_EVENTS_END: "true"}}}
+    events = iter(
+        [{"type": "ADDED", "object": obj(f"o{i}", i + 1)} for i in range(n)]
+        + [{"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "50"}}}]  # not the end: skipped
+        + [{"type": "BOOKMARK", "object": end}, {"type": "MODIFIED", "object": obj("o0", 100)}]
+    )
+    got = list(initial_events(events, page_limit=3))
+    assert [len(page) for page, _, _ in got] == pages
+    assert [last for _, last, _ in got] == [False] * (len(pages) - 1) + [True]
+    assert got[-1][2] == "99"
+    assert [o["metadata"]["name"] for page, _, _ in got for o in page] == [f"o{i}" for i in range(n)]
+    assert next(events)["type"] == "MODIFIED"
+
+
+@pytest.mark.parametrize(
+    ("events", "raised"),
+    [
+        ([], IncompleteList),
+        ([{"type": "ADDED", "object": obj("a", 1)}], IncompleteList),
+        ([{"type": "MODIFIED", "object": obj("a", 1)}], ApiError),
+        ([{"type": "ERROR", "object": {"code": 410, "reason": "Expired"}}], ApiError),
+    ],
+)
+def test_initial_events_without_their_end_raise(events: list[dict[str, Any]], raised: type[Exception]) -> None:
+    with pytest.raises(raised):
+        list(initial_events(iter(events), page_limit=3))

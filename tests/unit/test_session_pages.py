@@ -1,7 +1,8 @@
-"""`Session.cache_registrations`: a LIST followed page by page, each page into the World as it comes.
+"""`Session.cache_registrations`: a streaming list, else a LIST followed page by page, each page
+into the World as it comes.
 
-The kubernetes package's list call is replaced by a server scripted page by page (the only I/O);
-the Session, its paging and its error sentences are the plugin's own.
+The kubernetes package's calls are replaced by a server scripted event by event or page by page
+(the only I/O); the Session, its paging, its fallback and its error sentences are the plugin's own.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from kubernetes.client.exceptions import ApiException
 
 from coroner.cli import session
 from coroner.core.world import World
+from coroner.runtime.watch import INITIAL_EVENTS_END
 from unit.builders import make_registration
 
 pytestmark = pytest.mark.unit
@@ -68,8 +70,47 @@ def plugin(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> session.S
     return session.Session(kubeconfig=str(path))
 
 
-def _scripted(monkeypatch: pytest.MonkeyPatch, server: Server) -> None:
+class _Stream:
+    """A streaming list's answer (urllib3's response): `events` as JSON lines in odd-sized chunks."""
+
+    def __init__(self, status: int, events: list[dict[str, Any]]) -> None:
+        self.status, self.reason, self.data = status, "Bad Request" if status >= 400 else "OK", b"{}"
+        self.text = b"".join(json.dumps(e).encode() + b"\n" for e in events)
+        self.closed = self.released = False
+
+    def stream(self, amount: int) -> Any:
+        return (self.text[i : i + 1000] for i in range(0, len(self.text), 1000))
+
+    def close(self) -> None:
+        self.closed = True
+
+    def release_conn(self) -> None:
+        self.released = True
+
+
+def _streaming(plugin: session.Session, monkeypatch: pytest.MonkeyPatch, answer: _Stream) -> list[str]:
+    """Streaming lists answered with `answer`; returns the URLs asked for."""
+    urls: list[str] = []
+
+    def call_api(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        urls.append(url)
+        return type("RESTResponse", (), {"response": answer})()
+
+    monkeypatch.setattr(plugin.client, "call_api", call_api)
+    return urls
+
+
+def _added(items: list[dict[str, Any]], *, end: bool = True) -> list[dict[str, Any]]:
+    events = [{"type": "ADDED", "object": item} for item in items]
+    mark = {"metadata": {"resourceVersion": "9", "annotations": {INITIAL_EVENTS_END: "true"}}}
+    return events + ([{"type": "BOOKMARK", "object": mark}] if end else [])
+
+
+def _scripted(monkeypatch: pytest.MonkeyPatch, server: Server, plugin: session.Session | None = None) -> None:
+    """LISTs answered page by page by `server`; streaming lists refused, as a server without them does."""
     monkeypatch.setattr(session.k8s, "CustomObjectsApi", lambda client: _Custom(server))
+    if plugin is not None:
+        _streaming(plugin, monkeypatch, _Stream(400, []))
 
 
 @pytest.mark.parametrize(("n", "pages"), [(0, 1), (3, 1), (4, 1), (5, 2), (21, 6)])
@@ -77,7 +118,7 @@ def test_every_registration_of_every_page_is_cached_once(
     plugin: session.Session, monkeypatch: pytest.MonkeyPatch, n: int, pages: int
 ) -> None:
     server = Server(n)
-    _scripted(monkeypatch, server)
+    _scripted(monkeypatch, server, plugin)
     world = World()
     plugin.cache_registrations(world, namespace=None)
     assert len(server.calls) == pages
@@ -92,7 +133,7 @@ def test_one_namespace_is_listed_in_that_namespace_only(
     plugin: session.Session, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     server = Server(21)
-    _scripted(monkeypatch, server)
+    _scripted(monkeypatch, server, plugin)
     world = World()
     plugin.cache_registrations(world, namespace="ns1")
     assert world.namespaces() == ["ns1"]
@@ -104,7 +145,7 @@ def test_a_continue_token_gone_mid_list_is_an_error_naming_the_list_and_the_fix(
     plugin: session.Session, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     server = Server(21, gone_after=2)
-    _scripted(monkeypatch, server)
+    _scripted(monkeypatch, server, plugin)
     with pytest.raises(session.PluginError) as caught:
         plugin.cache_registrations(World(), namespace=None)
     assert caught.value.status == 410
@@ -154,3 +195,48 @@ def test_a_page_that_fails_ahead_raises_in_its_turn_and_a_caller_may_stop_early(
     next(early)
     early.close()  # waits for the page asked for ahead, asks for none after it
     assert len(server.calls) == 2
+
+
+@pytest.mark.parametrize("n", [0, 3, 4, 9])
+def test_a_streaming_list_is_cached_without_a_list_and_its_connection_is_not_reused(
+    plugin: session.Session, monkeypatch: pytest.MonkeyPatch, n: int
+) -> None:
+    server = Server(n)
+    _scripted(monkeypatch, server)
+    answer = _Stream(200, _added(server.items))
+    urls = _streaming(plugin, monkeypatch, answer)
+    world = World()
+    plugin.cache_registrations(world, namespace="ns1")
+    assert sorted(world.parsed) == sorted(
+        (i["metadata"]["namespace"], i["metadata"]["name"]) for i in server.items
+    )  # what the server streamed: it chose the namespace
+    assert server.calls == []
+    assert len(urls) == 1 and "/namespaces/ns1/workerregistrations?" in urls[0]
+    assert "sendInitialEvents=true" in urls[0] and "watch=true" in urls[0]
+    assert answer.closed and answer.released
+
+
+def test_a_stream_ended_before_its_end_is_listed_page_by_page_and_keeps_nothing_of_the_stream(
+    plugin: session.Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = Server(5)
+    _scripted(monkeypatch, server)
+    gone = make_registration(namespace="ns9", name="deleted-since", node_name="n1")
+    _streaming(plugin, monkeypatch, _Stream(200, _added([gone, *server.items[:2]], end=False)))
+    world = World()
+    plugin.cache_registrations(world, namespace=None)
+    assert sorted(world.parsed) == sorted((i["metadata"]["namespace"], i["metadata"]["name"]) for i in server.items)
+    assert len(server.calls) == 2
+
+
+def test_an_error_event_in_the_stream_is_an_error_naming_the_list_and_the_fix(
+    plugin: session.Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _scripted(monkeypatch, Server(0))
+    error = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"}}
+    _streaming(plugin, monkeypatch, _Stream(200, [error]))
+    with pytest.raises(session.PluginError) as caught:
+        plugin.cache_registrations(World(), namespace=None)
+    assert caught.value.status == 410
+    assert "list workerregistrations in every namespace" in caught.value.message
+    assert "run the command again" in caught.value.message

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coroner.core.world import World
+from coroner.core.world import World, shared
 from unit.builders import NAMESPACE, make_registration, traced_bytes_each, watched_texts
 
 pytestmark = pytest.mark.unit
@@ -54,6 +54,31 @@ def test_the_cache_keeps_a_registration_compactly() -> None:
     assert set(first) == {"metadata", "status"}, "the rest is in the parsed record"
     assert set(first["metadata"]) == {"namespace", "name", "resourceVersion"}
     assert next(iter(first["status"])) is next(iter(second["status"])), "keys are shared"
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=200),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(_JSON)
+def test_shared_values_equal_the_decoded_ones_and_share_their_strings(value: object) -> None:
+    """`shared` changes which objects a body holds, never what it says: every key and every
+    string of up to 128 characters is the interned one."""
+    import sys
+
+    def strings(v: object) -> list[tuple[str, bool]]:  # (string, whether it must be shared)
+        if isinstance(v, dict):
+            return [(k, True) for k in v] + [s for item in v.values() for s in strings(item)]
+        if isinstance(v, list):
+            return [s for item in v for s in strings(item)]
+        return [(v, len(v) <= 128)] if isinstance(v, str) else []
+
+    out = shared(value, sys.intern)
+    assert out == value
+    assert all(s is sys.intern(s) for s, must in strings(out) if must)
 
 
 _OPS = st.lists(

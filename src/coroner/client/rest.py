@@ -28,7 +28,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import urllib3
@@ -226,13 +226,7 @@ class Rest:
         try:
             if response.status >= 400:
                 raise ApiError(response.status, response.reason or "", response.read().decode(errors="replace"))
-            pending = b""
-            for chunk in response.stream(64 * 1024):
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                for line in lines:
-                    if line.strip():
-                        yield json.loads(line)
+            yield from json_lines(response.stream(64 * 1024))
             ended = True
         finally:
             if not ended and response.status < 400:
@@ -275,6 +269,17 @@ def _load_client_certificate(ctx: ssl.SSLContext, user: dict[str, Any], file: An
         key.touch(mode=0o600)
         key.write_bytes(base64.b64decode(user["client-key-data"]))
         ctx.load_cert_chain(str(cert), str(key))
+
+
+def json_lines(chunks: Iterable[bytes]) -> Iterator[dict[str, Any]]:
+    """The JSON documents of a stream of one per line (a watch's events), however it is chunked."""
+    pending = b""
+    for chunk in chunks:
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            if line.strip():
+                yield json.loads(line)
 
 
 def list_pages(

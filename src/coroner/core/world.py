@@ -58,10 +58,21 @@ def shared(value: object, intern: Callable[[str], str]) -> object:
     `_SHARED_STRING_MAX` long. A body decoded from JSON holds its own copy of each; a cache of
     thousands of bodies holds the same few hundred (the operator's `World`, the agent's cache)."""
     if isinstance(value, dict):
-        return {intern(k) if isinstance(k, str) else k: shared(v, intern) for k, v in value.items()}
+        # Leaves are handled inline, not by a call each: this runs on every registration a list
+        # or watch brings, and most of a body's values are leaves. Exact types: only a str proper
+        # can be interned.
+        out = {}
+        for k, v in value.items():
+            if type(v) is str:
+                if len(v) <= _SHARED_STRING_MAX:
+                    v = intern(v)
+            elif isinstance(v, (dict, list)):
+                v = shared(v, intern)
+            out[intern(k) if type(k) is str else k] = v
+        return out
     if isinstance(value, list):
         return [shared(v, intern) for v in value]
-    if isinstance(value, str) and len(value) <= _SHARED_STRING_MAX:
+    if type(value) is str and len(value) <= _SHARED_STRING_MAX:
         return intern(value)
     return value
 

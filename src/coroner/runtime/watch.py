@@ -3,9 +3,9 @@ operator (every registration) and the agent (its node's).
 
 `reflect` runs in a thread of its own: it lists the collection, then watches from the list's
 resourceVersion (with bookmarks, so a quiet watch still moves it). The list is a streaming list
-where the API server serves one (client-go's WatchList: a watch that starts with every object from
-the server's watch cache and goes on as the watch; measured at 30,000 registrations: 2.2-2.4 s
-against 3.0-3.7 s for a paged LIST), else a LIST of 500 a page. It re-watches when the
+where the API server serves one (client-go's WatchList, `initial_events`: a watch that starts
+with every object from the server's watch cache and goes on as the watch), else a LIST of 500 a
+page. It re-watches when the
 server ends a stream, and lists again after a 410 or any failure, after a decorrelated-jitter
 backoff (0.5 s up to 30 s: after an API server restart the watchers of a cluster relist spread
 out, not in lockstep). It decides nothing: each page and each event goes to its caller's callbacks,
@@ -147,37 +147,59 @@ class _Lister:
         return resource_version
 
     def _streamed(self, on_page: OnPage, stop: threading.Event) -> tuple[str, Iterator[dict[str, Any]]] | None:
-        """One streaming list (a watch with `sendInitialEvents`: the API server sends the collection
-        from its watch cache as ADDED events, then a bookmark marking their end), handed over in
-        pages; its resourceVersion and the same stream, which goes on as the watch (None if stopped
-        midway). A consistent read, like a paged LIST, but neither side holds a page of the
-        collection as one response, and the server neither reads etcd nor decodes each object again."""
-        watch_query = {
-            **(self.query or {}),
-            "sendInitialEvents": True,
-            "resourceVersionMatch": "NotOlderThan",
-            "allowWatchBookmarks": True,
-        }
-        events = self.rest.watch(self.path, query=watch_query, timeout_seconds=self.timeout_seconds)
-        page: list[dict[str, Any]] = []
+        """One streaming list (`initial_events`), handed over in pages; its resourceVersion and the
+        same stream, which goes on as the watch (None if stopped midway)."""
+        events = self.rest.watch(
+            self.path, query={**(self.query or {}), **STREAMING_LIST}, timeout_seconds=self.timeout_seconds
+        )
         first = True
-        for event in events:
+        for page, last, resource_version in initial_events(events, page_limit=self.page_limit):
             if stop.is_set():
                 return None
-            obj = _object(event)
-            resource_version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
-            if event.get("type") == "BOOKMARK":
-                if ((obj.get("metadata") or {}).get("annotations") or {}).get(INITIAL_EVENTS_END) == "true":
-                    on_page(page, first, True, resource_version)
-                    return resource_version, events
-                continue
-            if event.get("type") != "ADDED":  # only ADDED comes before the end of the initial events
-                raise ApiError(500, "UnexpectedEvent", f"{event.get('type')} before the end of a streaming list")
-            page.append(obj)
-            if len(page) == self.page_limit:
-                on_page(page, first, False, resource_version)
-                page, first = [], False
-        raise IncompleteList()
+            on_page(page, first, last, resource_version)
+            if last:
+                return resource_version, events
+            first = False
+        raise AssertionError("initial_events ends with its last page or raises")  # pragma: no cover
+
+
+#: The query of a streaming list: a watch that starts with every object from the API server's watch
+#: cache (``sendInitialEvents``; consistent, like a LIST without a resourceVersion), then a bookmark
+#: marking their end.
+STREAMING_LIST: Mapping[str, Any] = {
+    "sendInitialEvents": True,
+    "resourceVersionMatch": "NotOlderThan",
+    "allowWatchBookmarks": True,
+}
+
+
+def initial_events(
+    events: Iterator[dict[str, Any]], *, page_limit: int = PAGE_LIMIT
+) -> Iterator[tuple[list[dict[str, Any]], bool, str]]:
+    """The objects of a streaming list (the events of a watch with `STREAMING_LIST`), as pages of
+    `page_limit`: (objects, whether it is the last page, resourceVersion). It stops after the last
+    page, leaving the rest of `events` (the watch that goes on) to the caller.
+
+    Neither side holds the collection as one response, and the server serves it from its watch
+    cache: measured at 30,000 registrations, the API server spent 11 s of CPU on a streaming list
+    against 35 s on a LIST of 500 a page. Raises `IncompleteList` if the stream ends before the
+    bookmark marking the end, `ApiError` for an ERROR event or an event other than ADDED."""
+    page: list[dict[str, Any]] = []
+    for event in events:
+        obj = _object(event)
+        resource_version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+        if event.get("type") == "BOOKMARK":
+            if ((obj.get("metadata") or {}).get("annotations") or {}).get(INITIAL_EVENTS_END) == "true":
+                yield page, True, resource_version
+                return
+            continue
+        if event.get("type") != "ADDED":  # only ADDED comes before the end of the initial events
+            raise ApiError(500, "UnexpectedEvent", f"{event.get('type')} before the end of a streaming list")
+        page.append(obj)
+        if len(page) == page_limit:
+            yield page, False, resource_version
+            page = []
+    raise IncompleteList()
 
 
 class IncompleteList(Exception):
