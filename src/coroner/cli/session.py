@@ -262,7 +262,7 @@ class Session:
             f"the WorkerRegistration API (CustomResourceDefinition {api.CRD_NAME}) is not installed on the "
             f"cluster at {self.server}; install it with `kubectl apply -k manifests/overlays/plan-only`."
         )
-        put = []
+        put: list[tuple[str, str]] = []
         try:
             for page in self.streamed(registrations_path(namespace), what=what, fix=_VIEW_FIX, not_found=not_installed):
                 put += (world.put_registration(body) for body in page)
@@ -280,9 +280,7 @@ class Session:
             for body in page:
                 world.put_registration(body)
 
-    def streamed(
-        self, path: str, *, what: str, fix: str = "", not_found: str = ""
-    ) -> Iterator[list[dict[str, Any]]]:
+    def streamed(self, path: str, *, what: str, fix: str = "", not_found: str = "") -> Iterator[list[dict[str, Any]]]:
         """The objects of one streaming list of `path` (`coroner.runtime.watch.initial_events`), a
         page at a time. Raises `NotStreamed` where the API server serves no streaming list (400 or
         422: an older server, or the WatchList feature off) or ends the stream before its end."""
