@@ -74,7 +74,7 @@ class _Stream:
     """A streaming list's answer (urllib3's response): `events` as JSON lines in odd-sized chunks."""
 
     def __init__(self, status: int, events: list[dict[str, Any]]) -> None:
-        self.status, self.reason, self.data = status, "Bad Request" if status >= 400 else "OK", b"{}"
+        self.status, self.reason, self.data = status, "Refused" if status >= 400 else "OK", b"{}"
         self.text = b"".join(json.dumps(e).encode() + b"\n" for e in events)
         self.closed = self.released = False
 
@@ -213,6 +213,20 @@ def test_a_streaming_list_is_cached_without_a_list_and_its_connection_is_not_reu
     assert server.calls == []
     assert len(urls) == 1 and "/namespaces/ns1/workerregistrations?" in urls[0]
     assert "sendInitialEvents=true" in urls[0] and "watch=true" in urls[0]
+    assert answer.closed and answer.released
+
+
+@pytest.mark.parametrize("status", [400, 403, 422])
+def test_a_server_without_streaming_lists_or_an_identity_without_watch_is_listed_page_by_page(
+    plugin: session.Session, monkeypatch: pytest.MonkeyPatch, status: int
+) -> None:
+    server = Server(5)
+    _scripted(monkeypatch, server)
+    answer = _Stream(status, [])
+    _streaming(plugin, monkeypatch, answer)
+    world = World()
+    plugin.cache_registrations(world, namespace=None)
+    assert len(world.parsed) == 5 and len(server.calls) == 2
     assert answer.closed and answer.released
 
 

@@ -283,7 +283,8 @@ class Session:
     def streamed(self, path: str, *, what: str, fix: str = "", not_found: str = "") -> Iterator[list[dict[str, Any]]]:
         """The objects of one streaming list of `path` (`coroner.runtime.watch.initial_events`), a
         page at a time. Raises `NotStreamed` where the API server serves no streaming list (400 or
-        422: an older server, or the WatchList feature off) or ends the stream before its end."""
+        422: an older server, or the WatchList feature off), where the identity may not watch (403:
+        it may still list) or where the stream ends before its end."""
         query = {**STREAMING_LIST, "watch": True, "timeoutSeconds": _STREAM_SECONDS}
         try:
             request = self.client.param_serialize(
@@ -297,7 +298,7 @@ class Session:
         except urllib3.exceptions.HTTPError as exc:
             raise self.unreachable(exc) from None
         try:
-            if response.status in (400, 422):
+            if response.status in (400, 403, 422):  # 403: list without watch may still be granted
                 raise NotStreamed()
             if response.status >= 300:
                 refused = ApiException(status=response.status, reason=response.reason, body=response.data.decode())
