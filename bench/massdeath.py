@@ -81,7 +81,11 @@ def parse_args() -> argparse.Namespace:
         "--floor-connections", type=int, default=16, help="the floor client's requests in flight (0: no floor)"
     )
     parser.add_argument("--timeout", type=float, default=600, help="give up waiting for retirements after this")
-    parser.add_argument("--profile", action="store_true", help="py-spy the operator for 90 s from the mass death on")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="py-spy the operator and a lost node's agent for 90 s from the mass death on",
+    )
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--name", default="massdeath")
     return parser.parse_args()
@@ -224,9 +228,11 @@ def main() -> int:
         counting.set()
         op_before = c.scrape_operator(port)
         cpu_before = cpu_seconds()
-        profile = None
+        profile = agent_profile = None
         if args.profile:
             profile = c.py_spy(bench, operator.pid, name=f"{args.name}-operator", seconds=90)
+            # The agent of a lost node: it attests its share of the deaths (the busiest kind).
+            agent_profile = c.py_spy(bench, agents[0].pid, name=f"{args.name}-agent", seconds=90)
             time.sleep(1)
 
         c.log(f"killing {args.killed} workers on {args.lost_nodes} nodes at once")
@@ -427,6 +433,8 @@ def main() -> int:
         )
         if profile is not None:
             result["operator_profile"] = profile.summary()
+        if agent_profile is not None:
+            result["agent_profile"] = agent_profile.summary()
         if args.floor_connections > 0:
             floor = measure_floor(
                 bench,
