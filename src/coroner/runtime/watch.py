@@ -7,8 +7,8 @@ where the API server serves one (client-go's WatchList, `initial_events`: a watc
 with every object from the server's watch cache and goes on as the watch), else a LIST of 500 a
 page. It re-watches when the server ends a stream, and lists again after a 410 or any failure,
 after a decorrelated-jitter backoff (0.5 s up to 30 s: after an API server restart the watchers
-of a cluster relist spread out, not in lockstep). It decides nothing: each page and each event goes to its caller's callbacks,
-which `Handoff` carries onto an event loop.
+of a cluster relist spread out, not in lockstep). It decides nothing: each page and each event
+goes to its caller's callbacks, which `Handoff` carries onto an event loop.
 """
 
 from __future__ import annotations
