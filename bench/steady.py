@@ -44,7 +44,8 @@ After the window: the API server's and etcd's RSS (`control_plane_rss_mb`); `kub
 recorded the benchmark's own peak there, an upper bound) and `kubectl get workerregistrations -A`
 (`kubectl_get_all_seconds`, `kubectl_get_all_rss_mb`) as admin; the operator stopped and a fresh
 one started, seconds until its `coroner_registrations` gauges count every registration
-(`cold_start_seconds_to_all_decided`); then two replicas with `--leader-elect`, the leader SIGKILLed once it decided everything, seconds
+(`cold_start_seconds_to_all_decided`; with `--profile` a second cold start under py-spy,
+`cold_start_profiled_seconds_to_all_decided` and `operator_cold_start_profile`); then two replicas with `--leader-elect`, the leader SIGKILLed once it decided everything, seconds
 from the kill until the standby's gauges count every registration, its Lease expiry included
 (`takeover_seconds_to_all_decided`).
 """
@@ -543,11 +544,15 @@ def main() -> int:
         result["kubectl_get_all_seconds"], result["kubectl_get_all_rss_mb"] = get_seconds, get_rss
         c.log(f"plan -A {plan_seconds} s / {plan_rss} MiB; kubectl get -A {get_seconds} s")
         operator.stop()
-        result["cold_start_seconds_to_all_decided"], cold_profile = cold_start(
-            bench, args.registrations, profile_name=f"{args.name}-operator-cold-start" if args.profile else None
-        )
-        if cold_profile is not None:
-            result["operator_cold_start_profile"] = cold_profile.summary()
+        # The goal's number comes from a cold start with no profiler: py-spy takes CPU from the
+        # same 2 cores. With --profile a second cold start is sampled to say where the time went.
+        result["cold_start_seconds_to_all_decided"], _ = cold_start(bench, args.registrations)
+        if args.profile:
+            result["cold_start_profiled_seconds_to_all_decided"], cold_profile = cold_start(
+                bench, args.registrations, profile_name=f"{args.name}-operator-cold-start"
+            )
+            if cold_profile is not None:
+                result["operator_cold_start_profile"] = cold_profile.summary()
         result["takeover_seconds_to_all_decided"], result["takeover"] = takeover(bench, args.registrations)
         c.log(
             f"cold start -> all decided {result['cold_start_seconds_to_all_decided']} s; "

@@ -80,7 +80,9 @@ COMBINED = [
 def _check(result: runner.TrialResult) -> None:
     bad = {c: result.counts[c] for c in (*COUNTERS, "harness_errors") if result.counts[c]}
     details = "\n".join(f"  {v['counter']}: {v.get('detail')}" for v in result.violations)
-    assert not bad, f"{result.summary()}\n{details}\ntimeline: {result.facts.get('timeline')}"
+    # The timeline itself, not only its file: a CI run's temporary directories are gone afterwards.
+    timeline = "\n".join(result.timeline[-30:])
+    assert not bad, f"{result.summary()}\n{details}\ntimeline ({result.facts.get('timeline')}):\n{timeline}"
 
 
 @pytest.mark.parametrize(("fault", "seed"), ALONE, ids=[f for f, _ in ALONE])

@@ -160,6 +160,11 @@ class _ViewFault(Fault):
     def _hold(self) -> None:
         ns = self.trial.namespace
         proxy = self._proxy()
+        if self.component == "operator" and not _wait(lambda: self.trial.reason(self.first) == "PidAlive", ACT_SECONDS):
+            # Held before its decision is written, the operator's own conditions write would be
+            # refused once the world moved and its re-read (the new registration, a newer
+            # resourceVersion) would replace the view the fault withholds: nothing stale to act on.
+            self.failures.append("the operator did not decide the first incarnation PidAlive before the hold")
         self.gate = proxy.hold_events(event_of(ns, self.first.name), mode="drop" if self._drops() else "hold")
         self.tap = proxy.tap(_writes(ns, self.first.name, "retirement", "attestation", "conditions"))
         if self.variant == "mutant-no-cas":
@@ -276,11 +281,19 @@ class StaleViewOperator(_ViewFault):
                 self.failures.append(f"the mutant's retirement never landed: {statuses}")
             return
         if not statuses:
-            self.failures.append("the operator never tried to retire on the stale view")
+            self.failures.append(f"the operator never tried to retire on the stale view; {self._operator_said()}")
         elif any(200 <= s < 300 for s in statuses):
             self.failures.append(f"a retirement on the stale view was accepted: {statuses}")
         elif not all(s in REFUSED for s in statuses):
             self.failures.append(f"unexpected answers to the stale retirement: {statuses}")
+
+    def _operator_said(self) -> str:
+        """What the operator logged about the first registration: a retirement it began and gave up
+        (fence moved, abandoned, failed) or a reconcile error says why no write reached the proxy."""
+        name = f"{self.trial.namespace}/{self.first.name}"
+        logs = self.trial.plane.operator_logs or [self.trial.plane.operator.log]
+        lines = [line.strip() for log in logs for line in log.read_text(errors="replace").splitlines() if name in line]
+        return f"its log about {name}: {lines[-8:]}" if lines else f"its log names {name} nowhere"
 
 
 @fault("stale_view_agent")
