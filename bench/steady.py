@@ -45,8 +45,9 @@ recorded the benchmark's own peak there, an upper bound) and `kubectl get worker
 (`kubectl_get_all_seconds`, `kubectl_get_all_rss_mb`) as admin; the operator stopped and a fresh
 one started, seconds until its `coroner_registrations` gauges count every registration
 (`cold_start_seconds_to_all_decided`; with `--profile` a second cold start under py-spy,
-`cold_start_profiled_seconds_to_all_decided` and `operator_cold_start_profile`); then two replicas with `--leader-elect`, the leader SIGKILLed once it decided everything, seconds
-from the kill until the standby's gauges count every registration, its Lease expiry included
+`cold_start_profiled_seconds_to_all_decided` and `operator_cold_start_profile`); then two replicas
+with `--leader-elect`, the leader SIGKILLed once it decided everything, seconds from the kill until
+the standby's gauges count every registration, its Lease expiry included
 (`takeover_seconds_to_all_decided`).
 """
 

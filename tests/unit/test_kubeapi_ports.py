@@ -4,6 +4,7 @@ the bodies it builds. The deterministic simulation runs the production client th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -81,10 +82,9 @@ class Gate:
         self.most_at_once = max(self.most_at_once, self.waiting)
         if self.waiting == self.expected:
             self.all_in.set()
-        try:
+        # Sent one after the other, each times out alone: `most_at_once` says so.
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.all_in.wait(), timeout=1.0)
-        except TimeoutError:
-            pass  # sent one after the other: `most_at_once` says so
         self.waiting -= 1
         return call()
 
