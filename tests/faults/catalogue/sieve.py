@@ -46,6 +46,7 @@ from typing import Any
 from kubernetes import client as k8s
 
 from coroner.client.rest import Rest
+from coroner.core.reasons import Reason
 from coroner_operator.kubeapi import ADMISSION_RESOURCES
 from faults.catalogue.base import AGENT_DOWN, Fault, fault
 from faults.proxy import ApiProxy, EventGate, Request, Tap, event_of
@@ -160,7 +161,9 @@ class _ViewFault(Fault):
     def _hold(self) -> None:
         ns = self.trial.namespace
         proxy = self._proxy()
-        if self.component == "operator" and not _wait(lambda: self.trial.reason(self.first) == "PidAlive", ACT_SECONDS):
+        if self.component == "operator" and not _wait(
+            lambda: self.trial.reason(self.first) == Reason.PID_ALIVE, ACT_SECONDS
+        ):
             # Held before its decision is written, the operator's own conditions write would be
             # refused once the world moved and its re-read (the new registration, a newer
             # resourceVersion) would replace the view the fault withholds: nothing stale to act on.
@@ -291,7 +294,7 @@ class StaleViewOperator(_ViewFault):
         """What the operator logged about the first registration: a retirement it began and gave up
         (fence moved, abandoned, failed) or a reconcile error says why no write reached the proxy."""
         name = f"{self.trial.namespace}/{self.first.name}"
-        logs = self.trial.plane.operator_logs or [self.trial.plane.operator.log]
+        logs = self.trial.plane.operator_logs  # every operator this plane started, in order
         lines = [line.strip() for log in logs for line in log.read_text(errors="replace").splitlines() if name in line]
         return f"its log about {name}: {lines[-8:]}" if lines else f"its log names {name} nowhere"
 
