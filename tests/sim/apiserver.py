@@ -273,6 +273,8 @@ class Server:
         self.on_write: Callable[[str, str, Key, dict[str, Any] | None, dict[str, Any] | None, int | None], None] = (
             lambda *a: None
         )
+        self.on_fence: Callable[[str], None] = lambda namespace: None
+        """Called as a retirement's Lease fence read reaches the server, before it is answered."""
         self.counts: dict[str, int] = {}
 
     # --- reads -----------------------------------------------------------------------------------
@@ -307,6 +309,12 @@ class Server:
             if body is not None and selector(body):
                 items.append(body)
         return items, at_rv
+
+    def list_leases(self, namespace: str) -> list[dict[str, Any]]:
+        """A live LIST of one namespace's Leases: what a retirement's Lease fence reads, after its decision."""
+        self.on_fence(namespace)
+        items, _ = self.list("lease", lambda b: (b.get("metadata") or {}).get("namespace") == namespace)
+        return items
 
     # --- writes ----------------------------------------------------------------------------------
 
@@ -381,6 +389,16 @@ class Server:
         out = self._commit(identity, "patch", key, old, new, view_rv)
         assert out is not None
         return out
+
+    def annotate(self, identity: str, kind: str, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
+        """A merge patch of metadata.annotations on the main resource (any other client's write:
+        `kubectl annotate`, a GitOps tool): a new resourceVersion, nothing Coroner reads changed."""
+        key = (kind, namespace, name)
+        old = self.objects[key]
+        meta = old["metadata"]
+        new = {**old, "metadata": {**meta, "annotations": {**(meta.get("annotations") or {}), **annotations}}}
+        self._admit(identity, "UPDATE", key, old, new)
+        self._commit(identity, "annotate", key, old, new)
 
     def merge_status(
         self, identity: str, kind: str, namespace: str, name: str, patch: Mapping[str, Any]

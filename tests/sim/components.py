@@ -443,8 +443,7 @@ class _RetirePort:
         return self.trial.server.holds_retire(self.identity)
 
     async def list_leases(self, *, namespace: str) -> list[dict[str, Any]]:
-        items, _ = self.trial.server.list("lease", lambda b: (b.get("metadata") or {}).get("namespace") == namespace)
-        return items
+        return self.trial.server.list_leases(namespace)
 
     async def patch_status(self, *, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
         try:

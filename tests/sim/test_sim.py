@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from sim import run
-from sim.apiserver import Server, SimApiError, Watcher
+from sim.apiserver import Server, SimApiError, Watcher, retired
 from sim.loop import ROOT, Owner, SimLoop
 from sim.mutants import MUTANTS
 from sim.trial import COUNTERS, FAULTS, NOTIFICATIONS
@@ -31,11 +31,7 @@ MUTANT_LIMIT = 2000
 #: Seeds that once failed, each for a reason now fixed (docs/simulation.md, "Findings"). A seed
 #: names a scenario only for the generator of its commit: when the generator changes, the finding
 #: is kept as a test of its own (below) and the seed dropped from here.
-REGRESSIONS: dict[int, str] = {
-    1_000_005_641: "the liveness oracle missed that a child-namespace process held the dead worker's "
-    "root-namespace pid (its host pid) after a reboot: dead_left_active for a registration the agent "
-    "rightly keeps as Reused (found by the CI batch of 50,000 at 3621879)",
-}
+REGRESSIONS: dict[int, str] = {}
 
 
 # --- the model API server ----------------------------------------------------------------------
@@ -340,6 +336,19 @@ def test_a_retirement_refused_by_admission_is_handled_by_the_production_executor
     assert said in conditions["Retirable"]["message"]
     assert "retirement" not in body["status"]
     assert trial.stats["operator:coroner_retire_abandoned:RetireRefusedByAdmission"] >= 1
+
+
+def test_a_write_between_the_decision_and_the_retirement_is_a_conflict_the_operator_recovers_from() -> None:
+    # Seed 22 with only this fault: one worker, killed. Another client annotates the registration
+    # each time a retirement's Lease fence is read (twice), so each compare-and-swap tests a
+    # resourceVersion that has moved: refused, read again, decided again, retired on the third.
+    with run.installed():
+        trial = run.one(22, faults=("bystander_write",))
+    assert trial.stats["bystander_writes"] == 2
+    assert trial.stats["operator:coroner_cas_conflicts"] == 2
+    assert trial.stats["operator:coroner_retirements:PidfdExited"] == 1
+    assert retired(trial.server.objects[("wreg", "jobs", "w0")])
+    assert not trial.violations
 
 
 @pytest.mark.parametrize("seed", sorted(REGRESSIONS) or [pytest.param(0, marks=pytest.mark.skip("none"))])

@@ -120,8 +120,7 @@ class SimRest:
         elif path.startswith(_LEASES):
             namespace, _plural, *named = path[len(_LEASES) :].split("/")
             if method == "GET" and not named:
-                items, rv = server.list("lease", lambda b: (b.get("metadata") or {}).get("namespace") == namespace)
-                return {"items": items, "metadata": {"resourceVersion": str(rv)}}
+                return {"items": server.list_leases(namespace), "metadata": {"resourceVersion": str(server.rv)}}
             if method == "GET":
                 return server.get("lease", namespace, named[0])
             if method == "POST":

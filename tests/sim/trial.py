@@ -38,6 +38,7 @@ FAULTS = (
     "watch_compaction",
     "grant_revoked",
     "human_apply",
+    "bystander_write",
     "proc_read_errors",
     "pidfd_exhausted",
     "sieve_crash_after_write",
@@ -280,6 +281,24 @@ class Trial:
         for _ in range(1 + self.rng.randrange(3)):
             self.at(2.0 + self.rng.random() * 30.0, human.apply)
 
+    def _fault_bystander_write(self) -> None:
+        # The stale view no watch delay is needed for: the object moves between the decision and
+        # the compare-and-swap. Anchored at the retirement's Lease fence (a read sent after the
+        # decision and answered before the write), so it lands inside that window whatever the
+        # order of the other requests on the way.
+        left = [1 + self.rng.randrange(2)]
+
+        def annotate(namespace: str) -> None:
+            if left[0] <= 0:
+                return
+            left[0] -= 1
+            for key, body in list(self.server.objects.items()):
+                if key[0] == "wreg" and key[1] == namespace and not (retired(body) or released(body)):
+                    self.stats["bystander_writes"] += 1
+                    self.server.annotate("bystander", *key, {"example.com/touched": f"{self.now:.3f}"})
+
+        self.server.on_fence = annotate
+
     def _fault_proc_read_errors(self) -> None:
         agent = self._pick_agent()
         agent.flake = 0.05 + self.rng.random() * 0.3
@@ -469,7 +488,7 @@ class Trial:
             return {"Alive": "attested-alive", "Dead": "attested-dead"}.get(str(verdict), "attested-other")
         if o.get("lastHeartbeatTime") != n.get("lastHeartbeatTime"):
             return "heartbeat"
-        return "conditions"
+        return "conditions" if o != n else "metadata"
 
     def _on_write(
         self, identity: str, verb: str, key: Key, old: dict[str, Any] | None, new: dict[str, Any] | None,
