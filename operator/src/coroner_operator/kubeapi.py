@@ -83,23 +83,34 @@ class KubeApi:
     async def list_admission_policies(self) -> list[dict[str, Any]]:
         """Every admission policy and binding of the kinds Coroner ships, and the WorkerRegistration
         CRD, each with its `kind` (a list's items carry none). Errors propagate: the caller reads them as "not verified"."""
-        listed = await asyncio.gather(
-            *(self._request("GET", f"/apis/admissionregistration.k8s.io/v1/{plural}")
-              for plural in ADMISSION_RESOURCES.values())
+
+        async def crd() -> dict[str, Any] | None:
+            # The CRD, verified with them (its status subresource and rules); absent, it is missing.
+            try:
+                return await self._request(
+                    "GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{api.CRD_NAME}"
+                )
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+                return None
+
+        # All at once: a retirement waits for this read, so its requests must not queue behind
+        # each other (the lists may each wait for the API server's watch cache to catch up).
+        listed, definition = await asyncio.gather(
+            asyncio.gather(
+                *(self._request("GET", f"/apis/admissionregistration.k8s.io/v1/{plural}")
+                  for plural in ADMISSION_RESOURCES.values())
+            ),
+            crd(),
         )  # fmt: skip
         objects = [
             {**item, "kind": kind}
             for kind, result in zip(ADMISSION_RESOURCES, listed, strict=True)
             for item in result.get("items") or []
         ]
-        # The CRD, verified with them (its status subresource and rules); absent, it is missing.
-        try:
-            crd = await self._request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{api.CRD_NAME}")
-        except ApiError as exc:
-            if exc.status != 404:
-                raise
-        else:
-            objects.append({**crd, "kind": admission_digest.CRD_KIND})
+        if definition is not None:
+            objects.append({**definition, "kind": admission_digest.CRD_KIND})
         return objects
 
     async def get_registration(self, *, namespace: str, name: str) -> dict[str, Any] | None:
