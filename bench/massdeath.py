@@ -454,49 +454,7 @@ def main() -> int:
             else:
                 result["seconds_to_all_retired_over_floor"] = None
         result["machine"]["load_during_run"] = bench.load.summary()
-    goals = {
-        "all_retired_le_30s": {
-            "measured_s": result["seconds_to_all_retired"],
-            "met": bool(result["seconds_to_all_retired"] is not None and result["seconds_to_all_retired"] <= 30),
-        },
-        "writes_per_retirement_le_3": {
-            "measured": result["api_writes_per_retirement"],
-            "met": result["api_writes_per_retirement"] <= 3,
-        },
-        "reads_per_retirement_le_2": {
-            "measured": result["api_reads_per_retirement"],
-            "met": result["api_reads_per_retirement"] <= 2,
-        },
-        "live_retired_eq_0": {"measured": result["live_retired"], "met": result["live_retired"] == 0},
-        # The per-node cost goals:
-        "all_retired_le_1_3x_same_run_floor": {
-            "measured_ratio": result.get("seconds_to_all_retired_over_floor"),
-            "met": result.get("seconds_to_all_retired_over_floor") is not None
-            and result["seconds_to_all_retired_over_floor"] <= 1.3,
-        },
-        "registration_writes_per_retirement_le_2": {
-            "measured": result["registration_writes_per_retirement"],
-            "met": result["registration_writes_per_retirement"] <= 2,
-        },
-        "reads_per_retirement_le_1": {
-            "measured": result["api_reads_per_retirement"],
-            "met": result["api_reads_per_retirement"] <= 1,
-        },
-    }
-    for name, goal in goals.items():
-        goal["issue"] = (
-            14
-            if name
-            in (
-                "all_retired_le_1_3x_same_run_floor",
-                "registration_writes_per_retirement_le_2",
-                "reads_per_retirement_le_1",
-            )
-            else 8
-        )
-    goals["all_retired_le_30s"]["issue"] = "8, 14"
-    goals["live_retired_eq_0"]["issue"] = "8, 14"
-    result["goals"] = goals
+    result["goals"] = goals(result)
     result["wall_seconds"] = round(time.time() - started_wall, 1)
     result["finished"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     c.write_result(args.name, result)
@@ -504,6 +462,44 @@ def main() -> int:
     if result["plot"]:
         c.write_result(args.name, result)
     return 0
+
+
+def goals(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each goal, met or missed, with the issues that set it."""
+    seconds = result["seconds_to_all_retired"]
+    ratio = result.get("seconds_to_all_retired_over_floor")
+    beyond = result["breakdown"]["per_retirement"].get("operator_requests_beyond_the_retirement_write")
+
+    def goal(key: str, measured: Any, met: bool, issue: str) -> dict[str, Any]:
+        return {key: measured, "met": bool(met), "issue": issue}
+
+    return {
+        "all_retired_le_30s": goal("measured_s", seconds, seconds is not None and seconds <= 30, "8, 14"),
+        "writes_per_retirement_le_3": goal(
+            "measured", result["api_writes_per_retirement"], result["api_writes_per_retirement"] <= 3, "8"
+        ),
+        "reads_per_retirement_le_2": goal(
+            "measured", result["api_reads_per_retirement"], result["api_reads_per_retirement"] <= 2, "8"
+        ),
+        "live_retired_eq_0": goal("measured", result["live_retired"], result["live_retired"] == 0, "8, 14, 28"),
+        # The per-node cost goals:
+        "all_retired_le_1_3x_same_run_floor": goal(
+            "measured_ratio", ratio, ratio is not None and ratio <= 1.3, "14, 28"
+        ),
+        "registration_writes_per_retirement_le_2": goal(
+            "measured",
+            result["registration_writes_per_retirement"],
+            result["registration_writes_per_retirement"] <= 2,
+            "14, 28",
+        ),
+        "reads_per_retirement_le_1": goal(
+            "measured", result["api_reads_per_retirement"], result["api_reads_per_retirement"] <= 1, "14"
+        ),
+        # Every other request the operator sent in the window (periodic ones too) per retirement.
+        "operator_requests_beyond_the_retirement_write_le_0_05": goal(
+            "measured", beyond, beyond is not None and beyond <= 0.05, "28"
+        ),
+    }
 
 
 def measure_floor(
