@@ -286,12 +286,13 @@ class Trial:
         # the compare-and-swap. Anchored at the retirement's Lease fence (a read sent after the
         # decision and answered before the write), so it lands inside that window whatever the
         # order of the other requests on the way.
-        left = [1 + self.rng.randrange(2)]
+        left = 1 + self.rng.randrange(2)
 
         def annotate(namespace: str) -> None:
-            if left[0] <= 0:
+            nonlocal left
+            if left <= 0:
                 return
-            left[0] -= 1
+            left -= 1
             for key, body in list(self.server.objects.items()):
                 if key[0] == "wreg" and key[1] == namespace and not (retired(body) or released(body)):
                     self.stats["bystander_writes"] += 1
