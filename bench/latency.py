@@ -45,8 +45,9 @@ import time
 from typing import Any
 
 import harness as c
+from harness.floor import FloorCopy, FloorWriters, prepare_all
 
-from coroner.core import model
+from coroner.core import model, wire
 
 NS = "bench"
 NS_TTL = "bench-ttl"
@@ -88,13 +89,24 @@ def parse_args() -> argparse.Namespace:
 
 
 class FloorProbe:
-    """Status JSON-patch -> watch delivery on one registration nobody else touches, at 4 Hz."""
+    """The floors, sampled one write at a time at 4 Hz, on registrations nobody else touches.
+
+    - heartbeat: a status JSON patch by the admin (a heartbeat time) -> its event on the watch, on
+      one registration; the floor is twice that.
+    - two writes (once `arm` gave it copies): a death's two writes on a copy of a registration
+      Coroner retired (`harness.floor`), the agent's Dead attestation -> its event, then the
+      operator's retirement -> its event. Samples alternate between the two."""
 
     def __init__(self, bench: c.Bench, tracker: c.Tracker, *, period: float = 0.25) -> None:
         self.http = c.client(bench.cluster.kubeconfig)
         self.period = period
         self.samples: list[float] = []
         self.round_trips: list[float] = []
+        self.pairs: list[tuple[float, float]] = []
+        """Two-write samples: (attestation -> its event, retirement -> its event)."""
+        self.pair_errors: dict[str, int] = {}
+        self._copies: list[FloorCopy] = []
+        self._writers: FloorWriters | None = None
         self._arrivals: dict[str, float] = {}
         self._cond = threading.Condition()
         self._running = threading.Event()
@@ -133,6 +145,13 @@ class FloorProbe:
         self.thread = threading.Thread(target=self._run, name="floor", daemon=True)
         self.thread.start()
 
+    def arm(self, writers: FloorWriters, copies: list[FloorCopy]) -> None:
+        """Alternate two-write samples on `copies` (each retires one) with the heartbeat ones."""
+        with self._cond:
+            self._writers = writers
+            self._copies = list(copies)
+            self._arrivals.clear()  # the copies' preparation: nobody waits for those
+
     def _hook(self, kind: str, obj: dict[str, Any], arrived: float) -> None:
         meta = obj.get("metadata") or {}
         if meta.get("namespace") == NS_FLOOR and kind == "MODIFIED":
@@ -140,38 +159,64 @@ class FloorProbe:
                 self._arrivals[str(meta.get("resourceVersion"))] = arrived
                 self._cond.notify_all()
 
+    def _seen(self, rv: str) -> float | None:
+        """When the event of the write that made `rv` arrived on the watch (None: not in 10 s)."""
+        with self._cond:
+            self._cond.wait_for(lambda: rv in self._arrivals, timeout=10)
+            return self._arrivals.pop(rv, None)
+
     def measure(self, on: bool) -> None:
         (self._running.set if on else self._running.clear)()
 
     def _run(self) -> None:
-        path = c.registrations_path(NS_FLOOR, "floor") + "/status"
         deadline = time.monotonic() + 4 * 3600
+        pair_next = False
         while not self._stop.is_set() and time.monotonic() < deadline and len(self.samples) < 100_000:
             if not self._running.wait(timeout=0.5):
                 continue
-            ops = [
-                {"op": "test", "path": "/metadata/resourceVersion", "value": self.rv},
-                {"op": "add", "path": "/status/lastHeartbeatTime", "value": c.now_text()},
-            ]
-            sent = time.monotonic()
-            try:
-                status, data = self.http.send("PATCH", path, body=ops, content_type="application/json-patch+json")
-            except Exception:
-                self._stop.wait(self.period)
-                continue
-            answered = time.monotonic()
-            if status == 200:
-                import json
-
-                rv = str(json.loads(data)["metadata"]["resourceVersion"])
-                self.rv = rv
-                with self._cond:
-                    self._cond.wait_for(lambda rv=rv: rv in self._arrivals, timeout=10)
-                    arrived = self._arrivals.pop(rv, None)
-                if arrived is not None:
-                    self.samples.append(arrived - sent)
-                    self.round_trips.append(answered - sent)
+            if pair_next and self._copies and self._writers is not None:
+                self._two_writes(self._writers, self._copies.pop())
+            else:
+                self._heartbeat()
+            pair_next = not pair_next
             self._stop.wait(self.period)
+
+    def _heartbeat(self) -> None:
+        ops = [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": self.rv},
+            {"op": "add", "path": "/status/lastHeartbeatTime", "value": c.now_text()},
+        ]
+        sent = time.monotonic()
+        try:
+            patched = self.http.request(
+                "PATCH", c.registrations_path(NS_FLOOR, "floor") + "/status", body=ops, content_type=wire.JSON_PATCH
+            )
+        except Exception:
+            return
+        answered = time.monotonic()
+        self.rv = str(patched["metadata"]["resourceVersion"])
+        arrived = self._seen(self.rv)
+        if arrived is not None:
+            self.samples.append(arrived - sent)
+            self.round_trips.append(answered - sent)
+
+    def _two_writes(self, writers: FloorWriters, floor: FloorCopy) -> None:
+        try:
+            sent = time.monotonic()
+            attested = writers.attest(floor)
+            attested_seen = self._seen(str(attested["metadata"]["resourceVersion"]))
+            if attested_seen is None:
+                return
+            retired = writers.retire(floor, attested)
+            retired_seen = self._seen(str(retired["metadata"]["resourceVersion"]))
+        except Exception as exc:
+            label = str(getattr(exc, "status", type(exc).__name__))
+            self.pair_errors[label] = self.pair_errors.get(label, 0) + 1
+            if self.pair_errors[label] == 1:
+                c.log(f"floor: a two-write sample failed: {exc}")
+            return
+        if retired_seen is not None:
+            self.pairs.append((attested_seen - sent, retired_seen - attested_seen))
 
     def close(self) -> None:
         self._stop.set()
@@ -286,6 +331,23 @@ def run_kills(
             if last is not None:
                 silences.append(killed[key] - last)
     return killed
+
+
+def floor_templates(fleet: Fleet, tracker: c.Tracker, *, count: int) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """`count` live registrations of NS killed and retired by Coroner before the measurement, each
+    as read while attested Alive and as read once retired."""
+    admin = fleet.bench.admin
+    workers = fleet.bench.workers
+    assert workers is not None
+    victims = [k for k in fleet.live if k[0] == NS][:count]
+    alive = {k: admin.request("GET", c.registrations_path(*k)) for k in victims}
+    for key in victims:
+        fleet.hb.stop_one(key)
+        workers.kill(fleet.live.pop(key))
+    tracker.wait_until(
+        lambda: all(k in tracker.retired_at for k in victims), timeout=60, what=f"{count} floor templates retired"
+    )
+    return [(alive[k], admin.request("GET", c.registrations_path(*k))) for k in victims]
 
 
 def settle(tracker: c.Tracker, keys: list[tuple[str, str]], *, timeout: float, what: str) -> bool:
@@ -411,6 +473,17 @@ def main() -> int:
             c.log(
                 f"{name}: settled={settled} in {time.monotonic() - t0:.1f} s; killing {args.kills} over {args.kill_window:g} s"
             )
+            if variant == "pidfd":
+                # The two-write floor's copies, of registrations Coroner retired just now.
+                writers = FloorWriters(bench, namespace=NS_FLOOR, nodes=2)
+                bench.on_close(writers.close)
+                copies = prepare_all(
+                    writers,
+                    floor_templates(fleet, tracker, count=2),
+                    count=int(args.kill_window / (2 * floor.period)) + 40,
+                    threads=8,
+                )
+                floor.arm(writers, copies)
             if args.profile and variant == "pidfd":
                 assert operator is not None and nodes[0].agent is not None
                 profiles[f"{name}-operator"] = c.py_spy(
@@ -540,6 +613,20 @@ def main() -> int:
             "how": "2 x (send of a status JSON patch with a resourceVersion test, as admin -> its event on the "
             "benchmark's watch), sampled at 4 Hz during the Coroner variants' kill windows",
         }
+        if floor.pairs:
+            pair_totals = [a + b for a, b in floor.pairs]
+            raw["floor_two_writes"] = pair_totals
+            result["floor_two_writes"] = {
+                **c.percentiles(pair_totals),
+                "attestation_to_watch_p50_ms": c.percentiles([a for a, _ in floor.pairs])["p50_ms"],
+                "retirement_to_watch_p50_ms": c.percentiles([b for _, b in floor.pairs])["p50_ms"],
+                "errors": floor.pair_errors,
+                "how": "a death's two writes on a copy of a registration Coroner retired in this run (harness.floor: "
+                f"in {NS_FLOOR}, on a node no agent serves): the Dead attestation by that node's agent token -> its "
+                "event on the benchmark's watch, then the retirement compare-and-swap by the operator's token -> its "
+                "event; one pair at a time, alternating with the heartbeat floor's samples, during the pidfd kill "
+                "window",
+            }
         result["machine"]["load_during_run"] = bench.load.summary()
         result["heartbeats"] = hb.lag_summary()
         if profiles:
@@ -551,6 +638,9 @@ def main() -> int:
     ratios: dict[str, Any] = {}
     if pidfd.get("p50_ms") and fl.get("p50_ms"):
         ratios["coroner_pidfd_p50_over_floor_p50"] = round(pidfd["p50_ms"] / fl["p50_ms"], 2)
+    two = result.get("floor_two_writes", {})
+    if pidfd.get("p50_ms") and two.get("p50_ms"):
+        ratios["coroner_pidfd_p50_over_two_write_floor_p50"] = round(pidfd["p50_ms"] / two["p50_ms"], 2)
     if pidfd.get("p50_ms") and base.get("p50_ms"):
         ratios["baseline_p50_over_coroner_pidfd_p50"] = round(base["p50_ms"] / pidfd["p50_ms"], 1)
     result["ratios"] = ratios
@@ -573,9 +663,16 @@ def main() -> int:
         goal["issue"] = 14 if goal_name == "pidfd_p99_le_1s_at_3000_workers" else "8, 14"
     # Issue 28's tighter goals, stated at 1,000 workers: p50 within 2x the floor, p99 <= 150 ms.
     if args.workers == 1000 and pidfd.get("n"):
-        if "coroner_pidfd_p50_over_floor_p50" in ratios:
-            value = ratios["coroner_pidfd_p50_over_floor_p50"]
-            goals["pidfd_p50_within_2x_floor"] = {"measured_ratio": value, "met": value <= 2, "issue": 28}
+        # Issue 28's floor is a death's two writes by the agent's and the operator's tokens (as
+        # massdeath's): the heartbeat floor above leaves out what the API server does for them.
+        if "coroner_pidfd_p50_over_two_write_floor_p50" in ratios:
+            value = ratios["coroner_pidfd_p50_over_two_write_floor_p50"]
+            goals["pidfd_p50_within_2x_floor"] = {
+                "measured_ratio": value,
+                "met": value <= 2,
+                "issue": 28,
+                "floor": "floor_two_writes",
+            }
         goals["pidfd_p99_le_150ms"] = {"measured_ms": pidfd["p99_ms"], "met": pidfd["p99_ms"] <= 150, "issue": 28}
     result["goals"] = goals
     result["goals_note"] = (

@@ -46,9 +46,7 @@ Figures:
 from __future__ import annotations
 
 import argparse
-import copy
 import datetime
-import json
 import pathlib
 import sys
 import threading
@@ -58,8 +56,9 @@ from typing import Any
 
 import harness as c
 import psutil
+from harness.floor import FloorCopy, FloorWriters, prepare_all
 
-from coroner.core import api, procfs, wire
+from coroner.core import procfs
 from coroner_operator.kubeapi import ADMISSION_RESOURCES
 
 NS = "bench"
@@ -514,114 +513,22 @@ def measure_floor(
 ) -> dict[str, Any]:
     """The same-run floor: 2 conditional status patches per death, as fast as a tuned client can
     get this API server to take them, on copies of the victims nobody else touches."""
-    from coroner_dev.devcluster.identities import mint_token
-
-    floor_nodes = [c.Node(bench, f"floor-node-{i}", real_boot=False) for i in range(1, lost_nodes + 1)]
-    agent_http = {n.name: c.client(n.kubeconfig) for n in floor_nodes}
-    operator_kubeconfig = mint_token(bench.cluster, service_account=f"{c.SYSTEM}/coroner-operator")
-    operator_http = c.client(operator_kubeconfig)
-    admin = c.client(bench.cluster.kubeconfig)
-    registrant = c.registrant_annotation(admin)
+    writers = FloorWriters(bench, namespace=NS_FLOOR, nodes=lost_nodes)
     pairs = [k for k in victims if k in alive_bodies and k in latest_bodies]
     c.log(f"floor: preparing {len(pairs)} copies of the victims in {NS_FLOOR}")
     t_setup = time.monotonic()
-
-    def prepare(i: int) -> dict[str, Any]:
-        key = pairs[i]
-        alive = alive_bodies[key]
-        node = floor_nodes[i % len(floor_nodes)]
-        spec = copy.deepcopy(alive["spec"])
-        spec["nodeName"] = node.name
-        name = f"floor-{i}"
-        created = c.create_admitted(
-            admin,
-            c.registrations_path(NS_FLOOR),
-            {
-                "apiVersion": alive["apiVersion"],
-                "kind": alive["kind"],
-                "metadata": {
-                    "name": name,
-                    "namespace": NS_FLOOR,
-                    "labels": {api.NODE_LABEL: node.name},
-                    "annotations": registrant,
-                },
-                "spec": spec,
-            },
-        )
-        attestation = copy.deepcopy(alive["status"]["attestation"])
-        attestation["incarnation"] = spec["incarnation"]
-        attestation["agent"] = {**attestation.get("agent", {}), "nodeName": node.name}
-        rv = created["metadata"]["resourceVersion"]
-        attested = agent_http[node.name].request(
-            "PATCH",
-            c.registrations_path(NS_FLOOR, name) + "/status",
-            body=[
-                {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
-                {"op": "add", "path": "/status", "value": {"attestation": attestation}},
-            ],
-            content_type="application/json-patch+json",
-        )
-        conditions = (alive.get("status") or {}).get("conditions") or []
-        if conditions:
-            # The operator's conditions write as the operator builds it (the CRD's rules on status,
-            # `state` among them, are the production wire module's to know).
-            attested = operator_http.request(
-                "PATCH",
-                c.registrations_path(NS_FLOOR, name) + "/status",
-                body=wire.status_ops(
-                    body=attested, resource_version=attested["metadata"]["resourceVersion"], conditions=conditions
-                ),
-                content_type=wire.JSON_PATCH,
-            )
-        final = latest_bodies[key]
-        dead = copy.deepcopy(final["status"]["attestation"])
-        dead["incarnation"] = spec["incarnation"]
-        dead["agent"] = {**dead.get("agent", {}), "nodeName": node.name}
-        return {
-            "name": name,
-            "node": node.name,
-            "body": attested,
-            "dead": dead,
-            "retirement": final["status"].get("retirement"),
-            "conditions": final["status"].get("conditions") or [],
-        }
-
-    with ThreadPoolExecutor(max_workers=connections) as pool:
-        plans = list(pool.map(prepare, range(len(pairs))))
+    plans = prepare_all(
+        writers, [(alive_bodies[k], latest_bodies[k]) for k in pairs], count=len(pairs), threads=connections
+    )
     setup_seconds = time.monotonic() - t_setup
     time.sleep(2)
     errors: dict[str, int] = {}
     lock = threading.Lock()
     finished: list[float] = []
 
-    def two_writes(plan: dict[str, Any]) -> None:
-        path = c.registrations_path(NS_FLOOR, plan["name"]) + "/status"
+    def two_writes(plan: FloorCopy) -> None:
         try:
-            # Both writes as Coroner's own code builds them (coroner.core.wire): the agent's
-            # attestation patch, then the operator's retirement compare-and-swap (which tests the
-            # resourceVersion and the attestation relied on, and sets conditions, retirement and
-            # the state they make).
-            status, data = agent_http[plan["node"]].send(
-                "PATCH", path, body=wire.attestation_ops(plan["body"], plan["dead"]), content_type=wire.JSON_PATCH
-            )
-            if status != 200:
-                raise c.ApiError(status, "", data.decode(errors="replace"))
-            attested = json.loads(data)
-            status, data = operator_http.send(
-                "PATCH",
-                path,
-                body=wire.status_ops(
-                    body=attested,
-                    resource_version=str(attested["metadata"]["resourceVersion"]),
-                    conditions=plan["conditions"],
-                    # The record names the attestation relied on, verbatim (admission checks it):
-                    # this copy's own, not the victim's.
-                    retirement={**plan["retirement"], "attestation": attested["status"]["attestation"]},
-                ),
-                content_type=wire.JSON_PATCH,
-            )
-            if status != 200:
-                raise c.ApiError(status, "", data.decode(errors="replace"))
+            writers.retire(plan, writers.attest(plan))
         except Exception as exc:
             with lock:
                 label = str(getattr(exc, "status", type(exc).__name__))
@@ -639,8 +546,7 @@ def measure_floor(
         list(pool.map(two_writes, plans))
     seconds = (max(finished) - t0) if finished else None
     cpu_after = cpu_seconds()
-    for http_ in [*agent_http.values(), operator_http, admin]:
-        http_.close()
+    writers.close()
     return {
         "seconds": None if seconds is None else round(seconds, 2),
         "deaths": len(plans),
