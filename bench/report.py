@@ -81,11 +81,14 @@ def latency(result: dict[str, Any]) -> list[str]:
         "| kill → Retired | p50 | p90 | p99 | max | n |",
         "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for key in ("floor", "coroner_pidfd", "coroner_proc_resync", "baseline_ttl"):
+    for key in ("floor", "floor_two_writes", "coroner_pidfd", "coroner_proc_resync", "baseline_ttl"):
         row = result.get(key)
         if not row:
             continue
-        label = {"floor": "floor (2 x status patch -> watch)"}.get(key, key)
+        label = {
+            "floor": "floor (2 x status patch -> watch)",
+            "floor_two_writes": "floor_two_writes (attestation -> watch, retirement -> watch)",
+        }.get(key, key)
         lines.append(
             f"| {label} | {fmt(row.get('p50_ms'), ' ms')} | {fmt(row.get('p90_ms'), ' ms')} | "
             f"{fmt(row.get('p99_ms'), ' ms')} | {fmt(row.get('max_ms'), ' ms')} | {fmt(row.get('n'))} |"
@@ -106,7 +109,12 @@ def latency(result: dict[str, Any]) -> list[str]:
         *[f"\n{key} not run: {why}." for key, why in (result.get("skipped") or {}).items()],
         "",
         f"Ratios: coroner_pidfd p50 / floor p50 = {fmt(ratios.get('coroner_pidfd_p50_over_floor_p50'))}; "
-        f"baseline_ttl p50 / coroner_pidfd p50 = {fmt(ratios.get('baseline_p50_over_coroner_pidfd_p50'))}.",
+        + (
+            f"coroner_pidfd p50 / floor_two_writes p50 = {fmt(two)}; "
+            if (two := ratios.get("coroner_pidfd_p50_over_two_write_floor_p50")) is not None
+            else ""
+        )
+        + f"baseline_ttl p50 / coroner_pidfd p50 = {fmt(ratios.get('baseline_p50_over_coroner_pidfd_p50'))}.",
         "",
     ]
     return lines + goals(result)
