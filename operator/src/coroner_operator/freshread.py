@@ -4,17 +4,23 @@ Right before a batch of retirements the operator re-reads the Lease fence of the
 admission policies: the answer must come from a request sent *after* the decision it guards. When
 hundreds of registrations of one namespace die together, each would send the same reads.
 
-Per key, at most one read is in flight. A caller whose decision predates the read in flight shares
-it: that read is as fresh for it as one of its own. A caller whose decision is newer waits for the
-next read, which answers all of them: group commit, for reads. A result is never reused for a
-caller that decided after its request was sent, and a finished read answers nobody who asks
-afterwards.
+A caller whose decision predates the newest read in flight shares it: that read is as fresh for it
+as one of its own. A caller whose decision is newer waits for the next read, which answers all of
+them: group commit, for reads. A result is never reused for a caller that decided after its request
+was sent, and a finished read answers nobody who asks afterwards.
 
 The write phase belongs to the batch (`hold`): a caller that acts on a read's result (a retirement
 write) holds it until its action is done, and the next read of that key is sent only once every
 holder of the last one let go. Decisions made while a batch writes all join the next read, so under
 a burst the reads per retirement fall with the burst's size, while an isolated caller (nothing held)
 still gets its read at once. The wait is bounded by the writes' own answers.
+
+One exception, for two deaths in quick succession: a caller that finds a read in flight for a single
+other caller, and nobody queued, sends its own read at once. The API server serves these reads only
+once its watch cache has caught up with etcd, which can take up to its progress-request period (100
+ms); both reads in flight are answered by the same catch-up, where waiting would have cost the first
+read, its write, and then a period of its own. At most two reads per key are live, so a burst, whose
+reads have many holders, batches as before.
 """
 
 from __future__ import annotations
@@ -34,9 +40,10 @@ class FreshRead(Generic[K, T]):
         self._fetch = fetch
         self._clock = clock
         self._inflight: dict[K, tuple[float, asyncio.Future[T]]] = {}
+        """Per key, the newest read in flight and when it was sent."""
         self._next: dict[K, asyncio.Future[T]] = {}
-        self._held: dict[K, asyncio.Future[T]] = {}
-        """Per key, the last read while callers still hold it (in flight or answered)."""
+        self._live: dict[K, list[asyncio.Future[T]]] = {}
+        """Per key, the reads in flight or answered but still held (at most two)."""
         self._holders: dict[asyncio.Future[T], int] = {}
         self.requests = 0
         """Reads actually sent (for tests and the benchmark's accounting)."""
@@ -64,7 +71,11 @@ class FreshRead(Generic[K, T]):
             return current[1]
         if (queued := self._next.get(key)) is not None:
             return queued
-        if current is None and key not in self._held:
+        live = self._live.get(key, [])
+        overtakes = (
+            current is not None and len(live) == 1 and live[0] is current[1] and self._holders.get(current[1], 0) == 1
+        )
+        if not live or overtakes:
             return self._start(key, asyncio.get_running_loop().create_future())
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         future.add_done_callback(_retrieve)
@@ -74,7 +85,7 @@ class FreshRead(Generic[K, T]):
     def _start(self, key: K, future: asyncio.Future[T]) -> asyncio.Future[T]:
         started = self._clock()  # read before the request exists: never later than its send
         self._inflight[key] = (started, future)
-        self._held[key] = future
+        self._live.setdefault(key, []).append(future)
         self.requests += 1
         fetch = asyncio.ensure_future(self._fetch(key))
         fetch.add_done_callback(lambda done: self._done(key, future, done))
@@ -99,11 +110,14 @@ class FreshRead(Generic[K, T]):
             self._unheld(key, future)
 
     def _unheld(self, key: K, future: asyncio.Future[T]) -> None:
-        """Nobody holds `future` any more: the next read of `key`, if anyone waits for one, starts."""
-        if self._held.get(key) is future:
-            del self._held[key]
-        if key in self._inflight or key in self._held:
+        """Nobody holds `future` any more: the next read of `key`, if anyone waits for one, starts
+        once no other read of `key` is live."""
+        live = self._live.get(key, [])
+        if future in live:
+            live.remove(future)
+        if live:
             return
+        self._live.pop(key, None)
         waiting = self._next.pop(key, None)
         if waiting is not None:
             self._start(key, waiting)
