@@ -1,6 +1,7 @@
 """The benchmarks' harness, by role: the machine (`machine`), the cluster and Coroner's processes on it
-(`cluster`), the workers (`workers`), and what is reported (`results`). Every name is also here, so
-a benchmark reads `import harness as c; c.Bench(...)`.
+(`cluster`), the workers (`workers`), what is reported (`results`), and the same-run floor of a
+death's two writes (`floor`, imported from there: massdeath and latency use it). Every other name is
+also here, so a benchmark reads `import harness as c; c.Bench(...)`.
 
 Every benchmark starts its own control plane in a temporary directory and stops every process it
 started on the way out (try/finally; component and worker processes also carry a parent-death

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from coroner.client.rest import registrations_path
 from coroner.core import api, wire
 from harness.cluster import Bench, Node, client, create_admitted, registrant_annotation
-
-Key = tuple[str, str]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,7 +146,6 @@ def prepare_all(
     writers: FloorWriters, templates: list[tuple[dict[str, Any], dict[str, Any]]], *, count: int, threads: int
 ) -> list[FloorCopy]:
     """`count` copies, round-robin over `templates` (alive, final), `threads` at a time."""
-    from concurrent.futures import ThreadPoolExecutor
 
     def one(i: int) -> FloorCopy:
         alive, final = templates[i % len(templates)]
