@@ -13,6 +13,7 @@ import pathlib
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from typing import Any
 
@@ -25,6 +26,15 @@ from coroner_dev import fleet
 from coroner_dev.devcluster import cluster as cluster_mod
 
 NAMESPACE = "demo"
+#: batch-job, a worker on the Python API: it registers itself, works, and says goodbye (Released)
+#: before it exits. A `coroner run` launcher says goodbye after its child exited, racing that exit's
+#: attestation and retirement (Retired is as true an ending then; the demo shows the other one).
+BATCH_JOB = """
+import time
+from coroner.launcher import registered
+with registered(namespace={namespace!r}, node_name={node!r}, kubeconfig={kubeconfig!r}, name="batch-job", role="batch"):
+    time.sleep(4)
+"""
 
 console = Console(highlight=False, width=max(100, shutil.get_terminal_size((120, 40)).columns))
 
@@ -113,7 +123,10 @@ class Demo:
             )
         )
 
-        say("Launching real workers with `coroner run` (each registers its own process incarnation)")
+        say(
+            "Launching real workers with `coroner run`, and batch-job on the Python API "
+            "(each registers its own process incarnation)"
+        )
         worker_config = fleet.worker_kubeconfig(self.cluster, namespaces=[NAMESPACE])
         launchers: dict[str, subprocess.Popen[bytes]] = {}
         plan = [
@@ -121,7 +134,6 @@ class Demo:
             ("consumer-b", "node-1", ["sleep", "3600"]),
             ("consumer-c", "node-2", ["sleep", "3600"]),
             ("consumer-d", "node-2", ["sleep", "3600"]),
-            ("batch-job", "node-1", ["sleep", "4"]),
         ]
         for name, node, command in plan:
             launchers[name] = self.processes.add(
@@ -134,6 +146,18 @@ class Demo:
                     command=command,
                 )
             )
+        # node-1 has this machine's boot id, the one `registered()` reads for the process itself.
+        self.processes.add(
+            fleet.spawn(
+                [
+                    sys.executable,
+                    "-c",
+                    BATCH_JOB.format(namespace=NAMESPACE, node="node-1", kubeconfig=str(worker_config)),
+                ],
+                log=self.work / "worker-batch-job.log",
+                parent_death=signal.SIGKILL,
+            )
+        )
         pidns = self._start_pid_namespace_worker(worker_config, self.nodes["node-2"].boot_file)
         self.wait_for("every worker to be registered and attested Alive", lambda: self._all_alive(6), timeout=30)
         self.wait_for(
@@ -159,7 +183,7 @@ class Demo:
         killed_at = time.monotonic()
         for name in ("consumer-a", "consumer-c"):
             self._kill_worker_child(launchers[name])
-        say("batch-job exits cleanly by itself and marks its registration Released")
+        say("batch-job finishes its work, marks its registration Released, and exits")
         self.wait_for("the retirements", lambda: self._retired({"consumer-a", "consumer-c"}), timeout=30)
         console.print(
             f"    consumer-a and consumer-c were retired {time.monotonic() - killed_at:.2f} s after the kill "
@@ -175,7 +199,7 @@ class Demo:
         console.print("  • consumer-b, consumer-d: alive, attested Alive (pinned by a pidfd) — never retired.")
         console.print("  • reused-worker: dead, but its pid number now belongs to another process. Coroner cannot")
         console.print("    prove which process that number names, so it preserves it: PidReuseDetected.")
-        console.print("  • batch-job: exited cleanly and said goodbye (Released); nothing to retire.")
+        console.print("  • batch-job: said goodbye before it exited (Released); nothing to retire.")
         console.print()
         say("kubectl coroner doctor")
         doctor = subprocess.run(
