@@ -157,10 +157,22 @@ def test_helm_install_upgrade_and_uninstall_keeping_the_crd(
         agent_config = mint_token(cluster, service_account=f"{NAMESPACE}/{PREFIX}coroner-agent", node="node-a")
         with api_client(agent_config) as agent:
             kube.patch_status(agent, ns, "on-a", {"status": {"attestation": components.attestation(mine)}})
+            forged = {"status": {"attestation": components.attestation(theirs, node="node-a")}}
+
+            def refused() -> bool:
+                # A dry run, until the release's policies are enforced (the API server loads a new
+                # policy and binding a moment after they are created): nothing is stored meanwhile.
+                try:
+                    k8s.CustomObjectsApi(agent).patch_namespaced_custom_object_status(
+                        api.GROUP, api.VERSION, ns, api.PLURAL, "on-b", forged, dry_run="All"
+                    )
+                except ApiException:
+                    return True
+                return False
+
+            kube.wait_for(refused, timeout=60, what="the release's admission policies enforced")
             with pytest.raises(ApiException) as raised:
-                kube.patch_status(
-                    agent, ns, "on-b", {"status": {"attestation": components.attestation(theirs, node="node-a")}}
-                )
+                kube.patch_status(agent, ns, "on-b", forged)
         assert 'the agent of node "node-a" may not attest' in kube.api_error_body(raised.value)["message"]
         assert kube.kubectl(cluster, "get", "registration", "on-a", "-n", ns, "-o", "name").stdout.strip()
 

@@ -109,15 +109,27 @@ def test_two_simulated_nodes_never_attest_each_others_registrations(
     assert attestation(admin, namespace, "on-b")["agent"]["nodeName"] == nodes["b"].name  # type: ignore[index]
 
 
-def test_clean_exit_is_released_not_retired(
+def test_a_clean_exit_under_coroner_run_ends_terminal_released_or_retired_on_its_exit(
     nodes: dict[str, Node], launch: object, admin: k8s.ApiClient, namespace: str
 ) -> None:
+    """`coroner run` says goodbye once its child exited, racing that exit's Dead attestation and the
+    retirement (docs/cli.md): the goodbye nearly always lands first, Released with no retirement;
+    when the retirement won (CI's loaded parallel lane saw it), the registration is Retired on the
+    exit itself, PidfdExited. Either ending is terminal and true, and the launcher exits with the
+    child's 0. The Python API says goodbye while alive: tests/integration/test_launcher.py."""
     nodes["a"].start_agent()
     worker = launch("batch", nodes["a"], "sleep", "2")  # type: ignore[operator]
     assert worker.launcher.wait(timeout=30) == 0
     body = kube.wait_for(
-        lambda: (b := kube.get_registration(admin, namespace, "batch")) and components.condition(b, "Released") and b,
-        what="Released",
+        lambda: (
+            (b := kube.get_registration(admin, namespace, "batch"))
+            and (components.condition(b, "Released") or "retirement" in b.get("status", {}))
+            and b
+        ),
+        what="Released or Retired",
     )
-    assert "retirement" not in body.get("status", {})
+    if components.condition(body, "Released"):
+        assert "retirement" not in body.get("status", {})
+    else:
+        assert body["status"]["retirement"]["reason"] == "PidfdExited"
     kube.wait_for(lambda: components.reason(admin, namespace, "batch") == "AlreadyTerminal", what="AlreadyTerminal")
