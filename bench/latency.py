@@ -285,6 +285,14 @@ class Fleet:
         self.live: dict[tuple[str, str], int] = {}  # registration key -> pid
         self._spawned = 0
 
+    def kill(self, key: tuple[str, str]) -> float:
+        """SIGKILLs the worker of `key` (its launcher stops heartbeating with it); the kill moment."""
+        workers = self.bench.workers
+        assert workers is not None
+        pid = self.live.pop(key)
+        self.hb.stop_one(key)
+        return workers.kill(pid)
+
     def grow(self, count: int, *, namespace: str, node_prefix: str = "") -> list[tuple[str, str]]:
         pids = self.bench.spawn_workers(count)
         items = []
@@ -313,8 +321,6 @@ def run_kills(
     Appends to `silences` each victim's time since its last successful heartbeat, at its kill."""
     killed: dict[tuple[str, str], float] = {}
     start = time.monotonic()
-    workers = fleet.bench.workers
-    assert workers is not None
     for offset in kill_schedule(rng, count, window):
         delay = start + offset - time.monotonic()
         if delay > 0:
@@ -323,9 +329,7 @@ def run_kills(
         if not candidates:
             break
         key = rng.choice(candidates)
-        pid = fleet.live.pop(key)
-        fleet.hb.stop_one(key)  # a dead worker's launcher stops heartbeating with it
-        killed[key] = workers.kill(pid)
+        killed[key] = fleet.kill(key)
         if silences is not None:
             last = fleet.hb.last_ok_at.get(key)
             if last is not None:
@@ -337,16 +341,14 @@ def floor_templates(fleet: Fleet, tracker: c.Tracker, *, count: int) -> list[tup
     """`count` live registrations of NS killed and retired by Coroner before the measurement, each
     as read while attested Alive and as read once retired."""
     admin = fleet.bench.admin
-    workers = fleet.bench.workers
-    assert workers is not None
     victims = [k for k in fleet.live if k[0] == NS][:count]
     alive = {k: admin.request("GET", c.registrations_path(*k)) for k in victims}
     for key in victims:
-        fleet.hb.stop_one(key)
-        workers.kill(fleet.live.pop(key))
-    tracker.wait_until(
+        fleet.kill(key)
+    if not tracker.wait_until(
         lambda: all(k in tracker.retired_at for k in victims), timeout=60, what=f"{count} floor templates retired"
-    )
+    ):
+        raise RuntimeError(f"the two-write floor's templates {victims} were not retired within 60 s")
     return [(alive[k], admin.request("GET", c.registrations_path(*k))) for k in victims]
 
 

@@ -75,10 +75,7 @@ class FloorWriters:
         attested = self.agent_http[node.name].request(
             "PATCH",
             registrations_path(self.namespace, name) + "/status",
-            body=[
-                {"op": "test", "path": "/metadata/resourceVersion", "value": created["metadata"]["resourceVersion"]},
-                {"op": "add", "path": "/status", "value": {"attestation": _moved(alive, spec, node.name)}},
-            ],
+            body=wire.attestation_ops(created, _moved(alive, spec, node.name)),
             content_type=wire.JSON_PATCH,
         )
         conditions = (alive.get("status") or {}).get("conditions") or []

@@ -72,9 +72,8 @@ class FreshRead(Generic[K, T]):
         if (queued := self._next.get(key)) is not None:
             return queued
         live = self._live.get(key, [])
-        overtakes = (
-            current is not None and len(live) == 1 and live[0] is current[1] and self._holders.get(current[1], 0) == 1
-        )
+        # The read in flight is live, so with one live read it is the only one.
+        overtakes = current is not None and len(live) == 1 and self._holders.get(current[1], 0) == 1
         if not live or overtakes:
             return self._start(key, asyncio.get_running_loop().create_future())
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
