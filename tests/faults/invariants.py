@@ -38,7 +38,7 @@ BOUND = 30.0
 #: The same for 500 deaths in one second (each needs an attestation, a retirement and an Event).
 MASS_BOUND = 90.0
 
-DEATH_EVIDENCE = frozenset({"PidfdExited", "ProcAbsent", "BootBoundary"})
+DEATH_EVIDENCE = frozenset({"PidfdExited", "ProcAbsent", "PidNamespaceRecreated", "BootBoundary"})
 NODE_EVIDENCE = frozenset({"NodeDeleted", "NodeOutOfService"})
 #: How long one of the observer's watches lasts before it is resumed (and its stop noticed).
 WATCH_SECONDS = 5

@@ -359,6 +359,18 @@ class PidNamespace:
             seen,
         )
 
+    def end(self) -> None:
+        """Kills the namespace's init (and so every process in it) and waits until all are reaped,
+        which frees the namespace and its inode number."""
+        namespace = self.host_namespace()
+        self.process.kill()  # unshare: --kill-child takes the init with it
+        self.process.wait(timeout=10)
+        wait_for(lambda: not any(_in_namespace(pid, namespace) for pid in _host_pids()), timeout=10)
+
+    def host_namespace(self) -> int:
+        init = psutil.Process(self.process.pid).children()[0].pid
+        return procfs.parse_pid_namespace_link(os.readlink(f"/proc/{init}/ns/pid"))
+
     def host_pid_of(self, start_time: str) -> int:
         """Ground truth from outside (psutil, not the probe): the host pid of the worker."""
         for child in psutil.Process(self.process.pid).children(recursive=True):
@@ -366,6 +378,17 @@ class PidNamespace:
             if child.name() == "sleep" and stat[stat.rindex(")") + 2 :].split()[19] == start_time:
                 return child.pid
         raise AssertionError("worker not found")
+
+
+def _host_pids() -> list[int]:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def _in_namespace(pid: int, namespace: int) -> bool:
+    try:
+        return procfs.parse_pid_namespace_link(os.readlink(f"/proc/{pid}/ns/pid")) == namespace
+    except OSError:
+        return False
 
 
 @pytest.fixture
@@ -428,6 +451,41 @@ def test_a_worker_in_its_own_pid_namespace_is_resolved_through_nspid(
     expect(agents(node).probe(one), Verdict.DEAD, Evidence.PROC_ABSENT)
     expect(agent.probe(one), Verdict.DEAD, Evidence.PIDFD_EXITED)
     expect(agents(node).probe(two), Verdict.ALIVE, Evidence.PIDFD_PINNED)
+
+
+@needs_root
+@needs_unshare
+def test_a_worker_whose_pid_namespace_was_recreated_under_its_inode_and_pid_is_dead(
+    node: Node, agents: Callable[..., Agent], pid_namespaces: Callable[[], PidNamespace]
+) -> None:
+    """A container restarted while its agent was away: the new container's pid namespace often gets
+    the freed inode number, and its worker the same pid, so the recorded number is held by a live
+    process of another namespace. That namespace's pid 1 started after the incarnation did, which no
+    process of the incarnation's own namespace can have: that namespace, and the worker, are gone."""
+    namespace = pid_namespaces()
+    old, _ = namespace.spawn(node)
+    namespace.end()
+    for _attempt in range(200):  # the kernel hands a freed nsfs inode number to the next namespace made
+        namespace = pid_namespaces()
+        new, _ = namespace.spawn(node)
+        if new.pid_namespace == old.pid_namespace:
+            break
+        namespace.end()
+    else:
+        pytest.fail(f"no new pid namespace got inode {old.pid_namespace} back in 200 tries")
+    assert (new.pid_namespace, new.pid) == (old.pid_namespace, old.pid)  # premise: the same (inode, pid)
+    assert new.start_time > old.start_time
+
+    result = agents(node).probe(old)
+    expect(result, Verdict.DEAD, Evidence.PID_NAMESPACE_RECREATED)
+    assert result.host_pid == namespace.host_pid_of(str(new.start_time))
+    expect(agents(node).probe(new), Verdict.ALIVE, Evidence.PIDFD_PINNED)
+    # Within the one namespace a reused number stays Reused: its pid 1 is older than both.
+    namespace.ask("kill", new.pid)
+    namespace.ask("next-pid", new.pid)
+    newer, _ = namespace.spawn(node)
+    assert (newer.pid_namespace, newer.pid) == (new.pid_namespace, new.pid)
+    expect(agents(node).probe(new), Verdict.REUSED, Evidence.START_TIME_DIFFERS)
 
 
 # --- boots and nodes ------------------------------------------------------------------------------

@@ -487,7 +487,7 @@ class Server:
             if record.get("statement") != "Human":
                 self._refuse("evidence", 'a person\'s node evidence needs status.retirement.statement "Human"')
             return
-        if claimed not in ("PidfdExited", "ProcAbsent", "BootBoundary"):
+        if claimed not in ("PidfdExited", "ProcAbsent", "PidNamespaceRecreated", "BootBoundary"):
             self._refuse("evidence", f"{claimed!r} is not death evidence")
         att = status.get("attestation")
         if not isinstance(att, dict):

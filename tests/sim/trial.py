@@ -587,13 +587,14 @@ class Trial:
         conds = {c.get("type"): c for c in (new.get("status") or {}).get("conditions") or []}
         if (conds.get("Retired") or {}).get("reason") != evidence:
             problems.append("the Retired condition's reason is not the evidence")
-        if evidence not in (Evidence.PIDFD_EXITED.value, Evidence.PROC_ABSENT.value, Evidence.BOOT_BOUNDARY.value):
+        from_proc = (Evidence.PROC_ABSENT.value, Evidence.PID_NAMESPACE_RECREATED.value, Evidence.BOOT_BOUNDARY.value)
+        if evidence not in (Evidence.PIDFD_EXITED.value, *from_proc):
             problems.append(f"evidence {evidence} does not prove death")
         same_boot = attestation.get("bootId") == (spec.get("incarnation") or {}).get("bootId")
         if (evidence == Evidence.BOOT_BOUNDARY.value) == same_boot:
             problems.append(f"{evidence} from boot {attestation.get('bootId')}")
         retired_at = model.parse_time(record.get("retiredTime"))
-        if evidence in (Evidence.PROC_ABSENT.value, Evidence.BOOT_BOUNDARY.value):
+        if evidence in from_proc:
             first = model.parse_time(attestation.get("firstObservedTime"))
             last = model.parse_time(attestation.get("observedTime"))
             if first is None or last is None or (last - first).total_seconds() < self.policy.absence_confirm_seconds:

@@ -35,8 +35,9 @@ EXITED = (Verdict.DEAD, Evidence.PIDFD_EXITED)
 ABSENT = (Verdict.DEAD, Evidence.PROC_ABSENT)
 BOOT_OVER = (Verdict.DEAD, Evidence.BOOT_BOUNDARY)
 REUSED = (Verdict.REUSED, Evidence.START_TIME_DIFFERS)
+RECREATED = (Verdict.DEAD, Evidence.PID_NAMESPACE_RECREATED)
 UNPINNED = (Verdict.UNKNOWN, Evidence.PIDFD_UNAVAILABLE)
-ANSWERS = [ALIVE, EXITED, ABSENT, BOOT_OVER, REUSED, UNPINNED]
+ANSWERS = [ALIVE, EXITED, ABSENT, RECREATED, BOOT_OVER, REUSED, UNPINNED]
 
 
 def probed(answer: tuple[Verdict, Evidence]) -> ProbeResult:
@@ -139,6 +140,24 @@ BOOT_LOOK = FirstLook(look="boot-over", at=NOW - 11 * SECOND)
             id="reused: written, and the first look at the absence",
         ),
         pytest.param(REUSED, LOOK, BOOT, ("Reused", "StartTimeDiffers"), None, LOOK, id="reused keeps the look"),
+        pytest.param(
+            RECREATED,
+            None,
+            BOOT,
+            None,
+            NOW + 10 * SECOND,
+            FirstLook(look="absent", at=NOW),
+            id="a recreated namespace, first seen: remembered, back when the window ends",
+        ),
+        pytest.param(
+            RECREATED,
+            LOOK,
+            BOOT,
+            ("Dead", "PidNamespaceRecreated"),
+            None,
+            LOOK,
+            id="a recreated namespace after a Reused or absent look: written",
+        ),
         pytest.param(
             ABSENT,
             LOOK,
@@ -282,7 +301,7 @@ def test_a_requeue_is_asked_only_for_an_unconfirmed_absence_and_never_in_the_pas
 ) -> None:
     effects = run(body_of(), answer, first_look=first_look)
     if effects.requeue_at is not None:
-        assert effects.write is None and answer in (ABSENT, BOOT_OVER)
+        assert effects.write is None and answer in (ABSENT, RECREATED, BOOT_OVER)
         assert effects.requeue_at > NOW
         assert effects.first_look is not None
         assert effects.requeue_at == effects.first_look.at + datetime.timedelta(seconds=WINDOW)

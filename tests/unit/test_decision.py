@@ -130,6 +130,11 @@ REASON_CASES = [
     case(Reason.ELIGIBLE_STALE_ORPHAN, "eligible-proc-absent", registration={"evidence": "ProcAbsent"}),
     case(
         Reason.ELIGIBLE_STALE_ORPHAN,
+        "eligible-pid-namespace-recreated",
+        registration={"evidence": "PidNamespaceRecreated"},
+    ),
+    case(
+        Reason.ELIGIBLE_STALE_ORPHAN,
         "eligible-boot-boundary",
         registration={"evidence": "BootBoundary", "agent_boot_id": OTHER_BOOT},
         facts=make_facts(agent=make_agent(boot_id=OTHER_BOOT), node=make_node(boot_id=OTHER_BOOT)),
@@ -494,6 +499,12 @@ REASON_CASES = [
         facts=make_facts(agent=make_agent(boot_id=OTHER_BOOT), node=make_node(boot_id=OTHER_BOOT)),
     ),
     case(Reason.LIVENESS_UNKNOWN, "boot-boundary-claimed-on-the-same-boot", registration={"evidence": "BootBoundary"}),
+    case(
+        Reason.LIVENESS_UNKNOWN,
+        "pid-namespace-recreated-claimed-from-another-boot",
+        registration={"evidence": "PidNamespaceRecreated", "agent_boot_id": OTHER_BOOT},
+        facts=make_facts(agent=make_agent(boot_id=OTHER_BOOT), node=make_node(boot_id=OTHER_BOOT)),
+    ),
     # --- 9. agent unavailable / boot identity unknown ------------------------------------------
     case(Reason.AGENT_UNAVAILABLE, "no-agent-lease", facts=make_facts(agent=None)),
     # A stale Alive is not alive: the reason names the agent, never "attests alive".
@@ -574,6 +585,11 @@ REASON_CASES = [
         Reason.DEATH_UNCONFIRMED,
         "no-heartbeat-proc-absent-first-seen-after-last",
         registration={**NO_HEARTBEAT, "evidence": "ProcAbsent", "first_observed_at": NOW},
+    ),
+    case(
+        Reason.DEATH_UNCONFIRMED,
+        "no-heartbeat-pid-namespace-recreated-seen-once",
+        registration={**NO_HEARTBEAT, "evidence": "PidNamespaceRecreated"},
     ),
     case(
         Reason.DEATH_UNCONFIRMED,
@@ -837,6 +853,21 @@ BOUNDARY_CASES = [
         Reason.ELIGIBLE_STALE_ORPHAN,
         "no-heartbeat-proc-absent-confirmed-exactly-at-the-window",
         registration={**NO_HEARTBEAT, "evidence": "ProcAbsent", "first_observed_at": NOW - 20 * S},
+    ),
+    case(
+        Reason.DEATH_UNCONFIRMED,
+        "no-heartbeat-pid-namespace-recreated-confirmed-one-tick-early",
+        registration={**NO_HEARTBEAT, "evidence": "PidNamespaceRecreated", "first_observed_at": NOW - 20 * S + TICK},
+    ),
+    case(
+        Reason.ELIGIBLE_STALE_ORPHAN,
+        "no-heartbeat-pid-namespace-recreated-confirmed-exactly-at-the-window",
+        registration={**NO_HEARTBEAT, "evidence": "PidNamespaceRecreated", "first_observed_at": NOW - 20 * S},
+    ),
+    case(
+        Reason.HEARTBEAT_NOT_EXPIRED,
+        "pid-namespace-recreated-one-tick-inside-window",
+        registration={"evidence": "PidNamespaceRecreated", "heartbeat_at": NOW - PROC_ABSENT_WINDOW + TICK},
     ),
     case(Reason.ELIGIBLE_STALE_ORPHAN, "attestation-from-the-future", registration={"observed_at": NOW + 60 * S}),
     case(
@@ -1219,12 +1250,23 @@ class State:
 def states(draw: st.DrawFn) -> State:
     """Near a retirable baseline: each part stays as the baseline has it half of the time."""
     baseline = draw(
-        st.sampled_from(["pidfd", "proc-absent", "boot-boundary", "node-deleted", "out-of-service", "lost-after-alive"])
+        st.sampled_from(
+            [
+                "pidfd",
+                "proc-absent",
+                "ns-recreated",
+                "boot-boundary",
+                "node-deleted",
+                "out-of-service",
+                "lost-after-alive",
+            ]
+        )
     )
     keep = st.booleans()
     baselines: dict[str, dict[str, Any]] = {
         "pidfd": {},
         "proc-absent": {"evidence": "ProcAbsent"},
+        "ns-recreated": {"evidence": "PidNamespaceRecreated"},
         "boot-boundary": {"evidence": "BootBoundary", "agent_boot_id": OTHER_BOOT},
         "node-deleted": {"attested": False},
         "out-of-service": {"attested": False},
@@ -1240,6 +1282,7 @@ def states(draw: st.DrawFn) -> State:
     parts: dict[str, tuple[AgentFacts | None, NodeFacts | None, Policy]] = {
         "pidfd": (make_agent(), make_node(), Policy()),
         "proc-absent": (make_agent(), make_node(), Policy()),
+        "ns-recreated": (make_agent(), make_node(), Policy()),
         "boot-boundary": (make_agent(boot_id=OTHER_BOOT), make_node(boot_id=OTHER_BOOT), Policy()),
         "node-deleted": (None, GONE, NODE_DELETION),
         "out-of-service": (None, make_node(out_of_service=True), Policy()),
@@ -1320,7 +1363,7 @@ def test_eligibility_implies_every_requirement(state: State) -> None:
     assert attestation.host_id == r.incarnation.host_id == attestation.incarnation.host_id
     assert attestation.heartbeat_seen == (r.last_heartbeat_raw or "")
     assert attestation.observed_time is not None
-    if not r.heartbeat.declared and decision.death_evidence in (Evidence.PROC_ABSENT, Evidence.BOOT_BOUNDARY):
+    if not r.heartbeat.declared and decision.death_evidence.read_from_proc:
         # No worker-side witness: the agent saw it twice, far enough apart.
         assert attestation.first_observed_time is not None
         span = attestation.observed_time - attestation.first_observed_time

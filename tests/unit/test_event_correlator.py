@@ -101,7 +101,7 @@ def test_nonsense_settings_are_refused(burst: int, window: float) -> None:
 deaths_strategy = st.lists(
     st.tuples(
         st.sampled_from(["a", "b", "c"]),
-        st.sampled_from(["PidfdExited", "ProcAbsent", "BootBoundary"]),
+        st.sampled_from(["PidfdExited", "ProcAbsent", "PidNamespaceRecreated", "BootBoundary"]),
         st.floats(min_value=0, max_value=30, allow_nan=False),  # seconds since the previous one
         st.booleans(),  # the flush tick runs right after this one
     ),

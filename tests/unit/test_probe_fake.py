@@ -38,6 +38,8 @@ CHILD = 4026532178
 OTHER_CHILD = 4026532999
 BOOT = "6af8093f-1f8e-4864-bd25-cc70d02449a1"
 OTHER_BOOT = "11111111-2222-4333-8444-555555555555"
+HOST_CLOCK = 4026531834  # the initial time namespace
+OTHER_CLOCK = 4026532400
 NODE = "node-a"
 
 
@@ -55,6 +57,9 @@ class FakeProcess:
     exited: bool = False
     """The whole thread group exited (a pidfd for it is readable); it stays until reaped."""
     generation: int = 0
+    time_namespace: int = HOST_CLOCK
+    """Whose CLOCK_BOOTTIME the process reads: a launcher in another one records its child's start
+    time shifted by that namespace's offset."""
 
     def __post_init__(self) -> None:
         self.nspid = self.nspid or (self.host_pid,)
@@ -95,6 +100,7 @@ class FakeProc:
         self.fdinfo_offset = 0  # simulates an agent whose pid namespace is not /proc's
         self.list_error: OSError | None = None
         self.mount_options: tuple[str, ...] | OSError = ("rw", "nosuid", "rw")
+        self.agent_time_namespace = HOST_CLOCK
         self._next_fd = itertools.count(100)
 
     # world changes
@@ -154,6 +160,11 @@ class FakeProc:
 
     def read_pid_namespace_link(self, pid: int) -> str:
         return self._text("link", pid, lambda task: f"pid:[{task.pid_namespace}]")
+
+    def read_time_namespace_link(self, pid: int) -> str:
+        if pid == self.self_pid() and pid not in self.processes:
+            return f"time:[{self.agent_time_namespace}]"
+        return self._text("time", pid, lambda task: f"time:[{task.time_namespace}]")
 
     def self_pid(self) -> int:
         return 1
@@ -444,6 +455,105 @@ def test_a_reused_number_is_reported_not_dead() -> None:
     # The pidfd kept is the holder's (its exit is the moment to look again), never the recorded one's.
     assert result.host_pid == 4242 and agent.pidfds.incarnations() == [key(start=777)]
     assert result.reuser == key(start=777) and not result.reuser_exited
+
+
+# --- a pid namespace recreated under the recorded inode (a container restarted while its agent was away)
+
+
+def restarted(*, init_start: int = 600, holder_start: int = 650, **holder: Any) -> FakeProc:
+    """The recorded (CHILD, pid 7) started at 500; its namespace is gone, and a new one under the
+    same inode has its own pid 1 and a worker that is pid 7 again."""
+    return FakeProc(
+        FakeProcess(host_pid=6000, pid_namespace=CHILD, nspid=(6000, 1), start_time=init_start),
+        FakeProcess(
+            **({"host_pid": 6007, "pid_namespace": CHILD, "nspid": (6007, 7), "start_time": holder_start} | holder)
+        ),
+    )
+
+
+def test_a_number_held_in_a_namespace_younger_than_the_incarnation_is_dead() -> None:
+    agent = Agent(restarted())
+    result = agent.probe(key(ns=CHILD, pid=7, start=500))
+    expect(result, Verdict.DEAD, Evidence.PID_NAMESPACE_RECREATED)
+    assert result.host_pid == 6007 and "pid 1 (host pid 6000) started at 600" in result.detail
+    assert not agent.pidfds.incarnations()  # nothing to watch: the verdict is final
+    # The restarted worker itself, as its own registration records it, is alive.
+    expect(agent.probe(key(ns=CHILD, pid=7, start=650)), Verdict.ALIVE, Evidence.PIDFD_PINNED)
+
+
+def test_a_recorded_pid_1_whose_namespace_was_recreated_is_dead() -> None:
+    proc = FakeProc(FakeProcess(host_pid=6000, pid_namespace=CHILD, nspid=(6000, 1), start_time=600))
+    expect(Agent(proc).probe(key(ns=CHILD, pid=1, start=500)), Verdict.DEAD, Evidence.PID_NAMESPACE_RECREATED)
+
+
+@pytest.mark.parametrize(
+    ("world", "incarnation", "why"),
+    [
+        pytest.param(restarted(init_start=500), key(ns=CHILD, pid=7, start=500), "not after", id="pid-1-same-tick"),
+        pytest.param(restarted(init_start=400), key(ns=CHILD, pid=7, start=500), "not after", id="pid-1-older"),
+        pytest.param(
+            FakeProc(FakeProcess(host_pid=6007, pid_namespace=CHILD, nspid=(6007, 7), start_time=650)),
+            key(ns=CHILD, pid=7, start=500),
+            "pid 1 of pid namespace",
+            id="no-pid-1",
+        ),
+        pytest.param(
+            restarted(time_namespace=OTHER_CLOCK),
+            key(ns=CHILD, pid=7, start=500),
+            "another time namespace",
+            id="holder-on-another-clock",
+        ),
+        pytest.param(
+            FakeProc(FakeProcess(host_pid=4242, start_time=777)),
+            key(start=500),
+            "lasts the whole boot",
+            id="host-namespace",
+        ),
+    ],
+)
+def test_a_namespace_not_shown_younger_than_the_incarnation_stays_reused(
+    world: FakeProc, incarnation: IncarnationKey, why: str
+) -> None:
+    result = Agent(world).probe(incarnation)
+    expect(result, Verdict.REUSED, Evidence.START_TIME_DIFFERS)
+    assert why in result.detail
+
+
+@pytest.mark.parametrize("op", ["stat", "status", "link"])
+def test_a_pid_1_that_cannot_be_read_concludes_nothing(op: str) -> None:
+    proc = restarted()
+    proc.fault(op, 6000, *[oserror(errno.EACCES)] * 4)
+    result = Agent(proc).probe(key(ns=CHILD, pid=7, start=500))
+    assert result.verdict is not Verdict.DEAD, result.detail
+
+
+def test_a_holder_whose_time_namespace_cannot_be_read_concludes_nothing() -> None:
+    proc = restarted()
+    proc.fault("time", 6007, oserror(errno.EACCES))
+    result = Agent(proc).probe(key(ns=CHILD, pid=7, start=500))
+    expect(result, Verdict.REUSED, Evidence.START_TIME_DIFFERS)
+    assert "unreadable time namespace" in result.detail
+
+
+def test_a_pid_1_replaced_between_the_index_and_the_read_is_resolved_again() -> None:
+    proc = restarted()
+    agent = Agent(proc)
+    agent.index.refresh(reader=proc, proc_pid_namespace=ROOT)
+
+    def swap() -> None:  # host pid 6000 is now some root process; the namespace's pid 1 is 6100
+        proc.reap(6000)
+        proc.add(FakeProcess(host_pid=6000, start_time=900))
+        proc.add(FakeProcess(host_pid=6100, pid_namespace=CHILD, nspid=(6100, 1), start_time=600))
+
+    proc.then("link", 6007, swap)  # after the holder is read, before its pid 1 is
+    result = agent.probe(key(ns=CHILD, pid=7, start=500))
+    expect(result, Verdict.DEAD, Evidence.PID_NAMESPACE_RECREATED)
+    assert "host pid 6100" in result.detail
+
+
+def test_another_boot_is_never_a_recreated_namespace() -> None:
+    result = Agent(restarted()).probe(key(ns=CHILD, pid=7, start=500, boot=OTHER_BOOT))
+    expect(result, Verdict.REUSED, Evidence.START_TIME_DIFFERS)
 
 
 def test_a_root_number_held_by_a_thread_or_a_child_namespace_is_reused() -> None:
@@ -979,22 +1089,32 @@ def worlds(draw: st.DrawFn) -> tuple[FakeProc, IncarnationKey, LocalNode]:
             state="Z" if zombie else "S",
             threads=threads,
             exited=zombie and threads == 1 and draw(st.booleans()),
+            time_namespace=draw(st.sampled_from([HOST_CLOCK, HOST_CLOCK, OTHER_CLOCK])),
         )
+    # The kernel's order: a child namespace's pid 1 is its first process, so none started before it.
+    for namespace in (CHILD, OTHER_CHILD):
+        members = [p for p in processes.values() if p.pid_namespace == namespace]
+        init = next((p for p in members if p.nspid[-1] == 1), None)
+        if init is not None:
+            init.start_time = min(p.start_time for p in members)
     proc = FakeProc(*processes.values())
     hides = draw(st.sampled_from([False, False, True, None]))
     for host_pid, process in processes.items():
-        for op in draw(st.lists(st.sampled_from(["stat", "status", "link", "open"]), max_size=2)):
+        for op in draw(st.lists(st.sampled_from(["stat", "status", "link", "open", "time"]), max_size=2)):
             codes = [errno.EACCES, errno.ESRCH, errno.EMFILE]
             # The kernel answers ENOENT for a process that still runs only where /proc hides it.
             if hides is not False or process.exited:
                 codes.append(errno.ENOENT)
             proc.fault(op, host_pid, oserror(draw(st.sampled_from(codes))))
-    namespace = draw(NAMESPACES)
+    # Half the time, the number of a process that is there (a worker, or what took its number).
+    target = draw(st.sampled_from([None, *processes.values()]))
+    namespace = draw(NAMESPACES) if target is None else target.pid_namespace
+    if target is not None:
+        pid = target.nspid[-1]
+    else:
+        pid = draw(st.integers(2, 60)) if namespace == ROOT else draw(st.integers(1, 8))
     incarnation = key(
-        boot=draw(st.sampled_from([BOOT, OTHER_BOOT])),
-        ns=namespace,
-        pid=draw(st.integers(2, 60)) if namespace == ROOT else draw(st.integers(1, 8)),
-        start=draw(st.integers(0, 3)),
+        boot=draw(st.sampled_from([BOOT, OTHER_BOOT])), ns=namespace, pid=pid, start=draw(st.integers(0, 3))
     )
     node = facts(
         agent_pid_namespace=draw(st.sampled_from([ROOT, ROOT, CHILD, None])),
@@ -1004,25 +1124,34 @@ def worlds(draw: st.DrawFn) -> tuple[FakeProc, IncarnationKey, LocalNode]:
     return proc, incarnation, node
 
 
+def _may_be(process: FakeProcess, incarnation: IncarnationKey) -> bool:
+    """`process` may be the recorded incarnation: its number, and its start time on the recording clock
+    (a launcher on another clock saw it shifted by an offset the agent cannot know)."""
+    number = (process.pid_namespace, process.nspid[-1]) == (incarnation.pid_namespace, incarnation.pid)
+    return number and (process.time_namespace != HOST_CLOCK or process.start_time == incarnation.start_time)
+
+
 @given(world=worlds())
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=600, deadline=None)
 def test_a_live_incarnation_is_never_dead(world: tuple[FakeProc, IncarnationKey, LocalNode]) -> None:
     proc, incarnation, node = world
-    live = [
-        p for p in proc.processes.values()
-        if (p.pid_namespace, p.nspid[-1], p.start_time) == (incarnation.pid_namespace, incarnation.pid, incarnation.start_time)
-        and not p.exited
-    ]  # fmt: skip
+    live = [p for p in proc.processes.values() if _may_be(p, incarnation) and not p.exited]
     agent = Agent(proc, node=node)
     result = agent.probe(incarnation)
     if result.verdict is Verdict.DEAD:
         assert not live, result
-        assert result.evidence in {Evidence.PIDFD_EXITED, Evidence.PROC_ABSENT, Evidence.BOOT_BOUNDARY}
+        assert result.evidence.proves_death and not result.evidence.node_level
         assert (result.evidence is Evidence.BOOT_BOUNDARY) == (incarnation.boot_id != BOOT)
     if result.evidence in {Evidence.PROC_ABSENT, Evidence.BOOT_BOUNDARY}:
         assert node.sees_every_process
+    if result.evidence is Evidence.PID_NAMESPACE_RECREATED:
+        init = next(
+            p for p in proc.processes.values() if (p.pid_namespace, p.nspid[-1]) == (incarnation.pid_namespace, 1)
+        )
+        assert init.start_time > incarnation.start_time
     if result.verdict is Verdict.ALIVE:
-        assert live and result.host_pid == live[0].host_pid and incarnation.boot_id == BOOT
+        exact = [p for p in live if p.start_time == incarnation.start_time]
+        assert exact and result.host_pid == exact[0].host_pid and incarnation.boot_id == BOOT
     # Every fd is either held by the table or closed.
     held = {pinned.fd for k in agent.pidfds.incarnations() if (pinned := agent.pidfds.get(k))}
     assert proc.open_fds == held

@@ -67,7 +67,7 @@ logger = logging.getLogger("coroner.agent")
     type=click.FloatRange(min=0),
     default=10.0,
     show_default=True,
-    help="A death read from /proc (ProcAbsent, BootBoundary) is attested once seen again this long after it "
+    help="A death read from /proc (ProcAbsent, PidNamespaceRecreated, BootBoundary) is attested once seen again this long after it "
     "was first seen; at least the operator's policy absenceConfirmSeconds. A pidfd death needs no wait.",
 )
 @click.option(

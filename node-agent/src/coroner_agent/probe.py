@@ -92,8 +92,19 @@ def _resolve(
             proc_hides_processes=node.proc_hides_processes,
         )
     if view.start_time != key.start_time:
+        why_held = ""
+        if same_boot:
+            recreated = verdict.namespace_recreated(
+                key=key,
+                holder=view,
+                init=_namespace_init(key=key, holder=view, node=node, reader=reader, index=index),
+                holder_on_agent_clock=_on_agent_clock(reader=reader, host_pid=view.host_pid),
+            )
+            if isinstance(recreated, ProbeResult):
+                return recreated
+            why_held = f"{recreated}; "
         reuser, exited, note = _watch_reuser(view=view, node=node, reader=reader, pidfds=pidfds)
-        return verdict.reused(key=key, view=view, reuser=reuser, reuser_exited=exited, note=note)
+        return verdict.reused(key=key, view=view, reuser=reuser, reuser_exited=exited, note=why_held + note)
     contradicted = verdict.contradiction(key=key, view=view, same_boot=same_boot, boot_id=node.boot_id)
     if contradicted is not None:
         return contradicted
@@ -133,6 +144,43 @@ def _find(
     if view is None or not verdict.holds(view, key):
         raise Changed  # it changed between the listing and the read
     return view
+
+
+def _namespace_init(
+    *, key: IncarnationKey, holder: ProcessView, node: LocalNode, reader: ProcReader, index: PidIndex
+) -> ProcessView | None:
+    """Pid 1 of the namespace that now has the recorded inode number, or None if it cannot be read.
+
+    Raises `Changed` when the process the index named is no longer that pid 1 (resolve again)."""
+    if key.pid_namespace == api.ROOT_PID_NAMESPACE_INODE:
+        return None
+    if holder.namespaced_pid == 1:
+        return holder
+    candidate = index.lookup(pid_namespace=key.pid_namespace, namespaced_pid=1)
+    if candidate is None:
+        try:
+            index.refresh(reader=reader, proc_pid_namespace=node.proc_pid_namespace)
+        except OSError:
+            return None
+        candidate = index.lookup(pid_namespace=key.pid_namespace, namespaced_pid=1)
+        if candidate is None:
+            return None
+    try:
+        init = read_view(reader=reader, host_pid=candidate, proc_pid_namespace=node.proc_pid_namespace)
+    except Unestablished:
+        return None
+    if init is None or (init.pid_namespace, init.namespaced_pid) != (key.pid_namespace, 1):
+        index.forget(candidate)
+        raise Changed
+    return init
+
+
+def _on_agent_clock(*, reader: ProcReader, host_pid: int) -> bool | None:
+    """The process is in the agent's own time namespace (None: either link cannot be read)."""
+    try:
+        return reader.read_time_namespace_link(host_pid) == reader.read_time_namespace_link(reader.self_pid())
+    except OSError:
+        return None
 
 
 def _pin(

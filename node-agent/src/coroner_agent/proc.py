@@ -46,6 +46,10 @@ class ProcReader(Protocol):
     def read_stat(self, pid: int) -> str: ...
     def read_status(self, pid: int) -> str: ...
     def read_pid_namespace_link(self, pid: int) -> str: ...
+    def read_time_namespace_link(self, pid: int) -> str:
+        """`/proc/<pid>/ns/time`: whose clocks (CLOCK_BOOTTIME, so start times) the process reads."""
+        ...
+
     def self_pid(self) -> int:
         """The agent's own pid as the proc root numbers it (OSError: the agent is not visible there)."""
         ...
@@ -106,6 +110,9 @@ class HostProcReader:
 
     def read_pid_namespace_link(self, pid: int) -> str:
         return os.readlink(self._path(pid, "ns/pid"))
+
+    def read_time_namespace_link(self, pid: int) -> str:
+        return os.readlink(self._path(pid, "ns/time"))
 
     def self_pid(self) -> int:
         return int(os.readlink(f"{self.proc_root}/self"))

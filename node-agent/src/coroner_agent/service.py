@@ -71,7 +71,7 @@ class AgentSettings:
     resync_seconds: float = 30.0
     """Full re-probe of every registration of this node (the safety net under pidfd events)."""
     absence_confirm_seconds: float = 10.0
-    """A death read from /proc (ProcAbsent, BootBoundary) is attested only once it is seen again this
+    """A death read from /proc (ProcAbsent, PidNamespaceRecreated, BootBoundary) is attested only once it is seen again this
     long after it was first seen; the attestation records both looks (firstObservedTime,
     observedTime). Must be at least the operator's Policy.absence_confirm_seconds."""
     workers: int = 8

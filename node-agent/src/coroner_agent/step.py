@@ -10,7 +10,7 @@ For one registration:
 * **another node's** (the label said this node, the spec disagrees): Unknown (ForeignNode), never
   a probe — an agent never speaks for another node.
 * **this node's**: the attestation the probe implies (`wire.attestation_body`). A death read from
-  /proc (ProcAbsent, BootBoundary) is written only once it was seen again at least
+  /proc (ProcAbsent, PidNamespaceRecreated, BootBoundary) is written only once it was seen again at least
   `absence_confirm_seconds` after it was first seen: the first look is remembered (`first_look`)
   and the step asks to come back when the window ends (`requeue_at`); the written attestation
   carries both looks. A Reused sighting is written as it is seen and counts as the first look at
@@ -33,12 +33,14 @@ from coroner_agent.effects import AgentEffects, FirstLook, Key, WriteAttestation
 from coroner_agent.verdict import ProbeResult
 
 #: Deaths read from /proc: attested only once seen twice, `absence_confirm_seconds` apart.
-CONFIRMED_EVIDENCE = frozenset({Evidence.PROC_ABSENT.value, Evidence.BOOT_BOUNDARY.value})
-#: What each look says of the incarnation: a pid number held by another process (StartTimeDiffers)
-#: and a number held by nobody (ProcAbsent) are both looks at an incarnation that is not there.
+CONFIRMED_EVIDENCE = frozenset(evidence.value for evidence in Evidence if evidence.read_from_proc)
+#: What each look says of the incarnation: a pid number held by another process (StartTimeDiffers),
+#: held by a process of a newer namespace with the same inode (PidNamespaceRecreated) and a number
+#: held by nobody (ProcAbsent) are all looks at an incarnation that is not there.
 _ABSENCE = {
     Evidence.PROC_ABSENT.value: "absent",
     Evidence.START_TIME_DIFFERS.value: "absent",
+    Evidence.PID_NAMESPACE_RECREATED.value: "absent",
     Evidence.BOOT_BOUNDARY.value: "boot-over",
 }
 

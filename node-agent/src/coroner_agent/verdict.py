@@ -12,6 +12,17 @@ everything else is `Alive`, `Reused` or `Unknown`:
   root pid namespace), and a listing of /proc taken *during this probe* has no process whose pid
   namespace and namespaced pid are the recorded ones. A process can neither leave its pid
   namespace nor change its pid, so a live incarnation would be in that listing.
+- `PidNamespaceRecreated`: same boot, the recorded (pid namespace, pid) is held by a process with
+  another start time, and the namespace that now has the recorded inode number has a pid 1 that
+  started after the incarnation did. A pid namespace's pid 1 is its first process (the kernel
+  refuses any other number until pid 1 exists) and the namespace takes no process after pid 1 has
+  died, so every process of a namespace started at or after its pid 1: the incarnation never lived
+  in this namespace. Inode numbers are unique among live namespaces, so the one it lived in under
+  that number is freed, which needs every process in it gone. A container restarted while its
+  agent was away is this case: its new namespace often gets the freed inode number, and its worker
+  the same pid. The holder must be in the agent's time namespace (the launcher read the start time
+  on its child's clock; another clock could make a live worker's own record look earlier). A pid 1
+  that cannot be read, or that started in the same clock tick, concludes nothing: `Reused`.
 - `BootBoundary`: the recorded boot id is not the current one and the recorded (pid namespace,
   pid) is unoccupied on this boot, under the same visibility rule. Pid namespace inode numbers are
   recycled (across boots, and even within one: measured, two successive `unshare --pid` got the
@@ -167,6 +178,38 @@ def reused(
         host_pid=view.host_pid,
         reuser=reuser,
         reuser_exited=reuser_exited,
+    )
+
+
+def namespace_recreated(
+    *, key: IncarnationKey, holder: ProcessView, init: ProcessView | None, holder_on_agent_clock: bool | None
+) -> ProbeResult | str:
+    """Dead when the namespace now numbered as the recorded one began after the incarnation (its pid
+    1 started later), on the same boot; otherwise why that cannot be concluded (for `Reused`'s detail).
+
+    `holder` holds the recorded number with another start time; `init` is pid 1 of the namespace
+    that now has the recorded inode (None: there is none, or it could not be read);
+    `holder_on_agent_clock`: the holder is in the agent's time namespace (None: unreadable)."""
+    if key.pid_namespace == api.ROOT_PID_NAMESPACE_INODE:
+        return "the host's pid namespace lasts the whole boot"
+    if init is None:
+        return f"pid 1 of pid namespace {key.pid_namespace} cannot be read, so its age is not known"
+    if holder_on_agent_clock is not True:
+        state = "is in another time namespace" if holder_on_agent_clock is False else "has an unreadable time namespace"
+        return f"host pid {holder.host_pid} {state}, so its start times may not be on the recorded clock"
+    if init.start_time <= key.start_time:
+        return (
+            f"its pid 1 (host pid {init.host_pid}) started at {init.start_time}, not after the recorded start time, "
+            f"so the namespace may be the incarnation's own"
+        )
+    return ProbeResult(
+        verdict=Verdict.DEAD,
+        evidence=Evidence.PID_NAMESPACE_RECREATED,
+        detail=f"pid {key.pid} in pid namespace {key.pid_namespace} is held by {_holder(holder)}, and that "
+        f"namespace's pid 1 (host pid {init.host_pid}) started at {init.start_time}, after the recorded start "
+        f"time {key.start_time}: it is a new namespace under a recycled inode number, and the incarnation's own "
+        f"namespace, with every process in it, is gone",
+        host_pid=holder.host_pid,
     )
 
 

@@ -95,7 +95,7 @@ EXPECTED: Final[Mapping[tuple[str, str], str]] = {
     (
         "ValidatingAdmissionPolicy",
         "coroner-retire-requires-evidence",
-    ): "95690434cba7ecd63ba3fdedc4ab661a294a59a9bbd268628d3b02291c9830db",
+    ): "486e9ea90cd6ac67637cc7947f254c2aa84868f6afc6b72c7419ce250e47a9a5",
     (
         "ValidatingAdmissionPolicy",
         "coroner-status-fields-by-identity",
@@ -147,7 +147,7 @@ NODE_LOSS_ALTERNATES: Final[Mapping[tuple[str, str], str]] = {
     (
         "ValidatingAdmissionPolicy",
         "coroner-retire-requires-evidence",
-    ): "c7ef73067fa5889b250538b69a5a8a688027099832522f47e4d157676c754955",
+    ): "b0da8c71585d9bb669d59f528021d5f094303f6f2eae7d9fb2c6d728c286cf9e",
 }
 
 #: The variables of the evidence policy that components/node-loss turns to "true".

@@ -68,6 +68,11 @@ class Evidence(enum.StrEnum):
     PIDFD_EXITED = "PidfdExited"
     PROC_ABSENT = "ProcAbsent"
     BOOT_BOUNDARY = "BootBoundary"
+    #: The recorded (pid namespace, pid) is held by another process, and the namespace that now
+    #: carries the recorded inode number began after the incarnation did (its pid 1 started later):
+    #: a new namespace with a recycled inode number, so the incarnation's own namespace, and every
+    #: process in it, is gone.
+    PID_NAMESPACE_RECREATED = "PidNamespaceRecreated"
     # Reused
     START_TIME_DIFFERS = "StartTimeDiffers"
     # Alive
@@ -99,16 +104,22 @@ class Evidence(enum.StrEnum):
         return self in _DEATH_EVIDENCE
 
     @property
+    def read_from_proc(self) -> bool:
+        """A death read from /proc rather than told by the kernel through a pidfd: attested only once
+        the agent saw it twice, `--absence-confirm-seconds` apart."""
+        return self in _PROC_DEATH_EVIDENCE
+
+    @property
     def node_level(self) -> bool:
         """Evidence about the node (NodeDeleted, NodeOutOfService), not from an agent's attestation."""
         return self in (Evidence.NODE_DELETED, Evidence.NODE_OUT_OF_SERVICE)
 
 
+_PROC_DEATH_EVIDENCE = frozenset({Evidence.PROC_ABSENT, Evidence.BOOT_BOUNDARY, Evidence.PID_NAMESPACE_RECREATED})
 _DEATH_EVIDENCE = frozenset(
     {
         Evidence.PIDFD_EXITED,
-        Evidence.PROC_ABSENT,
-        Evidence.BOOT_BOUNDARY,
+        *_PROC_DEATH_EVIDENCE,
         Evidence.NODE_DELETED,
         Evidence.NODE_OUT_OF_SERVICE,
     }

@@ -34,10 +34,11 @@ from coroner.core.decision.trail import (
 from coroner.core.model import Attestation, Registration
 from coroner.core.reasons import Evidence, Reason, Verdict
 
-# A pidfd never outlives a boot and /proc only shows the current one: these two are claims about
-# the boot the agent is on, so they hold only when that is the incarnation's boot. BootBoundary is
-# the converse claim. An attestation contradicting its own evidence proves nothing.
-_SAME_BOOT_EVIDENCE: Final = frozenset({Evidence.PIDFD_EXITED, Evidence.PROC_ABSENT})
+# A pidfd never outlives a boot and /proc only shows the current one (start times count from its
+# start): these are claims about the boot the agent is on, so they hold only when that is the
+# incarnation's boot. BootBoundary is the converse claim. An attestation contradicting its own
+# evidence proves nothing.
+_SAME_BOOT_EVIDENCE: Final = frozenset({Evidence.PIDFD_EXITED, Evidence.PROC_ABSENT, Evidence.PID_NAMESPACE_RECREATED})
 
 
 # The conjunction table, one guarded line after another in its fixed order (docs/architecture.md):
@@ -258,7 +259,8 @@ def decide(*, registration: Registration, facts: Facts, policy: Policy, now: dat
         return trail.conclude(
             Reason.LIVENESS_UNKNOWN,
             f"{what}: {by_agent} attests Dead citing {cited!r}, which does not prove death; it becomes "
-            f"retirable after a Dead attestation by pidfd, /proc absence or boot boundary.",
+            f"retirable after a Dead attestation by pidfd, /proc absence, a recreated pid namespace or boot "
+            f"boundary.",
         )
 
     # 10. Complete, and no heartbeat arrived after it (what a Dead verdict relies on).
@@ -318,7 +320,7 @@ def _unconfirmed(
     trail: Trail, *, attestation: Attestation, death: Evidence, policy: Policy, what: str
 ) -> Decision | None:
     """Without heartbeats: the preserve when a /proc-read death was not seen twice far enough apart."""
-    if death not in (Evidence.PROC_ABSENT, Evidence.BOOT_BOUNDARY):
+    if not death.read_from_proc:
         return None
     first, last = attestation.first_observed_time, attestation.observed_time
     needed = datetime.timedelta(seconds=policy.absence_confirm_seconds)

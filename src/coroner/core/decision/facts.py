@@ -86,12 +86,14 @@ class Policy:
 
     absence_confirm_seconds: float = 10.0
     """Without ``spec.heartbeat``: how long apart the agent's first and its confirming look at a
-    ``ProcAbsent`` or ``BootBoundary`` must be (``firstObservedTime`` → ``observedTime``). The
-    agent's ``--absence-confirm-seconds`` must be at least this; ``PidfdExited`` needs none."""
+    death read from /proc (``ProcAbsent``, ``BootBoundary``, ``PidNamespaceRecreated``) must be
+    (``firstObservedTime`` → ``observedTime``). The agent's ``--absence-confirm-seconds`` must be at
+    least this; ``PidfdExited`` needs none."""
     pidfd_exited_window_intervals: float = 0.0
     """Fast-path corroboration window for ``PidfdExited``, in heartbeat intervals: the kernel said so."""
     proc_absent_window_intervals: float = 2.0
-    """Window for ``ProcAbsent``, in heartbeat intervals: a missing /proc entry is weaker than a pidfd."""
+    """Window for ``ProcAbsent`` (and ``PidNamespaceRecreated``, also read from /proc), in heartbeat
+    intervals: a death read from /proc is weaker than a pidfd."""
     boot_boundary_window_intervals: float = 2.0
     """Window for ``BootBoundary``, in heartbeat intervals."""
     node_deletion_evidence: bool = False
@@ -116,6 +118,7 @@ class Policy:
         intervals = {
             Evidence.PIDFD_EXITED.value: self.pidfd_exited_window_intervals,
             Evidence.PROC_ABSENT.value: self.proc_absent_window_intervals,
+            Evidence.PID_NAMESPACE_RECREATED.value: self.proc_absent_window_intervals,
             Evidence.BOOT_BOUNDARY.value: self.boot_boundary_window_intervals,
         }.get(str(evidence))
         if intervals is None:

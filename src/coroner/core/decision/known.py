@@ -15,7 +15,9 @@ from coroner.core.model import Registration
 from coroner.core.reasons import Evidence, Verdict
 
 #: Evidence an agent may cite for `Dead` (node-level evidence is the operator's own, never an agent's).
-AGENT_DEATH_EVIDENCE: Final = frozenset({Evidence.PIDFD_EXITED, Evidence.PROC_ABSENT, Evidence.BOOT_BOUNDARY})
+AGENT_DEATH_EVIDENCE: Final = frozenset(
+    {Evidence.PIDFD_EXITED, Evidence.PROC_ABSENT, Evidence.BOOT_BOUNDARY, Evidence.PID_NAMESPACE_RECREATED}
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

@@ -27,7 +27,7 @@ class Decision:
     evidence: Mapping[str, JSONValue]
     """The structured facts the decision used (JSON-serialisable, camelCase keys)."""
     death_evidence: Evidence | None = None
-    """The path a retirement records (PidfdExited, ProcAbsent, BootBoundary, NodeDeleted, NodeOutOfService)."""
+    """The path a retirement records (PidfdExited, ProcAbsent, PidNamespaceRecreated, BootBoundary, NodeDeleted, NodeOutOfService)."""
     relied_on: Attestation | None = None
     """The attestation the decision read; a retirement's write tests it is unchanged."""
     next_evaluation_at: datetime.datetime | None = None
