@@ -222,7 +222,7 @@ class SimAgent:
         trial = self.trial
         self.owner = owner = Owner(self.identity)
         self.context = owner.context()
-        ns = kernel.CHILD_NS_POOL[-1] if self.confined else kernel.ROOT_NS
+        ns = self.node.container("coroner-agent", now=trial.now) if self.confined else kernel.ROOT_NS
         self.process = self.node.spawn(now=trial.now, ns=ns)
         self.process.comm = "coroner-agent"
         self.reader = kernel.SimProcReader(self.node, agent=self.process, view_ns=ns)
@@ -289,7 +289,8 @@ class SimAgent:
         if self.watch is not None:
             self.watch.stop()
         if self.process.alive:
-            self.node.exit(self.process)
+            # A confined agent's container ends with it (its pid namespace's pid 1 too).
+            self.node.exit(self.node.namespaces.get(self.process.ns) or self.process)
 
     def on_pidfd(self, key: tuple[str, str]) -> None:
         self.agent.on_pidfd(key)
@@ -469,14 +470,17 @@ class Worker:
     """One `coroner run`: a process on a node, its registration, opt-in heartbeats, its goodbye."""
 
     def __init__(
-        self, trial: Trial, node: kernel.SimNode, index: int, *, ns: int, heartbeat: tuple[int, int] | None,
-        skew: float = 0.0,
+        self, trial: Trial, node: kernel.SimNode, name: str, *, container: str | None,
+        heartbeat: tuple[int, int] | None, skew: float = 0.0,
     ) -> None:  # fmt: skip
         self.trial = trial
         self.node = node
-        self.name = f"w{index}"
+        self.name = name
         self.namespace = "jobs"
-        self.ns = ns
+        self.container = container
+        """The container whose pid namespace the worker runs in (None: the host's)."""
+        self.clock_offset = 0
+        """Ticks its launcher's time namespace adds to the start times it reads (0: the host's clock)."""
         self.heartbeat = heartbeat
         self.skew = skew
         self.proc: kernel.SimProcess | None = None
@@ -492,12 +496,15 @@ class Worker:
         return self.trial.now + self.skew
 
     def start(self, *, force_ns_pid: int | None = None, force_host_pid: int | None = None) -> None:
-        node = self.node
-        self.proc = node.spawn(now=self.trial.now, ns=self.ns, ns_pid=force_ns_pid, host_pid=force_host_pid)
+        node, now = self.node, self.trial.now
+        ns = kernel.ROOT_NS if self.container is None else node.container(self.container, now=now)
+        self.proc = node.spawn(now=now, ns=ns, ns_pid=force_ns_pid, host_pid=force_host_pid)
+        if self.clock_offset:
+            self.proc.time_ns = kernel.OTHER_TIME_NS
         self.boot_id = node.boot_id
         view = self.proc.ns  # the launcher reads its child from inside the worker's own namespace
         incarnation = procfs.incarnation_from(
-            stat=self.proc.stat(view),
+            stat=self.proc.stat(view, clock_offset=self.clock_offset),
             status=self.proc.status(view),
             pid_namespace_link=f"pid:[{self.proc.ns}]",
             boot_id=node.boot_id + "\n",

@@ -4,6 +4,12 @@ A `SimNode` holds the kernel's truth (which thread groups run, which exited, whi
 `SimProcReader` is the production `ProcReader` protocol over it, rendering `/proc/<pid>/stat` and
 `status` as the kernel prints them so that the production parsers (`coroner.core.procfs`) parse
 them. What the sim knows and the probe does not: `SimProcess.alive` is the oracle's ground truth.
+
+Child pid namespaces behave as the kernel's do: one is made with its pid 1 (a container's first
+process), takes processes only while that pid 1 lives, and ends when it exits (every process in it
+is killed and reaped); its inode number is freed with it and goes to the next namespace made,
+lowest free number first (the kernel's nsfs numbers come from an IDA), so a container restarted
+on the node usually gets its old namespace's number back — a new namespace under a recycled inode.
 """
 
 from __future__ import annotations
@@ -16,10 +22,14 @@ from typing import Any
 from sim.prod import api
 
 ROOT_NS = api.ROOT_PID_NAMESPACE_INODE
-#: Child pid namespace inodes are drawn from a small pool: inode numbers are recycled, even
+#: The inode numbers child pid namespaces get, lowest free first: inode numbers are recycled, even
 #: within a boot (probe.py's docstring measures it), and the sim wants such collisions to happen.
-CHILD_NS_POOL = (4026532200, 4026532201, 4026532202)
+CHILD_NS_POOL = (4026532200, 4026532201, 4026532202, 4026532203, 4026532204, 4026532205)
 TICKS = 100  # clock ticks per second (USER_HZ)
+#: The initial time namespace, whose clocks the agent reads; another one shifts the start times its
+#: processes read (CLOCK_BOOTTIME plus its offset).
+ROOT_TIME_NS = 4026531834
+OTHER_TIME_NS = 4026532300
 
 
 class SimProcess:
@@ -33,14 +43,21 @@ class SimProcess:
         "leader_exited",
         "ns",
         "ns_pid",
+        "ns_serial",
         "reaped",
         "serial",
         "start_time",
         "threads",
+        "time_ns",
     )  # fmt: skip
 
-    def __init__(self, *, host_pid: int, ns: int, ns_pid: int, start_time: int, generation: int, serial: int) -> None:
+    def __init__(
+        self, *, host_pid: int, ns: int, ns_pid: int, start_time: int, generation: int, serial: int, ns_serial: int
+    ) -> None:
         self.host_pid = host_pid
+        self.ns_serial = ns_serial
+        """Which namespace made under `ns` this process is in (0: the root one): the truth the inode hides."""
+        self.time_ns = ROOT_TIME_NS
         self.ns = ns
         self.ns_pid = ns_pid
         self.start_time = start_time
@@ -69,11 +86,12 @@ class SimProcess:
     def pid_in(self, view_ns: int) -> int:
         return self.host_pid if view_ns == ROOT_NS else self.ns_pid
 
-    def stat(self, view_ns: int) -> str:
+    def stat(self, view_ns: int, *, clock_offset: int = 0) -> str:
+        """As a reader in `view_ns` whose time namespace shifts start times by `clock_offset` ticks sees it."""
         pid = self.pid_in(view_ns)
         threads = 1 if self.exited else self.threads
         after = [self.state, "1", "1", "1", "0", "-1", "4194560", "0", "0", "0", "0", "0", "0", "0", "0", "20", "0"]
-        after += [str(threads), "0", str(self.start_time), "0", "0"]
+        after += [str(threads), "0", str(max(0, self.start_time + clock_offset)), "0", "0"]
         return f"{pid} ({self.comm}) {' '.join(after)}\n"
 
     def status(self, view_ns: int) -> str:
@@ -101,6 +119,7 @@ class SimNode:
         self.boots = 0
         self.serials = 0
         self.generations = 1000
+        self.namespace_serials = 0
         self.boot(now)
 
     def boot(self, now: float) -> None:
@@ -116,14 +135,45 @@ class SimNode:
         self.procs: dict[int, SimProcess] = {}
         self.next_host_pid = 300
         self.next_ns_pid: dict[int, int] = {}
+        self.namespaces: dict[int, SimProcess] = {}
+        """Each child pid namespace there is, by inode: its pid 1."""
+        self.containers: dict[str, SimProcess] = {}
+        """Each container's pid 1 (its namespace's), by the container's name."""
 
     def ticks(self, now: float) -> int:
         return int((now - self.boot_time) * TICKS) + 1
 
+    def new_namespace(self, *, now: float) -> int:
+        """A new child pid namespace, with its pid 1: under the lowest inode number not in use."""
+        inode = min(i for i in CHILD_NS_POOL if i not in self.namespaces)
+        self.next_ns_pid.pop(inode, None)  # a new namespace numbers from 1 again
+        self.namespace_serials += 1
+        self.namespaces[inode] = self._spawn(now=now, ns=inode, ns_pid=1, ns_serial=self.namespace_serials)
+        self.namespaces[inode].comm = "pause"
+        return inode
+
+    def container(self, name: str, *, now: float) -> int:
+        """The pid namespace of container `name`: its own while its pid 1 lives, else a new one."""
+        init = self.containers.get(name)
+        if init is None or init.exited:
+            init = self.namespaces[self.new_namespace(now=now)]
+            self.containers[name] = init
+        return init.ns
+
     def spawn(
         self, *, now: float, ns: int = ROOT_NS, host_pid: int | None = None, ns_pid: int | None = None
     ) -> SimProcess:
-        """A new thread group; `host_pid`/`ns_pid` force a number (ns_last_pid), which must be free."""
+        """A new thread group; `host_pid`/`ns_pid` force a number (ns_last_pid), which must be free.
+        A child namespace takes new processes only while its pid 1 lives."""
+        if ns == ROOT_NS:
+            return self._spawn(now=now, ns=ns, host_pid=host_pid, ns_pid=ns_pid, ns_serial=0)
+        init = self.namespaces[ns]
+        assert init.alive, f"pid namespace {ns} has no pid 1 any more"
+        return self._spawn(now=now, ns=ns, host_pid=host_pid, ns_pid=ns_pid, ns_serial=init.ns_serial)
+
+    def _spawn(
+        self, *, now: float, ns: int, ns_serial: int, host_pid: int | None = None, ns_pid: int | None = None
+    ) -> SimProcess:
         if host_pid is None:
             host_pid = self.next_host_pid
             while host_pid in self.procs:
@@ -142,21 +192,32 @@ class SimNode:
         self.generations += 1 + self.rng.randrange(2)
         proc = SimProcess(
             host_pid=host_pid, ns=ns, ns_pid=ns_pid, start_time=self.ticks(now), generation=self.generations,
-            serial=self.serials,
+            serial=self.serials, ns_serial=ns_serial,
         )  # fmt: skip
         self.procs[host_pid] = proc
         return proc
 
-    def exit(self, proc: SimProcess, *, reap: bool = True) -> None:
+    def exit(self, proc: SimProcess, *, reap: bool = True) -> list[SimProcess]:
+        """`proc` exits; the processes that exited with it are returned (itself first). A namespace's
+        pid 1 takes every process of its namespace with it: killed and reaped before it."""
+        ended = [proc]
+        if not proc.exited and self.namespaces.get(proc.ns) is proc:
+            for other in [p for p in self.procs.values() if p.ns == proc.ns and p is not proc]:
+                if not other.exited:
+                    ended.append(other)
+                self.reap(other)
         proc.exited = True
         if reap:
             self.reap(proc)
+        return ended
 
     def reap(self, proc: SimProcess) -> None:
         proc.exited = True
         proc.reaped = True
         if self.procs.get(proc.host_pid) is proc:
             del self.procs[proc.host_pid]
+            if self.namespaces.get(proc.ns) is proc:
+                del self.namespaces[proc.ns]  # its last process: the namespace and its inode number are freed
 
     def find(self, *, ns: int, ns_pid: int) -> SimProcess | None:
         for proc in self.procs.values():
@@ -230,6 +291,11 @@ class SimProcReader:
         proc = self._proc(pid)
         self._maybe_fail(pid)
         return f"pid:[{proc.ns}]"
+
+    def read_time_namespace_link(self, pid: int) -> str:
+        proc = self._proc(pid)
+        self._maybe_fail(pid)
+        return f"time:[{proc.time_ns}]"
 
     def self_pid(self) -> int:
         return self.agent.pid_in(self.view_ns)

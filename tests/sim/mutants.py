@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from sim.prod import agent_probe, decision, procfs, retire_protocol, wire
+from sim.prod import Evidence, Verdict, agent_probe, agent_verdict, decision, procfs, retire_protocol, wire
 
 #: The trial being run (a mutant that needs the API server reads it; set by the runner).
 ACTIVE: list[Any] = []
@@ -74,6 +74,21 @@ def skip_start_time_check() -> contextlib.AbstractContextManager[None]:
     return _patched(procfs, "recorded_incarnation", mutant)
 
 
+def reused_read_as_dead() -> contextlib.AbstractContextManager[None]:
+    """The probe reads any pid number held by another start time as the incarnation's death (instead
+    of showing that the namespace holding it was made after the incarnation)."""
+
+    def mutant(*, key: Any, view: Any, reuser: Any, reuser_exited: bool, note: str) -> Any:
+        return agent_verdict.ProbeResult(
+            verdict=Verdict.DEAD,
+            evidence=Evidence.PID_NAMESPACE_RECREATED,
+            detail=f"pid {key.pid} is held by another start time ({note})",
+            host_pid=view.host_pid,
+        )
+
+    return _patched(agent_verdict, "reused", mutant)
+
+
 def future_heartbeat_expiry() -> contextlib.AbstractContextManager[None]:
     """The decision reads a heartbeat from the future (negative silence) as expired."""
     original = decision.conjunction._silent
@@ -116,6 +131,7 @@ MUTANTS: dict[str, tuple[Callable[[], contextlib.AbstractContextManager[None]], 
         "live_retired",
     ),
     "skip_start_time_check": (skip_start_time_check, "the probe skips the start-time check", "wrong_reason"),
+    "reused_read_as_dead": (reused_read_as_dead, "any Reused read as Dead", "live_attested_dead"),
     "future_heartbeat_expiry": (future_heartbeat_expiry, "a heartbeat from the future read as expiry", "wrong_reason"),
     "retire_on_stale_cached_view": (retire_on_stale_cached_view, "retire on a stale cached view", "stale_view"),
 }

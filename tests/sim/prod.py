@@ -30,6 +30,7 @@ from coroner_agent import pidfds as agent_pidfds
 from coroner_agent import probe as agent_probe
 from coroner_agent import prober as agent_prober
 from coroner_agent import service as agent_service
+from coroner_agent import verdict as agent_verdict
 from coroner_operator import app as operator_app
 from coroner_operator import kubeapi as operator_kubeapi
 from coroner_operator import metrics as operator_metrics
@@ -51,6 +52,7 @@ __all__ = [
     "agent_probe",
     "agent_prober",
     "agent_service",
+    "agent_verdict",
     "api",
     "cli_plan",
     "conditions",

@@ -34,6 +34,7 @@ FAULTS = (
     "two_operators",
     "boot_change",
     "worker_clock_skew",
+    "worker_time_namespace",
     "api_lag",
     "watch_compaction",
     "grant_revoked",
@@ -46,7 +47,7 @@ FAULTS = (
     "sieve_unobserved",
 )
 #: Worker fates (what happens to the process), drawn per worker.
-FATES = ("kill", "zombie", "goodbye", "pthread_exit", "live", "pid_reuse", "kill_unreaped")
+FATES = ("kill", "zombie", "goodbye", "pthread_exit", "live", "pid_reuse", "kill_unreaped", "restart")
 #: The notifications a time-travel fault can be anchored at (Sieve's stale-state pattern is
 #: every (notification, destructive write) pair; the destructive write here is the retirement).
 NOTIFICATIONS = (
@@ -161,9 +162,9 @@ class Trial:
         self.by_name: dict[str, Worker] = {}
         for i in range(rng.choice((1, 1, 2, 2, 3))):
             node = rng.choice(self.nodes)
-            ns = kernel.ROOT_NS if rng.random() < 0.5 else rng.choice(kernel.CHILD_NS_POOL[:2])
+            container = None if rng.random() < 0.5 else rng.choice(("c0", "c1"))
             heartbeat = (10, 30) if rng.random() < 0.25 else None
-            worker = Worker(self, node, i, ns=ns, heartbeat=heartbeat)
+            worker = Worker(self, node, f"w{i}", container=container, heartbeat=heartbeat)
             worker.fate = rng.choice(FATES)
             self.stats[f"fate:{worker.fate}"] += 1
             self.workers.append(worker)
@@ -221,6 +222,13 @@ class Trial:
 
     def _fault_worker_clock_skew(self) -> None:
         self.rng.choice(self.workers).skew = self.rng.uniform(-30.0, 30.0)
+
+    def _fault_worker_time_namespace(self) -> None:
+        # One worker's launcher reads start times on another clock (a time namespace with a boottime
+        # offset): its record never matches what the agent reads, so it reads Reused while it lives.
+        worker = self.rng.choice(self.workers)
+        worker.container = worker.container or "c0"
+        worker.clock_offset = -(1 + self.rng.randrange(200))
 
     def _fault_operator_crash(self) -> None:
         op = self.rng.choice(self.operators)
@@ -395,6 +403,9 @@ class Trial:
             self._exit(worker, reap=False)
             self.at(self.now + 0.001 + self.rng.random() * 0.05, lambda: self._reap(worker))
             return
+        if fate == "restart":
+            self._restart(worker)
+            return
         self._exit(worker, reap=True)
         if fate == "goodbye":
             self.at(self.now + self.latency(), worker.goodbye)
@@ -405,10 +416,46 @@ class Trial:
         proc = worker.proc
         if proc is None or proc.exited or worker.node.boot_id != worker.boot_id:
             return
-        worker.died_at = self.now
-        worker.node.exit(proc, reap=reap)
+        self._ended(worker.node, worker.node.exit(proc, reap=reap))
         self.log(f"exit {worker.name} pid {proc.host_pid} reap={reap}")
-        self._kernel_event(worker.node, proc)
+
+    def _ended(self, node: kernel.SimNode, procs: list[kernel.SimProcess]) -> None:
+        for proc in procs:
+            for worker in self.workers:
+                if worker.proc is proc:
+                    worker.died_at = self.now
+            self._kernel_event(node, proc)
+
+    def _restart(self, worker: Worker) -> None:
+        """The worker's container ends (its pid 1, and so every process in its pid namespace) and is
+        started again at once, most often while the node's agent is away (an agent upgrade): a new
+        namespace, usually under the freed inode number, with a new incarnation of the worker at the
+        same pid in it, registered anew."""
+        proc, node = worker.proc, worker.node
+        assert proc is not None
+        agent = self.agents[node.name]
+        if agent.up and self.rng.random() < 0.7:
+            agent.crash()
+            self.at(self.now + 1.0 + self.rng.random() * 6.0, lambda: agent.up or agent.start())
+        self.stats["container_restarts"] += 1
+        if worker.container is None:
+            self._exit(worker, reap=True)
+        else:
+            init = node.namespaces.get(proc.ns)
+            self._ended(node, node.exit(init if init is not None and init.alive else proc, reap=True))
+        again = Worker(self, node, f"{worker.name}r", container=worker.container, heartbeat=worker.heartbeat)
+        again.fate = "live"
+        self.workers.append(again)
+        self.by_name[again.name] = again
+
+        def start() -> None:
+            if node.boot_id != worker.boot_id or again.container is None:
+                again.start()
+                return
+            ns = node.container(again.container, now=self.now)
+            again.start(force_ns_pid=proc.ns_pid if node.find(ns=ns, ns_pid=proc.ns_pid) is None else None)
+
+        self.at(self.now + 0.05 + self.rng.random() * 0.5, start)
 
     def _reap(self, worker: Worker) -> None:
         proc = worker.proc
@@ -650,7 +697,12 @@ class Trial:
                 self.stats["exempt:confined"] += 1
                 continue
             holder = worker.node.holder(ns=proc.ns, ns_pid=proc.ns_pid)
-            if holder is not None and holder is not proc:
+            if holder is not None and worker.clock_offset:
+                # Recorded on another clock, the incarnation never matches what the agent reads: while
+                # anything (an unreaped zombie of itself included) holds its number, it reads Reused.
+                self.stats["exempt:recorded_on_another_clock"] += 1
+                continue
+            if holder is not None and holder is not proc and not self._namespace_recreated(worker, holder):
                 # Another process holds the recorded number: PidReuseDetected (or, after a reboot,
                 # IncarnationContradicted) preserves it by design until that process is gone.
                 self.stats["exempt:number_held"] += 1
@@ -664,6 +716,19 @@ class Trial:
                 f"{worker.name} (fate {worker.fate}, died at {worker.died_at}) still active at {self.now:.0f}s: "
                 f"{_conditions_text(body)}",
             )
+
+    @staticmethod
+    def _namespace_recreated(worker: Worker, holder: kernel.SimProcess) -> bool:
+        """The number is held in a namespace made after the incarnation, which the agent can show:
+        same boot, the holder on the agent's clock, that namespace's pid 1 started after the
+        incarnation's recorded start (a later clock tick)."""
+        node, proc = worker.node, worker.proc
+        assert proc is not None
+        if node.boot_id != worker.boot_id or holder.ns_serial in (0, proc.ns_serial):
+            return False
+        init = node.namespaces.get(holder.ns)
+        recorded = int(worker.spec_incarnation["startTime"])
+        return holder.time_ns == kernel.ROOT_TIME_NS and init is not None and init.start_time > recorded
 
     # --- the run ----------------------------------------------------------------------------------
 
