@@ -177,6 +177,29 @@ def test_a_dead_attestation_of_exactly_this_incarnation_is_the_evidence(
     assert retirement["retiredBy"] == username and retirement["attestation"] == body["status"]["attestation"]
 
 
+@pytest.mark.parametrize("evidence", ["PidNamespaceRecreated", "ProcAbsent"])
+def test_a_death_read_from_proc_is_evidence_from_the_nodes_agent_only(
+    retirers: dict[str, tuple[str, k8s.ApiClient]],
+    agent: k8s.ApiClient,
+    admin: k8s.ApiClient,
+    namespace: str,
+    evidence: str,
+) -> None:
+    register(admin, namespace, "w")
+    username, operator = retirers["operator"]
+    # Nobody but the agent of spec.nodeName writes the attestation (policies 3 and 4), so nobody
+    # else can state this evidence.
+    body = kube.get_registration(admin, namespace, "w")
+    forged = components.attestation(body, verdict="Dead", evidence=evidence)
+    with pytest.raises(ApiException) as raised:
+        kube.patch_status(operator, namespace, "w", {"status": {"attestation": forged}})
+    assert raised.value.status in (403, 422), raised.value
+    attest(agent, namespace, "w", evidence=evidence)
+    body = kube.get_registration(admin, namespace, "w")
+    kube.patch_status(operator, namespace, "w", retirement_ops(body, retired_by=username, reason=evidence))
+    assert kube.get_registration(admin, namespace, "w")["status"]["retirement"]["reason"] == evidence
+
+
 def test_a_retired_condition_alone_is_not_a_retirement(
     retirers: dict[str, tuple[str, k8s.ApiClient]], agent: k8s.ApiClient, admin: k8s.ApiClient, namespace: str
 ) -> None:
