@@ -8,13 +8,17 @@ files (two simulated nodes on one machine), and the operator holds the retire gr
 from __future__ import annotations
 
 import pathlib
+import signal
+import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from kubernetes import client as k8s
 
+from coroner_dev import fleet
 from coroner_dev.devcluster.cluster import Cluster
 from support import components, kube
 from support.fleet import Node, attestation, launcher, worker_kubeconfig
@@ -133,3 +137,74 @@ def test_a_clean_exit_under_coroner_run_ends_terminal_released_or_retired_on_its
     else:
         assert body["status"]["retirement"]["reason"] == "PidfdExited"
     kube.wait_for(lambda: components.reason(admin, namespace, "batch") == "AlreadyTerminal", what="AlreadyTerminal")
+
+
+def test_a_container_restarted_while_its_agent_was_away_retires_the_old_incarnation_and_not_the_new(
+    nodes: dict[str, Node],
+    worker_config: pathlib.Path,
+    admin: k8s.ApiClient,
+    namespace: str,
+    tmp_path: pathlib.Path,
+    record_property: Callable[[str, object], None],
+) -> None:
+    """A "container": `coroner run` as pid 1 of its own pid namespace, its worker pid 2. While the
+    node's agent is stopped (an agent upgrade), the container is killed and started again until the
+    kernel gives the new namespace the old one's inode number: the old incarnation's (pidNamespace,
+    pid) is then held by the new, live worker."""
+    node = nodes["a"]
+    started: list[subprocess.Popen[bytes]] = []
+
+    def container(name: str) -> dict[str, Any]:
+        argv = fleet.run_argv(
+            namespace=namespace, node=node.name, name=name, kubeconfig=worker_config, boot_id_file=node.boot_file,
+            command=("sleep", "600"),
+        )  # fmt: skip
+        unshare = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"]
+        started.append(fleet.spawn([*unshare, *argv], log=tmp_path / f"{name}.log", parent_death=signal.SIGKILL))
+        kube.wait_for(lambda: kube.exists(admin, namespace, name), timeout=30, what=f"{name} registered")
+        return dict(kube.get_registration(admin, namespace, name)["spec"]["incarnation"])
+
+    def end(proc: subprocess.Popen[bytes], incarnation: dict[str, Any]) -> None:
+        fleet.kill(proc)  # unshare: --kill-child takes pid 1, and so the namespace, with it
+        link = f"pid:[{incarnation['pidNamespace']}]"
+        kube.wait_for(
+            lambda: fleet.host_pid(link, 1) is None and fleet.host_pid(link, incarnation["pid"]) is None,
+            timeout=10,
+            what="the namespace gone",
+        )
+
+    try:
+        node.start_agent()
+        previous, incarnation = "c-0", container("c-0")
+        kube.wait_for(lambda: attestation(admin, namespace, "c-0").get("verdict") == "Alive", timeout=30, what="Alive")
+        node.stop_agent()
+        dead: list[str] = []
+        # Other namespaces made on this machine meanwhile may take a freed number: each restart is
+        # compared with the container just ended.
+        for attempt in range(1, 40):
+            end(started[-1], incarnation)
+            dead.append(previous)
+            new = container(f"c-{attempt}")
+            if (new["pidNamespace"], new["pid"]) == (incarnation["pidNamespace"], incarnation["pid"]):
+                break
+            previous, incarnation = f"c-{attempt}", new
+        else:
+            pytest.fail("no restarted container's pid namespace got its predecessor's inode number in 39 restarts")
+        live = f"c-{attempt}"
+        returned = time.monotonic()
+        node.start_agent()
+        for name in dead:
+            kube.wait_for(lambda n=name: components.retired(admin, namespace, n), timeout=30, what=f"{name} retired")
+        seconds = round(time.monotonic() - returned, 2)
+        record_property("agent_return_to_retired_seconds", seconds)
+        record_property("containers_until_inode_reused", attempt)
+        print(
+            f"\nagent start -> {len(dead)} dead incarnations Retired: {seconds} s; inode reused at container {attempt}"
+        )
+        retirement = kube.get_registration(admin, namespace, previous)["status"]["retirement"]
+        assert retirement["reason"] == "PidNamespaceRecreated", retirement
+        kube.wait_for(lambda: attestation(admin, namespace, live).get("verdict") == "Alive", timeout=30, what="Alive")
+        assert not components.retired(admin, namespace, live)
+    finally:
+        for proc in started:
+            fleet.kill(proc)
