@@ -271,11 +271,10 @@ def run_demo(*, directory: pathlib.Path, keep: bool) -> None:
     """Runs the demo; stops every process it started (and the control plane unless `keep`)."""
     if shutil.which("unshare") is None or os.geteuid() != 0:
         console.print("[yellow]note:[/] the pid-reuse step needs root and util-linux `unshare`")
-    # Every run starts from an empty registry: stop a control plane left running by `--keep` and
-    # drop its etcd data, so earlier runs' registrations cannot collide with this run's names.
-    cluster_mod.down(directory)
-    for leftover in ("etcd", "demo", "tokens", "logs"):
-        shutil.rmtree(directory / leftover, ignore_errors=True)
+    # Every run starts from an empty registry: stop a control plane left running by `--keep` (or by
+    # the other demo in the same directory) and drop its data, so nothing of an earlier run remains.
+    cluster_mod.reset(directory)
+    shutil.rmtree(directory / "demo", ignore_errors=True)
     demo = Demo(directory=directory)
     try:
         demo.run()

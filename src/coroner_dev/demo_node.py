@@ -61,7 +61,9 @@ def run_real_node_demo(*, directory: pathlib.Path, keep: bool) -> None:
     """Runs the real-node demo; stops the nodes and the control plane afterwards unless `keep`."""
     if os.geteuid() != 0:
         raise DemoError("the real-node demo runs a kubelet and containerd: it needs root")
-    cluster_mod.down(directory)
+    # From an empty registry, as the other demo: its simulated Nodes (no kubelet, NotReady) would
+    # keep the agent DaemonSet's rollout waiting on Pods that never schedule.
+    cluster_mod.reset(directory)
     say("starting the control plane and two real nodes (the first time also builds kubelet, containerd, runc")
     say("and Coroner's images: several minutes)")
     started = time.monotonic()

@@ -14,12 +14,13 @@ import http.client
 import json
 import os
 import pathlib
+import shutil
 import signal
 import socket
 import ssl
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Final
 
 from coroner.core import procfs
 from coroner_dev.devcluster import cgroups as cgroups_mod
@@ -455,6 +456,20 @@ def down(directory: pathlib.Path) -> list[str]:
         stop_process(process)
     (directory / STATE_FILE).unlink(missing_ok=True)
     return stopped
+
+
+#: What a cluster's directory holds of its own run: its registry, identities and logs. (The nodes'
+#: directories stay: a kubelet's state may hold mounts, and a new registry makes it start over.)
+RUN_STATE: Final = ("etcd", "tokens", "users", "logs")
+
+
+def reset(directory: pathlib.Path) -> None:
+    """Stops what `up` started in DIR and drops what it stored, so the next `up` starts empty: no
+    registration, Node or Pod of an earlier run (a Node without its kubelet stays NotReady, and a
+    DaemonSet's Pod for it Pending forever). The certificates stay: nothing of a run is in them."""
+    down(directory)
+    for name in RUN_STATE:
+        shutil.rmtree(directory.resolve() / name, ignore_errors=True)
 
 
 def _etcd_argv(binaries: Binaries, directory: pathlib.Path, port: int, peer_port: int) -> list[str]:
