@@ -10,21 +10,28 @@ the defaults with a warning.
 from __future__ import annotations
 
 import copy
+import datetime
 import json
 from typing import Any
 
 import pytest
 import yaml
+from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coroner.cli import doctor, plan
+from coroner.cli import doctor, plan, render
+from coroner.cli.commands.doctor import doctor_command
+from coroner.cli.doctor.registrations import HELD_FIXES
+from coroner.cli.kubectl import main
 from coroner.core import admission_digest as ad
-from coroner.core import api, fingerprint, policy_json
+from coroner.core import api, fingerprint, held, policy_json
 from coroner.core.decision import Policy
+from coroner.core.model import format_time
 from coroner.core.policy_json import PolicyUnreadable
+from coroner.core.reasons import Reason
 from coroner_operator.kubeapi import ADMISSION_RESOURCES
-from unit.builders import BOOT, NAMESPACE, NODE, NODE_UID, NOW, OTHER_BOOT, REGISTRANT, SQUATTER
+from unit.builders import BOOT, DELETE, NAMESPACE, NODE, NODE_UID, NOW, OTHER_BOOT, REGISTRANT, SQUATTER
 from unit.test_admission_digest import REPO, SHIPPED
 from unit.test_plan import S, agent_lease, listing, node, worker
 
@@ -1065,3 +1072,357 @@ def test_the_planner_role_may_list_every_kind_doctor_compares() -> None:
     }
     assert set(ADMISSION_RESOURCES.values()) <= listable
     assert tuple(ADMISSION_RESOURCES) == ad.KINDS
+
+
+# --- held: registrations a reason has held Active past the bound ---------------------------------
+
+HOUR = 3600 * S
+#: What the agent says of a pid number another process took (coroner_agent.verdict.reused).
+REUSED_DETAIL = (
+    "pid 4242 in pid namespace 4026532001 is held by host pid 777 (state S, start time 99999), not the "
+    "recorded start time 123456789; the host's pid namespace lasts the whole boot"
+)
+
+
+def reused(name: str, *, said: datetime.datetime, **kwargs: Any) -> dict[str, Any]:
+    """A worker without heartbeats (the default) whose pid number its agent found taken at `said`."""
+    paths = {"status.attestation.detail": REUSED_DETAIL, **kwargs.pop("paths", {})}
+    kwargs.setdefault("heartbeat", False)
+    return worker(name, verdict="Reused", evidence="StartTimeDiffers", observed_at=said, paths=paths, **kwargs)
+
+
+def stale(name: str) -> dict[str, Any]:
+    return worker(name, verdict="Alive", evidence="PidfdPinned", heartbeat=False, observed_at=NOW - 2 * HOUR)
+
+
+def since_a_week_ago(reason: str) -> list[dict[str, object]]:
+    """Retirable and Attested as the operator keeps them: False (and True) since the first decision a
+    week ago; the reason changed since, the transition time did not (metav1: it moves on a flip)."""
+    week = format_time(NOW - 7 * 24 * HOUR)
+    return [
+        {"type": "Attested", "status": "True", "reason": "Reused", "message": "", "lastTransitionTime": week},
+        {"type": "Retirable", "status": "False", "reason": reason, "message": "", "lastTransitionTime": week},
+    ]
+
+
+def held_check(
+    registrations: list[dict[str, Any]],
+    *,
+    leases: list[dict[str, Any]] | None = None,
+    nodes: list[dict[str, Any]] | None = None,
+    grace_seconds: float = 600,
+) -> doctor.Check:
+    world = plan.build_world(listing(registrations, leases=leases, nodes=nodes))
+    decided = fingerprint.decide_all(world=world, policy=Policy(), now=NOW)
+    return doctor.check_held(plan=decided, now=NOW, grace_seconds=grace_seconds)
+
+
+# (registrations, leases, nodes, grace, status, {name: reason} named, phrases)
+HELD_CASES = [
+    pytest.param(
+        [reused("reused", said=NOW - HOUR)],
+        None,
+        None,
+        600,
+        doctor.CheckStatus.WARN,
+        {"reused": Reason.PID_REUSE_DETECTED},
+        [
+            "1 registration(s) held Active for over 600s",
+            f"PidReuseDetected 1: {NAMESPACE}/reused (node {NODE}, pid {1000 + sum(map(ord, 'reused'))}, "
+            f"since 2026-11-30T17:00:00Z, 1h00m: {REUSED_DETAIL})",
+            "retired once that process exits",
+        ],
+        id="pid-reused-for-an-hour",
+    ),
+    pytest.param(
+        [reused("reused", said=NOW - 300 * S)], None, None, 600, doctor.CheckStatus.PASS, {}, [], id="reused-5-minutes"
+    ),
+    pytest.param(
+        # A week alive, its pid taken a minute ago: the conditions' transition times say a week (they
+        # move only when a status flips), the attestation says a minute, and a minute it is.
+        [reused("reused", said=NOW - 60 * S, created_at=NOW - 7 * 24 * HOUR, conditions=since_a_week_ago("PidAlive"))],
+        None,
+        None,
+        600,
+        doctor.CheckStatus.PASS,
+        {},
+        [],
+        id="alive-a-week-reused-a-minute-ago",
+    ),
+    pytest.param(
+        [reused("reused", said=NOW - HOUR)], None, None, 7200, doctor.CheckStatus.PASS, {}, [], id="a-longer-bound"
+    ),
+    pytest.param(
+        # Its worker heartbeats (the opt-in): heard from 30 s ago, so not left behind.
+        [reused("reused", said=NOW - HOUR, heartbeat=True, heartbeat_at=NOW - 30 * S)],
+        None,
+        None,
+        600,
+        doctor.CheckStatus.PASS,
+        {},
+        [],
+        id="a-heartbeat-is-heard-from",
+    ),
+    pytest.param(
+        [
+            worker(
+                "hidden",
+                verdict="Unknown",
+                evidence="ProcHidesProcesses",
+                heartbeat=False,
+                observed_at=NOW - HOUR,
+                paths={"status.attestation.detail": "that /proc is mounted with hidepid"},
+            )
+        ],
+        None,
+        None,
+        600,
+        doctor.CheckStatus.WARN,
+        {"hidden": Reason.LIVENESS_UNKNOWN},
+        ["LivenessUnknown 1:", "that /proc is mounted with hidepid", "cannot establish"],
+        id="liveness-unknown",
+    ),
+    pytest.param(
+        [stale("rebooted")],
+        [agent_lease(boot_id=OTHER_BOOT)],
+        [node(boot_id=OTHER_BOOT)],
+        600,
+        doctor.CheckStatus.WARN,
+        {"rebooted": Reason.ATTESTATION_STALE},
+        ["AttestationStale 1:", "has not attested it again"],
+        id="attestation-stale",
+    ),
+    pytest.param(
+        [worker("elsewhere", heartbeat=False, observed_at=NOW - HOUR, paths={"status.attestation.hostId": "f" * 32})],
+        None,
+        None,
+        600,
+        doctor.CheckStatus.WARN,
+        {"elsewhere": Reason.HOST_BINDING_UNPROVEN},
+        ["HostBindingUnproven 1:"],
+        id="host-binding-unproven",
+    ),
+    pytest.param(
+        [worker("other", heartbeat=False, observed_at=NOW - HOUR, paths={"status.attestation.incarnation.pid": 7})],
+        None,
+        None,
+        600,
+        doctor.CheckStatus.WARN,
+        {"other": Reason.ATTESTATION_MISMATCH},
+        ["AttestationMismatch 1:"],
+        id="attestation-mismatch",
+    ),
+    pytest.param(
+        [
+            worker(
+                "beat",
+                created_at=NOW - 3 * HOUR,
+                observed_at=NOW - 2 * HOUR,
+                heartbeat_at=NOW - HOUR,
+                paths={"status.attestation.heartbeatSeen": format_time(NOW - 2 * HOUR, fraction=True)},
+            )
+        ],
+        None,
+        None,
+        600,
+        doctor.CheckStatus.WARN,
+        {"beat": Reason.HEARTBEAT_AFTER_ATTESTATION},
+        ["HeartbeatAfterAttestation 1:", "since 2026-11-30T17:00:00Z"],
+        id="heartbeat-after-attestation-since-the-heartbeat",
+    ),
+    pytest.param(
+        [stale("silent-boot")],
+        [agent_lease(boot_id=None)],
+        None,
+        600,
+        doctor.CheckStatus.WARN,
+        {"silent-boot": Reason.BOOT_IDENTITY_UNKNOWN},
+        ["BootIdentityUnknown 1:", "the agents check names the node"],
+        id="boot-identity-unknown",
+    ),
+    pytest.param(
+        [worker("partial", attested=False, heartbeat=False, paths={"spec.incarnation.startTime": DELETE})],
+        None,
+        None,
+        600,
+        doctor.CheckStatus.WARN,
+        {"partial": Reason.INCOMPLETE_IDENTITY},
+        ["IncompleteIdentity 1:", "since 2026-11-30T17:00:00Z", "lacks valid", "not made by Coroner's launcher"],
+        id="incomplete-identity-since-creation",
+    ),
+    pytest.param(
+        [worker("handmade", client_instance_id="handmade", attested=False, heartbeat=False)],
+        None,
+        None,
+        600,
+        doctor.CheckStatus.WARN,
+        {"handmade": Reason.UNTRUSTED_IDENTITY_PROVENANCE},
+        ["UntrustedIdentityProvenance 1:"],
+        id="untrusted-identity-provenance",
+    ),
+    pytest.param(
+        [worker("garbled", heartbeat_at="yesterday", attested=False)],
+        None,
+        None,
+        600,
+        doctor.CheckStatus.WARN,
+        {"garbled": Reason.UNPARSABLE_HEARTBEAT},
+        ["UnparsableHeartbeat 1:"],
+        id="unparsable-heartbeat",
+    ),
+    pytest.param(
+        [reused("a", said=NOW - HOUR), reused("b", said=NOW - 2 * HOUR), reused("fresh", said=NOW - 60 * S)],
+        None,
+        None,
+        600,
+        doctor.CheckStatus.WARN,
+        {"a": Reason.PID_REUSE_DETECTED, "b": Reason.PID_REUSE_DETECTED},
+        ["2 registration(s) held Active for over 600s", "PidReuseDetected 2:"],
+        id="two-of-three",
+    ),
+    pytest.param(
+        [reused("gone", said=NOW - HOUR, paths=RETIRED)],
+        None,
+        None,
+        600,
+        doctor.CheckStatus.PASS,
+        {},
+        [],
+        id="terminal",
+    ),
+    pytest.param(
+        # Unattested is the unattested check's (its own grace); dead but unconfirmed is blocked's.
+        [
+            worker("new", attested=False, created_at=NOW - HOUR),
+            worker("once", evidence="ProcAbsent", heartbeat=False, observed_at=NOW - HOUR),
+            worker("alive", verdict="Alive", evidence="PidfdPinned", observed_at=NOW - 7 * 24 * HOUR),
+        ],
+        None,
+        None,
+        600,
+        doctor.CheckStatus.PASS,
+        {},
+        ["0 of 3 active registration(s) held Active for over 600s"],
+        id="other-checks-reasons-and-a-live-worker",
+    ),
+]
+
+
+class TestHeld:
+    @pytest.mark.parametrize(("registrations", "leases", "nodes", "grace", "status", "named", "phrases"), HELD_CASES)
+    def test_held_past_the_bound(
+        self,
+        registrations: list[dict[str, Any]],
+        leases: list[dict[str, Any]] | None,
+        nodes: list[dict[str, Any]] | None,
+        grace: float,
+        status: doctor.CheckStatus,
+        named: dict[str, Reason],
+        phrases: list[str],
+    ) -> None:
+        check = held_check(registrations, leases=leases, nodes=nodes, grace_seconds=grace)
+        assert check.status == status, check.summary
+        assert check.objects == tuple(f"workerregistration/{NAMESPACE}/{name}" for name in sorted(named))
+        assert {item["registration"]: item["reason"] for item in check.facts["registrations"]} == {
+            f"{NAMESPACE}/{name}": reason.value for name, reason in named.items()
+        }
+        assert check.facts["graceSeconds"] == grace
+        for phrase in phrases:
+            assert phrase in check.summary
+
+    def test_the_facts_name_node_pid_since_and_why(self) -> None:
+        check = held_check([reused("reused", said=NOW - HOUR)])
+        assert check.facts["count"] == 1
+        assert check.facts["byReason"] == {"PidReuseDetected": [f"{NAMESPACE}/reused"]}
+        (item,) = check.facts["registrations"]
+        assert item == {
+            "registration": f"{NAMESPACE}/reused",
+            "node": NODE,
+            "pid": 1000 + sum(map(ord, "reused")),
+            "reason": "PidReuseDetected",
+            "since": "2026-11-30T17:00:00Z",
+            "heldSeconds": 3600.0,
+            "detail": REUSED_DETAIL,
+        }
+
+    def test_unreadable_registrations_are_unknown(self) -> None:
+        check = doctor.check_held(plan=plan.Unreadable(reason="403 Forbidden"), now=NOW, grace_seconds=600)
+        assert check.status == doctor.CheckStatus.UNKNOWN and "count" not in check.facts
+
+    def test_dead_but_unconfirmed_is_blocked_at_once(self) -> None:
+        """DeathUnconfirmed never ends by itself (the agent does not write an unchanged Dead again);
+        `blocked` names it, without the bound, so `held` leaves it."""
+        world = plan.build_world(listing([worker("once", evidence="ProcAbsent", heartbeat=False)]))
+        decided = fingerprint.decide_all(world=world, policy=Policy(), now=NOW)
+        blocked = doctor.check_blocked(plan=decided, expect_plan_only=False)
+        assert blocked.facts["byReason"] == {"DeathUnconfirmed": [f"{NAMESPACE}/once"]}
+
+    def test_every_reason_is_held_or_reported_elsewhere(self) -> None:
+        """The survey, kept: a reason that can preserve an active registration is either `held`'s
+        (past the bound) or named by another check with an alert of its own."""
+        elsewhere = {
+            Reason.ATTESTATION_MISSING,  # unattested; CoronerRegistrationsUnattested
+            Reason.AGENT_UNAVAILABLE,  # node-loss; CoronerRegistrationsAgentUnavailable
+            Reason.DEATH_UNCONFIRMED,  # blocked; CoronerRegistrationsBlocked
+            Reason.CLIENT_INSTANCE_CONFLICT,  # blocked; CoronerRegistrationsBlocked
+            Reason.CONFLICTING_IDENTITY,  # blocked; CoronerRegistrationsBlocked
+            Reason.PROTECTED_LEASE_HOLDER,  # blocked; CoronerRegistrationsBlocked
+            Reason.RETIRE_REFUSED_BY_ADMISSION,  # blocked; CoronerRegistrationsBlocked
+            Reason.ADMISSION_POLICIES_UNVERIFIED,  # admission-content; CoronerAdmissionPoliciesUnverified
+            Reason.RETIRE_PERMISSION_MISSING,  # retire-grant, blocked; CoronerRetirePermissionMissing
+        }
+        not_held = {
+            Reason.ELIGIBLE_STALE_ORPHAN,  # retired
+            Reason.ALREADY_TERMINAL,  # history
+            Reason.PID_ALIVE,  # alive by the kernel's pidfd, from an agent live on its boot
+            Reason.HEARTBEAT_NOT_EXPIRED,  # ends by the clock
+        }
+        assert not (held.HELD_REASONS & (elsewhere | not_held))
+        assert held.HELD_REASONS | elsewhere | not_held == set(Reason)
+        assert set(HELD_FIXES) == held.HELD_REASONS  # what to do, for each
+        blocked_alert = alerts()["CoronerRegistrationsBlocked"]["expr"]
+        for reason in (Reason.DEATH_UNCONFIRMED, Reason.CLIENT_INSTANCE_CONFLICT, Reason.RETIRE_REFUSED_BY_ADMISSION):
+            assert reason.value in blocked_alert
+        assert "coroner_registrations_held" in alerts()["CoronerRegistrationsHeld"]["expr"]
+
+    def test_doctor_runs_it_after_unattested_and_a_warn_alone_exits_0_and_is_named(self) -> None:
+        names = [check(minimal_findings()).name for check in doctor.CHECKS]
+        assert names[names.index("unattested") + 1] == "held"
+        warn = doctor.Check(
+            name="held", status=doctor.CheckStatus.WARN, summary="", objects=("workerregistration/a/b",)
+        )
+        ok = doctor.Check(name="crd", status=doctor.CheckStatus.PASS, summary="")
+        assert doctor.doctor_exit_code([ok, warn]) == 0
+        assert render.doctor_names([ok, warn]) == ["workerregistration/a/b"]
+        assert render.doctor_document([ok, warn], now=NOW)["checks"][1]["status"] == "WARN"
+
+    def test_the_flag_bounds_it_and_nonsense_is_refused_before_any_request(self) -> None:
+        option = next(p for p in doctor_command.params if p.name == "held_grace_seconds")
+        assert option.default == held.HELD_GRACE_SECONDS == 600
+        result = CliRunner().invoke(main, ["doctor", "--held-grace-seconds", "-1", "--kubeconfig", "/nonexistent"])
+        assert result.exit_code == 2 and "--held-grace-seconds" in result.output
+
+
+def alerts() -> dict[str, dict[str, Any]]:
+    rule = yaml.safe_load((REPO / "manifests" / "components" / "monitoring" / "prometheusrule.yaml").read_text())
+    return {r["alert"]: r for group in rule["spec"]["groups"] for r in group["rules"] if "alert" in r}
+
+
+def minimal_findings() -> doctor.Findings:
+    return doctor.Findings(
+        crd=None,
+        admission={},
+        operator_lease=None,
+        nodes=[],
+        leases=[],
+        world=plan.Unreadable(reason="x"),
+        plan=plan.Unreadable(reason="x"),
+        operator_deployments=[],
+        cluster_wide=None,
+        per_namespace={},
+        policy=choice(),
+        system_namespace=SYSTEM,
+        expect_plan_only=False,
+        attestation_grace_seconds=60,
+        now=NOW,
+    )

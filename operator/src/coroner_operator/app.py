@@ -145,6 +145,7 @@ class Operator:
             resync_seconds=settings.resync_seconds,
             clock=clock,
             elector=self.elector,
+            held_grace_seconds=settings.held_grace_seconds,
         )
         self.inputs = WatchInputs(
             world=world,

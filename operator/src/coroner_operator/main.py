@@ -26,6 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from coroner.client.rest import Rest, in_cluster_server
 from coroner.core import api, policy_json
 from coroner.core.decision import Policy
+from coroner.core.held import HELD_GRACE_SECONDS
 from coroner.core.world import World
 from coroner.runtime.controller import utcnow
 from coroner.runtime.leader import ElectionConfig
@@ -286,6 +287,16 @@ def _finite(param: click.Parameter, value: float) -> float:
     "sweep; 0 keeps them forever. Deletes carry uid and resourceVersion preconditions.",
 )
 @click.option(
+    "--held-grace-seconds",
+    type=click.FloatRange(min=0),
+    default=HELD_GRACE_SECONDS,
+    callback=lambda _ctx, param, value: _finite(param, value),
+    show_default=True,
+    help="Count an active registration in coroner_registrations_held once a reason that may last for ever "
+    "(PidReuseDetected, LivenessUnknown, AttestationStale, ...: coroner.core.held) has held it this long, "
+    "as kubectl coroner doctor's --held-grace-seconds bounds its held check.",
+)
+@click.option(
     "--event-burst",
     type=click.IntRange(min=0),
     default=DEFAULT_BURST,
@@ -339,6 +350,7 @@ def main(
     node_out_of_service_evidence: bool,
     node_quarantine_seconds: float,
     terminal_retention_seconds: float,
+    held_grace_seconds: float,
     event_burst: int,
     event_window_seconds: float,
     system_namespace: str,
@@ -376,6 +388,7 @@ def main(
         resync_seconds=resync_seconds,
         permission_refresh_seconds=permission_refresh_seconds,
         terminal_retention_seconds=terminal_retention_seconds,
+        held_grace_seconds=held_grace_seconds,
         event_burst=event_burst,
         event_window_seconds=event_window_seconds,
         system_namespace=system_namespace,

@@ -3,11 +3,15 @@ reason reads the same in a metric, a condition, an Event and a log line."""
 
 from __future__ import annotations
 
+import datetime
 from collections import Counter as CountOf
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
+from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from coroner.core.held import HELD_REASONS, held_past
+from coroner.core.model import Registration
 from coroner.core.reasons import Reason
 from coroner.runtime.metrics import process_registry
 
@@ -39,6 +43,14 @@ class Metrics:
         self.registrations = Gauge(
             "coroner_registrations",
             "Active registrations by the reason code of their latest decision.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.registrations_held = Gauge(
+            "coroner_registrations_held",
+            "Active registrations held past --held-grace-seconds (600) by a reason that may last for ever "
+            "(coroner.core.held.HELD_REASONS), by that reason, as of the last sweep: what kubectl coroner doctor's "
+            "held check names (alert CoronerRegistrationsHeld).",
             ["reason"],
             registry=self.registry,
         )
@@ -116,27 +128,51 @@ class Metrics:
 
 class DecisionGauge:
     """`coroner_registrations`: each active registration counted once, under its latest decision's reason
-    (`Effects.reason`: RetireRefusedByAdmission where admission refused its last retirement)."""
+    (`Effects.reason`: RetireRefusedByAdmission where admission refused its last retirement); and
+    `coroner_registrations_held`, counted at each sweep from the registrations whose reason is one of
+    `HELD_REASONS` (kept apart, so a sweep looks at those only, not at every registration)."""
 
     def __init__(self, metrics: Metrics) -> None:
         self._gauge = metrics.registrations
+        self._held_gauge = metrics.registrations_held
         self._reasons: dict[Hashable, Reason] = {}
+        self._holding: dict[Hashable, Reason] = {}
 
     def set(self, key: Hashable, reason: Reason | None) -> None:
         """`key`'s latest reason; None takes it out (terminal, or gone)."""
         if self._reasons.get(key) is reason:  # unchanged (every sweep, for nearly every key)
             return
         old = self._reasons.pop(key, None)
+        self._holding.pop(key, None)
         if old is not None:
             self._gauge.labels(old.value).dec()
         if reason is not None:
             self._reasons[key] = reason
             self._gauge.labels(reason.value).inc()
+            if reason in HELD_REASONS:
+                self._holding[key] = reason
 
     def clear(self) -> None:
         """Counts nothing (a replica that stopped leading: the leader's series are the cluster's)."""
         for key in list(self._reasons):
             self.set(key, None)
+        for reason in HELD_REASONS:
+            self._held_gauge.labels(reason.value).set(0)
+
+    def count_held(
+        self, registrations: Mapping[Any, Registration], *, now: datetime.datetime, grace_seconds: float
+    ) -> dict[str, int]:
+        """Sets `coroner_registrations_held` (every reason of `HELD_REASONS`, zero included) from the
+        cached `registrations`: those whose latest reason has held them past `grace_seconds`
+        (`coroner.core.held.held_past`). No request: the cache and the clock only."""
+        counted: CountOf[str] = CountOf()
+        for key, reason in self._holding.items():
+            registration = registrations.get(key)
+            if registration is not None and held_past(reason, registration, now=now, grace_seconds=grace_seconds):
+                counted[reason.value] += 1
+        for reason in HELD_REASONS:
+            self._held_gauge.labels(reason.value).set(counted[reason.value])
+        return dict(counted)
 
     def by_reason(self) -> dict[str, int]:
         return dict(CountOf(r.value for r in self._reasons.values()))

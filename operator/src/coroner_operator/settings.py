@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from coroner.core import api
+from coroner.core.held import HELD_GRACE_SECONDS
 from coroner.runtime.leader import ElectionConfig
 from coroner_operator.eventcorrelator import DEFAULT_BURST, DEFAULT_WINDOW_SECONDS
 from coroner_operator.retention import DEFAULT_TERMINAL_RETENTION_SECONDS
@@ -22,6 +23,9 @@ class OperatorSettings:
     """Delete terminal (Retired or Released) registrations this long after they became terminal, at
     the first reconcile after that (the sweep, within `resync_seconds`); 0 keeps them forever.
     See `coroner_operator.retention` for the rule."""
+    held_grace_seconds: float = HELD_GRACE_SECONDS
+    """A registration held Active longer than this by a reason of `coroner.core.held.HELD_REASONS` is
+    counted in `coroner_registrations_held` (at each sweep), as doctor's `held` check names it."""
     error_backoff: tuple[float, ...] = (1, 2, 4, 8, 16, 30, 60)
     """Delays before retrying a registration whose reconcile failed unexpectedly (never a hot loop)."""
     system_namespace: str = api.SYSTEM_NAMESPACE

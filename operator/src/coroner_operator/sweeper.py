@@ -26,6 +26,7 @@ from typing import Any
 
 from coroner.core import api, model, policy_json
 from coroner.core.decision import Policy
+from coroner.core.held import HELD_GRACE_SECONDS
 from coroner.core.model import Key
 from coroner.core.world import World
 from coroner.runtime.leader import LeaderElector
@@ -60,6 +61,7 @@ class Sweeper:
         resync_seconds: float,
         clock: Callable[[], datetime.datetime],
         elector: LeaderElector | None = None,
+        held_grace_seconds: float = HELD_GRACE_SECONDS,
     ) -> None:
         self.world = world
         self.kube = kube
@@ -76,6 +78,7 @@ class Sweeper:
         allow for it."""
         self.clock = clock
         self.elector = elector
+        self.held_grace_seconds = held_grace_seconds
         self.last_sweep: dict[str, Any] | None = None
         self._failures: Counter[str] = Counter()
         self._errors: dict[str, str] = {}
@@ -97,6 +100,8 @@ class Sweeper:
         terminal = sum(1 for r in self.world.parsed.values() if r.terminal)
         self.metrics.registration_objects.labels("terminal").set(terminal)
         self.metrics.registration_objects.labels("active").set(len(self.world.parsed) - terminal)
+        # After the drain every reason is fresh; the bound is passed by the clock, between events.
+        self.gauge.count_held(self.world.parsed, now=self.clock(), grace_seconds=self.held_grace_seconds)
         self.last_sweep = {
             "time": model.format_time(self.clock()),
             "startedTime": model.format_time(started),

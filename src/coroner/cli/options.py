@@ -64,7 +64,7 @@ def _contexts(ctx: click.Context, incomplete: str) -> list[str]:
     return sorted(str(c.get("name")) for c in contexts or [] if str(c.get("name", "")).startswith(incomplete))
 
 
-def _finite(_: click.Context, param: click.Parameter, value: float | None) -> float | None:
+def finite(_: click.Context, param: click.Parameter, value: float | None) -> float | None:
     if value is not None and not math.isfinite(value):
         raise click.BadParameter(f"{value} is not a finite number of seconds.", param=param)
     return value
@@ -146,7 +146,7 @@ def policy(command: Callable[..., Any]) -> Callable[..., Any]:
             "--node-quarantine-seconds",
             type=click.FloatRange(min=0),
             default=None,
-            callback=_finite,
+            callback=finite,
             help="Override the operator's published node-deletion quarantine. Default: what the operator publishes.",
         ),
     ]

@@ -85,8 +85,9 @@ def apply_names(results: Sequence[RowResult]) -> list[str]:
 
 
 def doctor_names(checks: Sequence[Check]) -> list[str]:
-    """``-o name`` of a doctor run: the objects the failing checks name, each once."""
-    return list(dict.fromkeys(o for check in checks if check.status == CheckStatus.FAIL for o in check.objects))
+    """``-o name`` of a doctor run: the objects the failing and warning checks name, each once."""
+    named = (CheckStatus.FAIL, CheckStatus.WARN)
+    return list(dict.fromkeys(o for check in checks if check.status in named for o in check.objects))
 
 
 class Progress(Protocol):
@@ -435,7 +436,12 @@ def doctor_document(
     }
 
 
-_STATUS_STYLE: Final = {CheckStatus.PASS: "green", CheckStatus.FAIL: "bold red", CheckStatus.UNKNOWN: "yellow"}
+_STATUS_STYLE: Final = {
+    CheckStatus.PASS: "green",
+    CheckStatus.WARN: "bold yellow",
+    CheckStatus.FAIL: "bold red",
+    CheckStatus.UNKNOWN: "yellow",
+}
 
 
 def render_doctor(

@@ -1,4 +1,4 @@
-"""``kubectl coroner doctor``: PASS / FAIL / UNKNOWN for each part Coroner needs.
+"""``kubectl coroner doctor``: PASS / WARN / FAIL / UNKNOWN for each part Coroner needs.
 
 This module reads; the checks are the pure `coroner.cli.doctor.CHECKS`, run on what was read.
 """
@@ -16,6 +16,7 @@ from coroner.cli import plan as planning
 from coroner.cli.session import EXIT_OK, Connection, PluginError, Session, fail, lease_policy, utcnow
 from coroner.core import admission_digest, api, fingerprint
 from coroner.core.fingerprint import Plan
+from coroner.core.held import HELD_GRACE_SECONDS
 from coroner.core.world import World
 
 
@@ -33,6 +34,15 @@ from coroner.core.world import World
     show_default=True,
     help="A registration unattested for longer than this counts as stuck.",
 )
+@click.option(
+    "--held-grace-seconds",
+    type=click.FloatRange(min=0),
+    default=HELD_GRACE_SECONDS,
+    show_default=True,
+    callback=options.finite,
+    help="A registration held Active longer than this by a reason that may last for ever (PidReuseDetected, "
+    "LivenessUnknown, AttestationStale, ...: check held) is named (WARN).",
+)
 @options.common
 @click.pass_context
 def doctor_command(
@@ -40,12 +50,13 @@ def doctor_command(
     output: str,
     expect_plan_only: bool,
     attestation_grace_seconds: float,
+    held_grace_seconds: float,
     connection: Connection,
     system_namespace: str,
     node_deletion_evidence: bool | None,
     node_quarantine_seconds: float | None,
 ) -> None:
-    """PASS / FAIL / UNKNOWN for each part Coroner needs; exit code 1 if any check FAILs."""
+    """PASS / WARN / FAIL / UNKNOWN for each part Coroner needs; exit code 1 if any check FAILs."""
     session = Session(connection)
     extensions = k8s.ApiextensionsV1Api(session.client)
     admission = k8s.AdmissionregistrationV1Api(session.client)
@@ -153,6 +164,7 @@ def doctor_command(
             system_namespace=system_namespace,
             expect_plan_only=expect_plan_only,
             attestation_grace_seconds=attestation_grace_seconds,
+            held_grace_seconds=held_grace_seconds,
             now=now,
         )
     )
@@ -162,6 +174,9 @@ def doctor_command(
         table=lambda console, wide: render.render_doctor(checks, console=console, policy=choice, wide=wide),
         names=render.doctor_names(checks),
     )
+    warning = [check.name for check in checks if check.status == diagnosis.CheckStatus.WARN]
+    if warning:  # not a failure (exit 0), but never silent: stderr says it after the document
+        click.echo(f"warning: doctor: check(s) {', '.join(warning)} warn (see above).", err=True)
     code = diagnosis.doctor_exit_code(checks)
     if code != EXIT_OK:
         failing = [check.name for check in checks if check.status == diagnosis.CheckStatus.FAIL]

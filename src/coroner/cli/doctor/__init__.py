@@ -1,14 +1,14 @@
 """``kubectl coroner doctor`` without the I/O: one pure function per check, and the one list of them.
 
 Each check reads raw objects as the API returned them (or `Unreadable` where a read failed) and
-the instant `now`, and says PASS, FAIL or UNKNOWN in one line that names the failing objects and
+the instant `now`, and says PASS, WARN, FAIL or UNKNOWN in one line that names the failing objects and
 the fix. UNKNOWN is a fact that could not be read; it is never shown as zero, and never as a pass.
 Registrations are decided exactly as `coroner.cli.plan` decides them, with the policy the operator
 publishes. The I/O shell is `coroner.cli.commands.doctor`.
 
 The checks live by family: `install` (the CRD, the admission policies and their content),
 `operator_lease` (the operator alive, its last sweep), `grant` (the retire verb), `agents`,
-`node_loss`, `registrations` (unattested, blocked); `outcome` is what a check says. `CHECKS` below
+`node_loss`, `registrations` (unattested, held, blocked, squatting); `outcome` is what a check says. `CHECKS` below
 is the one list, in the order doctor shows them.
 """
 
@@ -32,10 +32,11 @@ from coroner.cli.doctor.install import (
 )
 from coroner.cli.doctor.node_loss import check_node_loss
 from coroner.cli.doctor.operator_lease import LAST_SWEEP_ANNOTATION, check_last_sweep, check_operator_alive
-from coroner.cli.doctor.outcome import Check, CheckStatus, doctor_exit_code, failed, passed
-from coroner.cli.doctor.registrations import check_blocked, check_squatting, check_unattested
+from coroner.cli.doctor.outcome import Check, CheckStatus, doctor_exit_code, failed, passed, warned
+from coroner.cli.doctor.registrations import check_blocked, check_held, check_squatting, check_unattested
 from coroner.cli.plan import PolicyChoice, Unreadable
 from coroner.core.fingerprint import Plan
+from coroner.core.held import HELD_GRACE_SECONDS
 from coroner.core.world import World
 
 __all__ = [
@@ -53,6 +54,7 @@ __all__ = [
     "check_agents",
     "check_blocked",
     "check_crd",
+    "check_held",
     "check_last_sweep",
     "check_node_loss",
     "check_operator_alive",
@@ -65,6 +67,7 @@ __all__ = [
     "passed",
     "plural_of",
     "run_checks",
+    "warned",
 ]
 
 
@@ -97,10 +100,12 @@ class Findings:
     expect_plan_only: bool
     attestation_grace_seconds: float
     now: datetime.datetime
+    held_grace_seconds: float = HELD_GRACE_SECONDS
+    """The bound past which `held` names a registration (`coroner.core.held`)."""
 
 
 #: The checks, in the order doctor shows them. A new check is one pure function of `Findings`
-#: returning a `Check` (built with `passed`, `failed` or `unknown`) and one entry here.
+#: returning a `Check` (built with `passed`, `warned`, `failed` or `unknown`) and one entry here.
 CHECKS: Final[tuple[Callable[[Findings], Check], ...]] = (
     lambda f: check_crd(f.crd),
     lambda f: check_admission_policies(admission=f.admission),
@@ -132,6 +137,7 @@ CHECKS: Final[tuple[Callable[[Findings], Check], ...]] = (
         world=f.world, plan=f.plan, policy=f.policy, system_namespace=f.system_namespace, now=f.now
     ),
     lambda f: check_unattested(plan=f.plan, now=f.now, grace_seconds=f.attestation_grace_seconds),
+    lambda f: check_held(plan=f.plan, now=f.now, grace_seconds=f.held_grace_seconds),
     lambda f: check_blocked(
         plan=f.plan, expect_plan_only=f.expect_plan_only, permission_known=f.cluster_wide is not None
     ),

@@ -11,7 +11,7 @@ import datetime
 from collections.abc import Sequence
 from typing import Any, Final
 
-from coroner.cli.doctor.outcome import Check, failed, passed, stamp, unknown
+from coroner.cli.doctor.outcome import Check, duration, failed, passed, stamp, unknown
 from coroner.cli.plan import PolicyChoice, Unreadable, display
 from coroner.core import api, model
 from coroner.core.decision import Decision, NodeFacts, Policy, decide, lease_expiry
@@ -96,7 +96,7 @@ def check_node_loss(
         agent = {
             "missing": f"its agent {lease_ref} does not exist (since an unknown time)",
             "expired": f"its agent {lease_ref} expired at {stamp(item.agent_expired)} "
-            f"({_duration(now - item.agent_expired) if item.agent_expired else '?'} ago)",
+            f"({duration(now - item.agent_expired) if item.agent_expired else '?'} ago)",
             "no-expiry": f"its agent {lease_ref} has no computable expiry",
             "another-boot": f"its agent {lease_ref} is live on another boot, which cannot speak for them",
         }[item.agent_state]
@@ -256,15 +256,3 @@ def _decide(
     """`key` decided as someone holding retire would, with `node` standing in for its Node."""
     facts = dataclasses.replace(world.facts_for(key, now=now, node=node), retire_permission=True)
     return decide(registration=world.parsed[key], facts=facts, policy=policy, now=now)
-
-
-def _duration(span: datetime.timedelta) -> str:
-    seconds = max(0, int(span.total_seconds()))
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, seconds = divmod(rest, 60)
-    if days:
-        return f"{days}d{hours}h"
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"

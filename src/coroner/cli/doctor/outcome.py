@@ -1,6 +1,6 @@
-"""What a doctor check says: PASS, FAIL or UNKNOWN in one line, the objects it names, its facts.
+"""What a doctor check says: PASS, WARN, FAIL or UNKNOWN in one line, the objects it names, its facts.
 
-Every check module builds its `Check` with `passed`, `failed` or `unknown`; the small readers of raw
+Every check module builds its `Check` with `passed`, `warned`, `failed` or `unknown`; the small readers of raw
 API objects they share are here too, so that each is written once.
 """
 
@@ -16,9 +16,12 @@ from coroner.core import model
 
 
 class CheckStatus(enum.StrEnum):
-    """A doctor check's outcome; UNKNOWN is a fact that could not be read, never a pass."""
+    """A doctor check's outcome; UNKNOWN is a fact that could not be read, never a pass. WARN names
+    what a person should look at that may still be right (a registration held past a bound may be
+    a live worker's): never a pass, and not a failure of the installation."""
 
     PASS = "PASS"
+    WARN = "WARN"
     FAIL = "FAIL"
     UNKNOWN = "UNKNOWN"
 
@@ -39,6 +42,11 @@ def passed(name: str, summary: str, *, facts: Mapping[str, Any] | None = None) -
     return Check(name=name, status=CheckStatus.PASS, summary=summary, facts=facts or {})
 
 
+def warned(name: str, summary: str, *, objects: Sequence[str] = (), facts: Mapping[str, Any] | None = None) -> Check:
+    """A WARN line naming the `objects` a person should look at."""
+    return Check(name=name, status=CheckStatus.WARN, summary=summary, objects=tuple(objects), facts=facts or {})
+
+
 def failed(name: str, summary: str, *, objects: Sequence[str] = (), facts: Mapping[str, Any] | None = None) -> Check:
     """A FAIL line naming the failing `objects`."""
     return Check(name=name, status=CheckStatus.FAIL, summary=summary, objects=tuple(objects), facts=facts or {})
@@ -50,7 +58,8 @@ def unknown(name: str, summary: str, *, objects: Sequence[str] = (), facts: Mapp
 
 
 def doctor_exit_code(checks: Sequence[Check]) -> int:
-    """1 when any check FAILs; UNKNOWN alone does not fail (it is reported, not guessed)."""
+    """1 when any check FAILs; UNKNOWN and WARN alone do not fail (they are reported: the command
+    says so on stderr, and the alert of a WARN is the automation's signal)."""
     return 1 if any(check.status == CheckStatus.FAIL for check in checks) else 0
 
 
@@ -73,3 +82,16 @@ def object_name(body: Mapping[str, Any]) -> str:
 def stamp(moment: datetime.datetime | None) -> str | None:
     """`moment` as the API writes times; None stays None (unknown, never a made-up time)."""
     return None if moment is None else model.format_time(moment)
+
+
+def duration(span: datetime.timedelta) -> str:
+    """A span as a person reads it: ``45s``, ``3m05s``, ``2h07m``, ``3d4h`` (negative: ``0s``)."""
+    seconds = max(0, int(span.total_seconds()))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"

@@ -1,18 +1,21 @@
-"""Doctor's registration checks: registrations stuck unattested, dead ones blocked by a fixable cause,
-and registrations of one identity that copy another's claims (squatting)."""
+"""Doctor's registration checks: registrations stuck unattested, held past a bound by a reason that
+may last for ever, dead ones blocked by a fixable cause, and registrations of one identity that copy
+another's claims (squatting)."""
 
 from __future__ import annotations
 
 import datetime
 from collections import defaultdict
 from collections.abc import Hashable
+from typing import Any, Final
 
-from coroner.cli.doctor.outcome import Check, failed, passed, unknown
+from coroner.cli.doctor.outcome import Check, duration, failed, passed, stamp, unknown, warned
 from coroner.cli.plan import Unreadable, display, names_text
 from coroner.core import conditions as cond
 from coroner.core import model
 from coroner.core.decision import squatters
 from coroner.core.fingerprint import Plan, PlanEntry
+from coroner.core.held import held_past, held_since
 from coroner.core.model import Registration
 from coroner.core.reasons import Reason
 
@@ -68,6 +71,110 @@ def check_unattested(*, plan: Plan | Unreadable, now: datetime.datetime, grace_s
         )
     return passed(
         name, f"0 of {len(plan.entries)} registration(s) unattested for over {grace_seconds:g}s.", facts=facts
+    )
+
+
+_AGENT_AGAIN: Final = "its node's agent has not attested it again: check the coroner-agent pod on that node and its log"
+_NOT_THE_LAUNCHERS: Final = (
+    "not made by Coroner's launcher, or not kept by it: find who created it (annotation "
+    "coroner.dev/registered-by); its registrant may release it"
+)
+#: What a person can do about a registration `held` names, by its reason (one for each of HELD_REASONS).
+HELD_FIXES: Final[dict[Reason, str]] = {
+    Reason.PID_REUSE_DETECTED: (
+        "another process holds its pid number (named above): it is retired once that process exits, "
+        "which its agent watches; where the worker is gone and that process stays, only its registrant "
+        "(Released) or a cluster admin (a delete, counted and alerted) ends it"
+    ),
+    Reason.LIVENESS_UNKNOWN: (
+        "its agent cannot establish liveness, for the reason above: fix that on the node (a /proc "
+        "without hidepid, the agent in the host's pid namespace as the DaemonSet ships it)"
+    ),
+    Reason.ATTESTATION_STALE: _AGENT_AGAIN,
+    Reason.ATTESTATION_MISMATCH: _AGENT_AGAIN,
+    Reason.HEARTBEAT_AFTER_ATTESTATION: _AGENT_AGAIN,
+    Reason.HOST_BINDING_UNPROVEN: (
+        "the host its agent attests from is not the registration's hostId: compare the agent Lease's "
+        "host id with the worker's /etc/machine-id"
+    ),
+    Reason.BOOT_IDENTITY_UNKNOWN: (
+        "its node's agent publishes no boot id, or one that is not the Node's (the agents check names the node)"
+    ),
+    Reason.INCOMPLETE_IDENTITY: _NOT_THE_LAUNCHERS,
+    Reason.UNTRUSTED_IDENTITY_PROVENANCE: _NOT_THE_LAUNCHERS,
+    Reason.UNPARSABLE_HEARTBEAT: _NOT_THE_LAUNCHERS,
+}
+#: Reasons that are the agent's verdict: its attestation's detail says why (the holder of the pid,
+#: what could not be read); for the others the decision's detail does.
+_AGENT_SAYS_WHY: Final = frozenset({Reason.PID_REUSE_DETECTED, Reason.LIVENESS_UNKNOWN})
+_SHOWN_PER_REASON: Final = 10
+
+
+def check_held(*, plan: Plan | Unreadable, now: datetime.datetime, grace_seconds: float) -> Check:
+    """Active registrations a reason of `coroner.core.held.HELD_REASONS` has held for longer than
+    `grace_seconds` (since `coroner.core.held.held_since`): each named with its node, pid, since when
+    and why, and what to do about its reason. WARN, not FAIL: preserving them is right (unknown is
+    never dead, and one may be a live worker's), but nothing held is left silent."""
+    name = "held"
+    if isinstance(plan, Unreadable):
+        return unknown(name, f"registrations could not be read: {plan.reason}")
+    found: dict[Reason, list[dict[str, Any]]] = {}
+    for entry in plan.entries:
+        registration, reason = entry.registration, entry.decision.reason
+        if not held_past(reason, registration, now=now, grace_seconds=grace_seconds):
+            continue
+        since = held_since(registration)
+        attestation = registration.attestation
+        named = display(model.key_of(registration))
+        why = (
+            attestation.detail
+            if reason in _AGENT_SAYS_WHY and attestation is not None and attestation.detail
+            else entry.decision.detail.removeprefix(
+                f"{named} (pid {registration.incarnation.pid} on {registration.node_name}): "
+            )
+        ).rstrip(".")
+        found.setdefault(reason, []).append(
+            {
+                "registration": named,
+                "node": registration.node_name,
+                "pid": registration.incarnation.pid,
+                "reason": reason.value,
+                "since": stamp(since),
+                "heldSeconds": None if since is None else (now - since).total_seconds(),
+                "detail": why,
+            }
+        )
+    items = [item for reason in sorted(found) for item in found[reason]]
+    active = sum(1 for entry in plan.entries if not entry.registration.terminal)
+    facts = {
+        "count": len(items),
+        "graceSeconds": grace_seconds,
+        "byReason": {reason.value: [item["registration"] for item in found[reason]] for reason in sorted(found)},
+        "registrations": items,
+    }
+    bound = f"held Active for over {grace_seconds:g}s by a reason that may last for ever"
+    if not items:
+        return passed(name, f"0 of {active} active registration(s) {bound}.", facts=facts)
+    described = " | ".join(_held_text(reason, found[reason]) for reason in sorted(found))
+    objects = [f"workerregistration/{entry}" for entry in sorted(item["registration"] for item in items)]
+    return warned(name, f"{len(items)} registration(s) {bound}: {described}", objects=objects, facts=facts)
+
+
+def _held_text(reason: Reason, items: list[dict[str, Any]]) -> str:
+    def one(item: dict[str, Any]) -> str:
+        held = (
+            "since an unknown time"
+            if item["since"] is None
+            else (f"since {item['since']}, {duration(datetime.timedelta(seconds=item['heldSeconds']))}")
+        )
+        return (
+            f"{item['registration']} (node {item['node'] or '?'}, pid {item['pid'] or '?'}, {held}: {item['detail']})"
+        )
+
+    shown = "; ".join(one(item) for item in items[:_SHOWN_PER_REASON])
+    more = len(items) - _SHOWN_PER_REASON
+    return (
+        f"{reason} {len(items)}: {shown}{f'; and {more} more' if more > 0 else ''}. What to do: {HELD_FIXES[reason]}."
     )
 
 
