@@ -250,7 +250,10 @@ def register(
         elif exc.status == 403:  # an admission policy's denial: its message is the reason
             raise RegistrationError(f"the API server refused registering {namespace}/{name}: {exc.message}") from exc
         else:
-            raise RegistrationError(f"registering {namespace}/{name} failed: {exc.status} {exc.reason}") from exc
+            # The API server's answer names what is wrong (a 422 names the field and the rule it broke).
+            raise RegistrationError(
+                f"registering {namespace}/{name} failed: {exc.status} {exc.reason}: {exc.message}"
+            ) from exc
     registration = Held(client=client, namespace=namespace, name=name, interval_seconds=interval_seconds, body=created)
     if interval_seconds is not None:
         registration.heartbeat()
@@ -346,11 +349,11 @@ def registered(
     finally:
         registration.stop_heartbeats()
         if clean:
-            _goodbye(registration, message="the worker left its registered block cleanly")
+            say_goodbye(registration, message="the worker left its registered block cleanly")
         client.close()
 
 
-def _goodbye(registration: Held, *, message: str) -> None:
+def say_goodbye(registration: Held, *, message: str) -> None:
     """The goodbye of a clean exit. One that has not landed within PATIENCE_SECONDS is said, not
     raised: the worker's own exit status stands, and its registration stays active until its
     node's agent confirms the exit, and is retired then."""
@@ -424,7 +427,7 @@ def run(
     registration.stop_heartbeats(wait=False)  # no new heartbeat; the goodbye does not wait for one in flight
     clean = returncode == 0 or (returncode == -signal.SIGTERM and signal.SIGTERM in forwarded)
     if clean:
-        _goodbye(registration, message=f"the worker exited cleanly (status {returncode})")
+        say_goodbye(registration, message=f"the worker exited cleanly (status {returncode})")
     registration.stop_heartbeats()
     client.close()
     return returncode if returncode >= 0 else 128 - returncode

@@ -180,7 +180,7 @@ def test_a_goodbye_that_never_lands_is_said_not_raised(
     monkeypatch.setattr(launcher.time, "monotonic", lambda: float(next(clock)))
     monkeypatch.setattr(launcher.time, "sleep", lambda _seconds: None)
     client = Goodbyes(*[503] * 100)
-    launcher._goodbye(_held_by(client), message="the worker exited cleanly (status 0)")
+    launcher.say_goodbye(_held_by(client), message="the worker exited cleanly (status 0)")
     assert 1 < client.applies < 100
     assert "the goodbye of n/w did not land" in caplog.text
     assert "is retired then" in caplog.text

@@ -72,6 +72,57 @@ def run_command(
     sys.exit(status)
 
 
+@main.command("registrar")
+@click.option("--namespace", "-n", required=True, envvar="POD_NAMESPACE", help="The Pod's namespace.")
+@click.option("--node-name", required=True, envvar="NODE_NAME", help="The node the Pod runs on.")
+@click.option("--pod-name", required=True, envvar="POD_NAME", help="The Pod's name (registrations are named after it).")
+@click.option("--kubeconfig", default=None, type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--scan-seconds",
+    default=0.5,
+    show_default=True,
+    type=click.FloatRange(0.05, 10.0),
+    help="How often the Pod's processes are listed for a container (re)started since.",
+)
+@click.option("--proc-root", default="/proc", show_default=True, hidden=True)
+@click.option("--boot-id-file", default="/proc/sys/kernel/random/boot_id", show_default=True, hidden=True)
+def registrar_command(
+    namespace: str,
+    node_name: str,
+    pod_name: str,
+    kubeconfig: str | None,
+    scan_seconds: float,
+    proc_root: str,
+    boot_id_file: str,
+) -> None:
+    """Register the main process of every other container of this Pod (a native sidecar in a Pod
+    with shareProcessNamespace: true; `kubectl coroner inject` adds it)."""
+    import logging
+    import signal
+    import threading
+
+    from coroner.launcher import RegistrationError, client_for
+    from coroner.registrar import Registrar
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        registrar = Registrar(
+            client=client_for(kubeconfig),
+            namespace=namespace,
+            node_name=node_name,
+            pod_name=pod_name,
+            proc_root=proc_root,
+            boot_id_file=boot_id_file,
+        )
+        registrar.run(stop=stop, scan_seconds=scan_seconds)
+    except RegistrationError as exc:
+        click.echo(f"coroner registrar: error: {exc}", err=True)
+        sys.exit(125)
+
+
 #: The entry point group of commands other distributions add to `coroner` (pyproject.toml's
 #: `[project.entry-points."coroner.commands"]`: the dev tooling's `dev-cluster` and `demo`).
 COMMANDS_GROUP = "coroner.commands"

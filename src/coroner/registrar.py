@@ -1,0 +1,329 @@
+"""The registrar: registers the main process of every other container of its Pod, with nothing of
+Coroner in their images (a Go binary in a `scratch` image, a JVM, anything).
+
+It runs as a native sidecar (an init container with `restartPolicy: Always`, which the kubelet
+starts before the Pod's containers and keeps running beside them) in a Pod with
+`shareProcessNamespace: true`, under the Pod's own ServiceAccount token: the registrant the
+admission policies see is the Pod's own identity, exactly as for `coroner run` in that Pod
+(docs/workers.md). `kubectl coroner inject` adds it to a manifest.
+
+What it reads, all of it readable without ptrace access to the other containers:
+- the Pod's processes in its own /proc (the Pod's pid namespace). A container's main process was
+  started from outside the namespace (by the runtime), so its parent pid there is 0; of the
+  processes so started in one container (its cgroup), the main one started first — a later one is a
+  `kubectl exec`. Pid 1 is the Pod's sandbox process; the registrar's own container is skipped.
+- each one's incarnation as `coroner run` records it (`procfs.incarnation_from`: stat, status, the
+  boot id), its pid namespace being the registrar's own (a process whose `NSpid` has one entry lives
+  in the namespace of the /proc that shows it).
+- how it ended, from a pidfd opened before the registration: once the runtime has reaped it, the
+  kernel's `PIDFD_GET_INFO` gives its wait status (Linux 6.15+). Exit status 0, or death by
+  SIGTERM (the kubelet's stop, honoured), is a clean exit: it says goodbye (`Released`). Anything
+  else is the node agent's to attest, as today; where the kernel cannot say, it says nothing and logs
+  `ExitStatusUnavailable`: unknown is never Released.
+
+It may fail without harm: a registration's name is made from the Pod, the container and the
+process's start time, so a restarted registrar registers nothing twice (the create of an existing
+name for the same incarnation is idempotent, `launcher.register`), and what it missed while down is
+the agent's to attest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import fcntl
+import logging
+import os
+import pathlib
+import re
+import select
+import signal
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Final
+
+from coroner import launcher
+from coroner.client.rest import Rest
+from coroner.core import procfs
+
+logger = logging.getLogger("coroner.registrar")
+
+#: `PIDFD_GET_INFO` = _IOWR(PIDFS_IOCTL_MAGIC 0xFF, 11, struct pidfd_info), its first 64 bytes
+#: (PIDFD_INFO_SIZE_VER0); `exit_code` (a wait status) is the `__s32` at offset 60 since Linux 6.15.
+_PIDFD_INFO_SIZE: Final = 64
+PIDFD_GET_INFO: Final = (3 << 30) | (_PIDFD_INFO_SIZE << 16) | (0xFF << 8) | 11
+PIDFD_INFO_EXIT: Final = 1 << 3
+_EXIT_CODE_OFFSET: Final = 60
+#: How long to wait after a pidfd fires for the runtime to reap the process (the kernel gives the
+#: exit status only then; a shim reaps within milliseconds).
+REAP_WAIT_SECONDS: Final = 2.0
+
+
+class Ending(enum.StrEnum):
+    """How a registered process ended, as far as the registrar can tell."""
+
+    CLEAN = "CleanExit"
+    """Exit status 0, or killed by SIGTERM (a stop that was honoured): it says goodbye."""
+    UNCLEAN = "UncleanExit"
+    """Anything else: the agent attests the death, and it is retired."""
+    UNKNOWN = "ExitStatusUnavailable"
+    """The kernel did not say (before Linux 6.15, or not reaped in time): never read as clean."""
+
+
+def ending(wait_status: int | None) -> Ending:
+    """What a wait status (as `waitpid` gives it; None: not known) says of the exit."""
+    if wait_status is None:
+        return Ending.UNKNOWN
+    if os.WIFEXITED(wait_status):
+        return Ending.CLEAN if os.WEXITSTATUS(wait_status) == 0 else Ending.UNCLEAN
+    if os.WIFSIGNALED(wait_status) and os.WTERMSIG(wait_status) == signal.SIGTERM:
+        return Ending.CLEAN
+    return Ending.UNCLEAN
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Seen:
+    """One process of the Pod, as the registrar's /proc shows it."""
+
+    pid: int
+    ppid: int
+    depth: int
+    """How many pid namespaces deep from this /proc's (1: its own)."""
+    start_time: int
+    container: str | None
+    """The leaf of its cgroup path (the runtime's container id); None: unreadable."""
+
+
+_CONTAINER_ID: Final = re.compile(r"(?:cri-containerd-|crio-|docker-)?([0-9a-f]{12,64})(?:\.scope)?", re.ASCII)
+
+
+def container_of(cgroup: str) -> str | None:
+    """The container a process is in, from its /proc/PID/cgroup: the leaf of its cgroup v2 path, else
+    of its v1 memory (or pids) hierarchy's, when it is a runtime's container id."""
+    paths: dict[str, str] = {}
+    for line in cgroup.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        for controller in controllers.split(",") if controllers else [""]:
+            paths[controller] = path
+    for controller in ("", "memory", "pids"):
+        path = paths.get(controller, "/")
+        if path not in ("", "/"):
+            match = _CONTAINER_ID.fullmatch(path.rstrip("/").rsplit("/", 1)[-1])
+            return match.group(1) if match else None
+    return None
+
+
+def mains(seen: Iterable[Seen], *, own_pid: int) -> dict[str, Seen]:
+    """The main process of each container but the registrar's own: of the processes the runtime
+    started in it (parent outside the namespace), in this namespace, the first to start."""
+    processes = list(seen)
+    own = next((p.container for p in processes if p.pid == own_pid), None)
+    found: dict[str, Seen] = {}
+    for process in processes:
+        if process.pid in (1, own_pid) or process.ppid != 0 or process.depth != 1:
+            continue
+        if process.container is None or process.container == own:
+            continue
+        first = found.get(process.container)
+        if first is None or (process.start_time, process.pid) < (first.start_time, first.pid):
+            found[process.container] = process
+    return found
+
+
+def registration_name(*, pod_name: str, container: str, start_time: int) -> str:
+    """One name per incarnation: a restarted registrar finds its own registration under it."""
+    return f"{pod_name[:200]}-{container[:12]}-{start_time}"
+
+
+def exit_status(pidfd: int) -> int | None:
+    """The wait status of the process behind `pidfd` once it was reaped; None while it was not, or
+    where the kernel does not say."""
+    info = bytearray(_PIDFD_INFO_SIZE)
+    struct.pack_into("=Q", info, 0, PIDFD_INFO_EXIT)
+    try:
+        fcntl.ioctl(pidfd, PIDFD_GET_INFO, info)
+    except OSError:
+        return None  # ENOTTY/EINVAL: a kernel without PIDFD_GET_INFO
+    (mask,) = struct.unpack_from("=Q", info, 0)
+    if not mask & PIDFD_INFO_EXIT:
+        return None
+    (status,) = struct.unpack_from("=i", info, _EXIT_CODE_OFFSET)
+    return int(status)
+
+
+def scan(proc_root: str = "/proc") -> list[Seen]:
+    """Every process this /proc shows that could be read (one that exits meanwhile is skipped)."""
+    seen = []
+    for entry in os.scandir(proc_root):
+        if not entry.name.isdigit():
+            continue
+        root = pathlib.Path(entry.path)
+        try:
+            stat = procfs.parse_stat((root / "stat").read_bytes())
+            status = procfs.parse_status((root / "status").read_bytes())
+            cgroup = (root / "cgroup").read_text()
+        except (OSError, procfs.ParseError):
+            continue
+        seen.append(
+            Seen(
+                pid=int(entry.name),
+                ppid=status.ppid,
+                depth=len(status.nspid),
+                start_time=stat.start_time,
+                container=container_of(cgroup),
+            )
+        )
+    return seen
+
+
+@dataclasses.dataclass(slots=True)
+class _Tracked:
+    held: launcher.Held
+    pidfd: int
+    container: str
+    pid: int
+
+
+class Registrar:
+    """Registers each container's main process once, and says goodbye for it on a clean exit."""
+
+    def __init__(
+        self,
+        *,
+        client: Rest,
+        namespace: str,
+        node_name: str,
+        pod_name: str,
+        proc_root: str = "/proc",
+        boot_id_file: str = "/proc/sys/kernel/random/boot_id",
+        machine_id_file: str = "/etc/machine-id",
+        reap_wait_seconds: float = REAP_WAIT_SECONDS,
+        status_of: Callable[[int], int | None] = exit_status,
+    ) -> None:
+        self.client = client
+        self.namespace = namespace
+        self.node_name = node_name
+        self.pod_name = pod_name
+        self.proc_root = proc_root.rstrip("/") or "/"
+        self.boot_id_file = boot_id_file
+        self.machine_id_file = machine_id_file
+        self.reap_wait_seconds = reap_wait_seconds
+        self.status_of = status_of
+        self.own_pid = int(os.readlink(f"{self.proc_root}/self"))
+        self.pid_namespace_link = os.readlink(f"{self.proc_root}/self/ns/pid")
+        self.tracked: dict[str, _Tracked] = {}
+        """By container: the main process registered and watched now."""
+        self.endings: list[tuple[str, Ending]] = []
+        """(registration name, how it ended), in order: what the registrar saw, for its log and tests."""
+
+    def scan_once(self) -> None:
+        """Registers every container main process not registered yet."""
+        for container, process in mains(scan(self.proc_root), own_pid=self.own_pid).items():
+            current = self.tracked.get(container)
+            if current is not None and current.pid == process.pid:
+                continue
+            self._register(container, process)
+
+    def _register(self, container: str, process: Seen) -> None:
+        try:
+            pidfd = os.pidfd_open(process.pid)
+        except OSError:
+            return  # gone already: nothing to register, and the next scan looks again
+        try:
+            incarnation = self._incarnation(process.pid)
+            if incarnation is None or incarnation.start_time != process.start_time:
+                os.close(pidfd)
+                return  # the number changed hands since the scan
+            held = launcher.register(
+                client=self.client,
+                namespace=self.namespace,
+                node_name=self.node_name,
+                incarnation=incarnation,
+                name=registration_name(pod_name=self.pod_name, container=container, start_time=process.start_time),
+                role=f"container-{container[:12]}",
+            )
+        except BaseException:
+            os.close(pidfd)
+            raise
+        logger.info(
+            "registered workerregistration=%s/%s pid=%d container=%s",
+            self.namespace,
+            held.name,
+            process.pid,
+            container[:12],
+        )
+        previous = self.tracked.pop(container, None)
+        if previous is not None:
+            os.close(previous.pidfd)
+        self.tracked[container] = _Tracked(held=held, pidfd=pidfd, container=container, pid=process.pid)
+
+    def _incarnation(self, pid: int) -> procfs.ProcessIncarnation | None:
+        root = pathlib.Path(self.proc_root) / str(pid)
+        try:
+            stat, status = (root / "stat").read_bytes(), (root / "status").read_bytes()
+            boot_id = pathlib.Path(self.boot_id_file).read_bytes()
+        except OSError:
+            return None
+        try:
+            machine_id: bytes | None = pathlib.Path(self.machine_id_file).read_bytes()
+        except OSError:
+            machine_id = None
+        if len(procfs.parse_status(status).nspid) != 1:
+            return None  # in a namespace of its own below the Pod's: not the one this registrar names
+        return procfs.incarnation_from(
+            stat=stat,
+            status=status,
+            pid_namespace_link=self.pid_namespace_link,
+            boot_id=boot_id,
+            machine_id=machine_id,
+            node_name=self.node_name,
+        )
+
+    def wait(self, timeout: float) -> None:
+        """Waits up to `timeout` for a registered process to exit, and handles every exit seen."""
+        by_fd = {t.pidfd: t for t in self.tracked.values()}
+        if not by_fd:
+            time.sleep(timeout)
+            return
+        readable, _, _ = select.select(list(by_fd), [], [], timeout)
+        for fd in readable:
+            self._ended(by_fd[fd])
+
+    def _ended(self, tracked: _Tracked) -> None:
+        deadline = time.monotonic() + self.reap_wait_seconds
+        status = self.status_of(tracked.pidfd)
+        while status is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+            status = self.status_of(tracked.pidfd)
+        how = ending(status)
+        name = tracked.held.name
+        if how is Ending.CLEAN:
+            launcher.say_goodbye(tracked.held, message=f"the container's main process exited cleanly (status {status})")
+        logger.info(
+            "exited workerregistration=%s/%s pid=%d ending=%s status=%s",
+            self.namespace,
+            name,
+            tracked.pid,
+            how.value,
+            status,
+        )
+        self.endings.append((name, how))
+        os.close(tracked.pidfd)
+        if self.tracked.get(tracked.container) is tracked:
+            del self.tracked[tracked.container]
+
+    def run(self, *, stop: threading.Event, scan_seconds: float = 0.5) -> None:
+        """Scans and watches until `stop` is set, then hands over what is left to the agent."""
+        while not stop.is_set():
+            self.scan_once()
+            self.wait(scan_seconds)
+        self.wait(0)  # exits already seen (a Pod's containers stop before its sidecar) are still handled
+        for tracked in list(self.tracked.values()):
+            os.close(tracked.pidfd)
+        self.tracked.clear()
+        self.client.close()
