@@ -139,6 +139,7 @@ def test_a_clean_exit_under_coroner_run_ends_terminal_released_or_retired_on_its
     kube.wait_for(lambda: components.reason(admin, namespace, "batch") == "AlreadyTerminal", what="AlreadyTerminal")
 
 
+@pytest.mark.filterwarnings("ignore:record_property is incompatible:pytest.PytestWarning")
 def test_a_container_restarted_while_its_agent_was_away_retires_the_old_incarnation_and_not_the_new(
     nodes: dict[str, Node],
     worker_config: pathlib.Path,
