@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import datetime
 import json
+import re
 from typing import Any
 
 import pytest
@@ -495,7 +496,7 @@ class TestAgentsOfNodesWithRegistrations:
         check = doctor.check_agents(nodes=nodes, leases=leases, system_namespace=SYSTEM, now=NOW, plan=decided)
         assert check.status == status, check.summary
         if problem is None:
-            assert check.objects == () and "every Ready node" in check.summary
+            assert check.objects == () and "has a live agent on the Node's boot" in check.summary
         else:
             assert check.objects == (f"node/{NODE}",)
             assert problem in check.facts["problems"][NODE] and "1 active registration(s)" in check.summary
@@ -512,6 +513,121 @@ class TestAgentsOfNodesWithRegistrations:
         assert "22 active registration(s)" in agents.summary
         assert lost.facts["count"] == 22 and "node-a: 22 registration(s)" in lost.summary
         assert NODE_UID  # the registrations name the Node that is gone
+
+
+# --- agents: which nodes need an agent, and why the others do not ---------------------------------
+
+
+def control_plane(name: str, *, ready: bool = True) -> dict[str, Any]:
+    """A Node labelled as the control plane, which the shipped agent DaemonSet's affinity avoids."""
+    body = node(name=name, ready=ready, uid=f"uid-{name}")
+    body["metadata"]["labels"] = {api.CONTROL_PLANE_LABEL: ""}
+    return body
+
+
+def plain(name: str, *, ready: bool = True) -> dict[str, Any]:
+    return node(name=name, ready=ready, uid=f"uid-{name}")
+
+
+AVOIDED = f"control-plane: the agent DaemonSet's node affinity avoids {api.CONTROL_PLANE_LABEL}"
+
+
+class TestAgentsSaysWhichNodesNeedAnAgent:
+    """Two Ready nodes, one of them the control plane, read "every Ready node (1)": the line counted
+    the nodes an agent runs on and called them every Ready node. It names the nodes it checks, and
+    each node it leaves out with why."""
+
+    @pytest.mark.parametrize(
+        ("nodes", "leases", "registrations", "status", "checked", "excluded", "phrases"),
+        [
+            pytest.param(
+                [control_plane("cp-0"), plain("node-b")],
+                [agent_lease(node="node-b")],
+                [],
+                doctor.CheckStatus.PASS,
+                ["node-b"],
+                {"cp-0": AVOIDED},
+                [
+                    "each of the 1 node(s) that need an agent (Ready and run by the agent DaemonSet: node-b; "
+                    "holding active registrations: none) has a live agent on the Node's boot",
+                    f"no agent expected on cp-0 ({AVOIDED})",
+                ],
+                id="one-ready-worker-one-ready-control-plane",
+            ),
+            pytest.param(
+                [plain("node-b"), plain("node-c", ready=False)],
+                [agent_lease(node="node-b")],
+                [],
+                doctor.CheckStatus.PASS,
+                ["node-b"],
+                {"node-c": "not Ready"},
+                ["no agent expected on node-c (not Ready)"],
+                id="a-node-not-ready",
+            ),
+            pytest.param(
+                [control_plane("cp-0", ready=False)],
+                [],
+                [],
+                doctor.CheckStatus.PASS,
+                [],
+                {"cp-0": f"{AVOIDED}; not Ready"},
+                ["each of the 0 node(s) that need an agent (Ready and run by the agent DaemonSet: none;"],
+                id="control-plane-not-ready",
+            ),
+            pytest.param(
+                [control_plane(NODE), plain("node-b")],
+                [agent_lease(node="node-b")],
+                [worker("a")],
+                doctor.CheckStatus.FAIL,
+                [NODE, "node-b"],
+                {},
+                [
+                    "1 of the 2 node(s) that need an agent (Ready and run by the agent DaemonSet: node-b; "
+                    f"holding active registrations: {NODE}) lack a healthy agent: {NODE}: no agent"
+                ],
+                id="control-plane-holding-registrations-needs-one",
+            ),
+            pytest.param(
+                [plain(NODE, ready=False), control_plane("cp-0")],
+                [LIVE],
+                [worker("a")],
+                doctor.CheckStatus.PASS,
+                [NODE],
+                {"cp-0": AVOIDED},
+                ["holding active registrations: node-a", f"no agent expected on cp-0 ({AVOIDED})"],
+                id="not-ready-node-holding-registrations-needs-one",
+            ),
+        ],
+    )
+    def test_the_line_names_what_it_checked_and_what_it_left_out(
+        self,
+        nodes: list[dict[str, Any]],
+        leases: list[dict[str, Any]],
+        registrations: list[dict[str, Any]],
+        status: doctor.CheckStatus,
+        checked: list[str],
+        excluded: dict[str, str],
+        phrases: list[str],
+    ) -> None:
+        world = plan.build_world(listing(registrations, leases=leases, nodes=nodes))
+        decided = fingerprint.decide_all(world=world, policy=Policy(), now=NOW)
+        check = doctor.check_agents(nodes=nodes, leases=leases, system_namespace=SYSTEM, now=NOW, plan=decided)
+        assert check.status == status, check.summary
+        assert check.facts["expectedNodes"] == checked
+        assert check.facts["notExpected"] == excluded
+        assert "every Ready node" not in check.summary
+        for phrase in phrases:
+            assert phrase in check.summary, check.summary
+
+    def test_unknown_registrations_still_say_which_nodes_were_checked(self) -> None:
+        nodes = [control_plane("cp-0"), plain("node-b")]
+        leases = [agent_lease(node="node-b")]
+        check = doctor.check_agents(
+            nodes=nodes, leases=leases, system_namespace=SYSTEM, now=NOW, plan=plan.Unreadable(reason="403 Forbidden")
+        )
+        assert check.status == doctor.CheckStatus.UNKNOWN, check.summary
+        assert "the 1 Ready node(s) the agent DaemonSet runs on (node-b) have a live agent" in check.summary
+        assert f"no agent expected on cp-0 ({AVOIDED})" in check.summary
 
 
 # --- squatting: a registration of another registrant copying a worker's claims -----------------
@@ -1426,3 +1542,134 @@ def minimal_findings() -> doctor.Findings:
         attestation_grace_seconds=60,
         now=NOW,
     )
+
+
+# --- -o name: object names as kubectl prints them, nothing else ------------------------------------
+
+#: What `kubectl get -o name` prints: `kind[.group]/name`, in lower case, with no namespace.
+KUBECTL_NAME = re.compile(r"[a-z]+(\.[a-z0-9-]+(\.[a-z0-9-]+)+)?/[a-z0-9][a-z0-9.:-]*")
+GROUP_VAP = "admissionregistration.k8s.io"
+
+
+def _decided(registrations: list[dict[str, Any]], **kwargs: Any) -> fingerprint.Plan:
+    world = plan.build_world(listing(registrations, **kwargs))
+    return fingerprint.decide_all(world=world, policy=Policy(), now=NOW)
+
+
+def _failing_checks() -> list[Any]:
+    lost = [worker("a", attested=False)]
+    squat = worker(
+        "squat", client_instance_id="inst-victim", attested=False, registered_by=SQUATTER, created_at=NOW - 10 * S
+    )
+    return [
+        pytest.param(
+            lambda: doctor.check_crd(None),
+            [f"customresourcedefinition.apiextensions.k8s.io/{ad.CRD[1]}"],
+            id="crd",
+        ),
+        pytest.param(
+            lambda: doctor.check_admission_policies(admission=listed(without("ValidatingAdmissionPolicy", RECORDER))),
+            [f"validatingadmissionpolicy.{GROUP_VAP}/{RECORDER}"],
+            id="admission-policies",
+        ),
+        pytest.param(
+            lambda: doctor.check_admission_content(
+                admission=listed(without("ValidatingAdmissionPolicyBinding", RECORDER)),
+                crd=SHIPPED_CRD,
+                policy=choice(),
+                system_namespace=SYSTEM,
+            ),
+            [f"validatingadmissionpolicybinding.{GROUP_VAP}/{RECORDER}"],
+            id="admission-content",
+        ),
+        pytest.param(
+            lambda: doctor.check_operator_alive(lease=None, system_namespace=SYSTEM, now=NOW),
+            [f"lease.coordination.k8s.io/{api.OPERATOR_LEASE}"],
+            id="operator-alive",
+        ),
+        pytest.param(
+            lambda: doctor.check_retire_grant(
+                cluster_wide=False, per_namespace={NAMESPACE: False}, expect_plan_only=False, system_namespace=SYSTEM
+            ),
+            ["serviceaccount/coroner-operator"],
+            id="retire-grant-names-the-serviceaccount-not-its-user",
+        ),
+        pytest.param(
+            lambda: doctor.check_retire_grant(
+                cluster_wide=True,
+                per_namespace={},
+                expect_plan_only=True,
+                system_namespace=SYSTEM,
+                operator_lease=operator_lease("alice@example.com"),
+            ),
+            [],
+            id="retire-grant-a-user-is-no-object",
+        ),
+        pytest.param(
+            lambda: doctor.check_agents(nodes=[], leases=[], system_namespace=SYSTEM, now=NOW, plan=_decided(lost)),
+            [f"node/{NODE}"],
+            id="agents",
+        ),
+        pytest.param(
+            lambda: doctor.check_node_loss(
+                world=plan.build_world(listing(lost, leases=[EXPIRED], nodes=[])),
+                plan=_decided(lost, leases=[EXPIRED], nodes=[]),
+                policy=choice(),
+                system_namespace=SYSTEM,
+                now=NOW,
+            ),
+            [f"node/{NODE}", "workerregistration.coroner.dev/a"],
+            id="node-loss",
+        ),
+        pytest.param(
+            lambda: doctor.check_unattested(
+                plan=_decided([worker("a", attested=False, created_at=NOW - HOUR)]), now=NOW, grace_seconds=60
+            ),
+            ["workerregistration.coroner.dev/a"],
+            id="unattested",
+        ),
+        pytest.param(
+            lambda: held_check([reused("reused", said=NOW - HOUR)]),
+            ["workerregistration.coroner.dev/reused"],
+            id="held",
+        ),
+        pytest.param(
+            lambda: doctor.check_blocked(
+                plan=_decided([worker("once", evidence="ProcAbsent", heartbeat=False)]), expect_plan_only=False
+            ),
+            ["workerregistration.coroner.dev/once"],
+            id="blocked",
+        ),
+        pytest.param(
+            lambda: doctor.check_squatting(plan=_decided([worker("victim"), squat])),
+            ["workerregistration.coroner.dev/squat"],
+            id="squatting",
+        ),
+    ]
+
+
+class TestOutputName:
+    """`doctor -o name` printed the operator's user name (retire-grant), `Lease NS/NAME` and
+    `workerregistration/NS/NAME`: it prints object names only, as `kubectl get -o name` does."""
+
+    @pytest.mark.parametrize(("build", "names"), _failing_checks())
+    def test_every_check_names_objects_as_kubectl_does(self, build: Any, names: list[str]) -> None:
+        check = build()
+        assert check.status in (doctor.CheckStatus.FAIL, doctor.CheckStatus.WARN), check.summary
+        printed = render.doctor_names([check])
+        assert printed == names
+        for line in printed:
+            assert KUBECTL_NAME.fullmatch(line), line
+
+    def test_the_command_prints_them_one_a_line(self) -> None:
+        checks = [
+            doctor.check_retire_grant(
+                cluster_wide=False, per_namespace={NAMESPACE: False}, expect_plan_only=False, system_namespace=SYSTEM
+            ),
+            doctor.check_operator_alive(lease=None, system_namespace=SYSTEM, now=NOW),
+        ]
+        assert SHIPPED_USER in checks[0].objects  # -o wide and -o json still show whose grant it is
+        assert render.doctor_names(checks) == [
+            "serviceaccount/coroner-operator",
+            f"lease.coordination.k8s.io/{api.OPERATOR_LEASE}",
+        ]

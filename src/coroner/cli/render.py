@@ -85,9 +85,10 @@ def apply_names(results: Sequence[RowResult]) -> list[str]:
 
 
 def doctor_names(checks: Sequence[Check]) -> list[str]:
-    """``-o name`` of a doctor run: the objects the failing and warning checks name, each once."""
+    """``-o name`` of a doctor run: the objects the failing and warning checks name, each once, as
+    ``kubectl get -o name`` prints them (no namespace, no user)."""
     named = (CheckStatus.FAIL, CheckStatus.WARN)
-    return list(dict.fromkeys(o for check in checks if check.status in named for o in check.objects))
+    return list(dict.fromkeys(o for check in checks if check.status in named for o in check.kubectl_names()))
 
 
 class Progress(Protocol):

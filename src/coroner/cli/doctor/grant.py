@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from coroner.cli.doctor.outcome import Check, failed, object_name, passed, unknown
+from coroner.cli.doctor.outcome import Check, failed, object_name, passed, unknown, user_object_names
 from coroner.cli.plan import OPERATOR_LEASE, Unreadable, names_text
 from coroner.core import api
 
@@ -157,6 +157,7 @@ def check_retire_grant(
                 f"retire-grant component (or run doctor without --expect-plan-only){said}.",
                 objects=(user,),
                 facts=facts,
+                names=user_object_names(user),
             )
         return passed(name, f"{user} does not hold retire: plan-only, as expected{said}.", facts=facts)
     if cluster_wide:
@@ -175,4 +176,5 @@ def check_retire_grant(
         f"retireGrant.enabled=true), or pass --expect-plan-only if that is intended{said}.",
         objects=(user,),
         facts=facts,
+        names=user_object_names(user),
     )

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from coroner.cli.doctor.grant import operator_identity
-from coroner.cli.doctor.outcome import Check, condition_status, failed, object_name, passed, unknown
+from coroner.cli.doctor.outcome import Check, condition_status, failed, kubectl_name, object_name, passed, unknown
 from coroner.cli.plan import PolicyChoice, Unreadable, names_text
 from coroner.core import admission_digest, api
 
@@ -67,6 +67,7 @@ def check_crd(crd: Mapping[str, Any] | Unreadable | None) -> Check:
             name,
             f"{subject} is not installed; install it with `kubectl apply -k manifests/overlays/plan-only`.",
             objects=(subject,),
+            names=(kubectl_name("CustomResourceDefinition", api.CRD_NAME),),
         )
     established = condition_status(crd.get("status"), "Established")
     served = [
@@ -79,6 +80,7 @@ def check_crd(crd: Mapping[str, Any] | Unreadable | None) -> Check:
             name,
             f"{subject} is not Established (status {established or 'absent'}); see `kubectl describe crd {api.CRD_NAME}`.",
             objects=(subject,),
+            names=(kubectl_name("CustomResourceDefinition", api.CRD_NAME),),
             facts={"established": established, "servedVersions": served},
         )
     if api.VERSION not in served:
@@ -86,6 +88,7 @@ def check_crd(crd: Mapping[str, Any] | Unreadable | None) -> Check:
             name,
             f"{subject} does not serve {api.VERSION} (serves {', '.join(map(str, served)) or 'nothing'}); re-apply the manifests.",
             objects=(subject,),
+            names=(kubectl_name("CustomResourceDefinition", api.CRD_NAME),),
             facts={"established": established, "servedVersions": served},
         )
     return passed(
@@ -109,8 +112,11 @@ def check_admission_policies(*, admission: Admission) -> Check:
         actions = spec.get("validationActions") or []
         if "Deny" in actions:
             bound.setdefault(str(spec.get("policyName") or ""), []).append(object_name(binding))
-    missing = [f"ValidatingAdmissionPolicy/{policy}" for policy in ADMISSION_POLICIES if policy not in present]
-    missing += [f"ValidatingAdmissionPolicyBinding/{policy}" for policy in ADMISSION_POLICIES if policy not in bound]
+    missing_keys = [("ValidatingAdmissionPolicy", policy) for policy in ADMISSION_POLICIES if policy not in present]
+    missing_keys += [
+        ("ValidatingAdmissionPolicyBinding", policy) for policy in ADMISSION_POLICIES if policy not in bound
+    ]
+    missing = [f"{kind}/{policy}" for kind, policy in missing_keys]
     leftover = [
         (kind, policy)
         for kind, policy in RETIRED_ADMISSION_OBJECTS
@@ -139,6 +145,7 @@ def check_admission_policies(*, admission: Admission) -> Check:
             "; ".join(problems) + ".",
             objects=(*missing, *(f"{kind}/{policy}" for kind, policy in leftover)),
             facts=facts,
+            names=[kubectl_name(kind, policy) for kind, policy in (*missing_keys, *leftover)],
         )
     return passed(
         name,
@@ -201,7 +208,8 @@ def check_admission_content(
     # How the release's names were learned, in the line (the manifests' names go without saying).
     learned = f" (namePrefix {prefix}: the operator's user {identity.user} {identity.source})" if prefix else ""
     if not comparison.intact:
-        shown = [f"{kind}/{policy}" for kind, policy in sorted((*comparison.missing, *comparison.differing))]
+        not_as_shipped = sorted((*comparison.missing, *comparison.differing))
+        shown = [f"{kind}/{policy}" for kind, policy in not_as_shipped]
         why = (
             f" ({admission_digest.EVIDENCE_POLICY[1]} is components/node-loss's, which admits node evidence "
             f"this operator does not use: nodeDeletionEvidence and nodeOutOfServiceEvidence are false)"
@@ -222,6 +230,7 @@ def check_admission_content(
             f"its CRDs) and find out who changed them.",
             objects=tuple(shown),
             facts=facts,
+            names=[kubectl_name(kind, policy) for kind, policy in not_as_shipped],
         )
     if operator is None and variant:
         return unknown(

@@ -11,7 +11,7 @@ import datetime
 from collections.abc import Sequence
 from typing import Any, Final
 
-from coroner.cli.doctor.outcome import Check, duration, failed, passed, stamp, unknown
+from coroner.cli.doctor.outcome import Check, duration, failed, kubectl_name, passed, stamp, unknown
 from coroner.cli.plan import PolicyChoice, Unreadable, display
 from coroner.core import api, model
 from coroner.core.decision import Decision, NodeFacts, Policy, decide, lease_expiry
@@ -78,6 +78,7 @@ def check_node_loss(
     described: list[str] = []
     per_node: dict[str, Any] = {}
     objects: list[str] = []
+    names: list[str] = []
     for item in lost:
         reasons: dict[str, int] = {}
         for key in item.keys:
@@ -109,6 +110,8 @@ def check_node_loss(
         named = [display(key) for key in item.keys]
         objects.append(f"node/{item.node}")
         objects.extend(f"workerregistration/{n}" for n in named)
+        names.append(kubectl_name("Node", item.node))
+        names.extend(kubectl_name(api.KIND, key[1]) for key in item.keys)
         per_node[item.node] = {
             "count": len(item.keys),
             "registrations": named,
@@ -127,6 +130,7 @@ def check_node_loss(
         f"{total} active registration(s) on {len(lost)} lost node(s) or node(s) without a live agent, "
         f"which no agent will ever attest: {' | '.join(described)}",
         objects=tuple(objects),
+        names=names,
         facts={"count": total, "nodes": per_node},
     )
 

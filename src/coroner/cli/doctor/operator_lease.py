@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from coroner.cli.doctor.grant import operator_identity
-from coroner.cli.doctor.outcome import Check, failed, passed, stamp, unknown
+from coroner.cli.doctor.outcome import Check, failed, kubectl_name, passed, stamp, unknown
 from coroner.cli.plan import OPERATOR_LEASE, Unreadable
 from coroner.core import api, model
 from coroner.core.decision import lease_expiry
@@ -39,6 +39,7 @@ def check_operator_alive(
             f"{subject} does not exist: the operator has never completed a sweep here; check "
             f"`kubectl -n {system_namespace} get deploy {prefix}coroner-operator` and its logs.",
             objects=(subject,),
+            names=(kubectl_name("Lease", OPERATOR_LEASE),),
         )
     facts = lease_facts(lease)
     until = lease_expiry(facts.renew_time, facts.lease_duration_seconds)
@@ -51,6 +52,7 @@ def check_operator_alive(
             f"{'no computable expiry' if until is None else 'expired at ' + model.format_time(until)}: the "
             f"operator is not running or not completing sweeps; check its pod and logs.",
             objects=(subject,),
+            names=(kubectl_name("Lease", OPERATOR_LEASE),),
             facts=recorded,
         )
     return passed(

@@ -10,9 +10,9 @@ import dataclasses
 import datetime
 import enum
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
-from coroner.core import model
+from coroner.core import api, model
 
 
 class CheckStatus(enum.StrEnum):
@@ -34,7 +34,49 @@ class Check:
     status: CheckStatus
     summary: str
     objects: tuple[str, ...] = ()
+    """What the line names, as `-o wide` and `-o json` show it (a namespace, a user where it is one)."""
     facts: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    names: tuple[str, ...] | None = None
+    """The API objects among `objects` as `kubectl get -o name` prints them (`kubectl_name`), for `-o name`;
+    None: `objects` already are."""
+
+    def kubectl_names(self) -> tuple[str, ...]:
+        """What `-o name` prints for this check."""
+        return self.objects if self.names is None else self.names
+
+
+#: The API group of each kind a check names ("" for the core group).
+_GROUPS: Final = {
+    "Namespace": "",
+    "Node": "",
+    "ServiceAccount": "",
+    "Lease": "coordination.k8s.io",
+    "CustomResourceDefinition": "apiextensions.k8s.io",
+    "ValidatingAdmissionPolicy": "admissionregistration.k8s.io",
+    "ValidatingAdmissionPolicyBinding": "admissionregistration.k8s.io",
+    "MutatingAdmissionPolicy": "admissionregistration.k8s.io",
+    "MutatingAdmissionPolicyBinding": "admissionregistration.k8s.io",
+    api.KIND: api.GROUP,
+}
+
+
+_SERVICE_ACCOUNT_USER: Final = "system:serviceaccount:"
+
+
+def kubectl_name(kind: str, name: str) -> str:
+    """`name` of `kind` as `kubectl get -o name` prints it: ``kind[.group]/name``, the kind in lower case,
+    the group for all but the core API, no namespace (``lease.coordination.k8s.io/coroner-operator``)."""
+    group = _GROUPS[kind]
+    return f"{kind.lower()}{'.' + group if group else ''}/{name}"
+
+
+def user_object_names(user: str) -> tuple[str, ...]:
+    """A user as `-o name` names it: its ServiceAccount where it is one (``system:serviceaccount:NS:NAME``);
+    any other user is no API object, so nothing."""
+    if not user.startswith(_SERVICE_ACCOUNT_USER):
+        return ()
+    namespace, _, account = user.removeprefix(_SERVICE_ACCOUNT_USER).partition(":")
+    return (kubectl_name("ServiceAccount", account),) if namespace and account else ()
 
 
 def passed(name: str, summary: str, *, facts: Mapping[str, Any] | None = None) -> Check:
@@ -42,19 +84,61 @@ def passed(name: str, summary: str, *, facts: Mapping[str, Any] | None = None) -
     return Check(name=name, status=CheckStatus.PASS, summary=summary, facts=facts or {})
 
 
-def warned(name: str, summary: str, *, objects: Sequence[str] = (), facts: Mapping[str, Any] | None = None) -> Check:
-    """A WARN line naming the `objects` a person should look at."""
-    return Check(name=name, status=CheckStatus.WARN, summary=summary, objects=tuple(objects), facts=facts or {})
+def warned(
+    name: str,
+    summary: str,
+    *,
+    objects: Sequence[str] = (),
+    facts: Mapping[str, Any] | None = None,
+    names: Sequence[str] | None = None,
+) -> Check:
+    """A WARN line naming the `objects` a person should look at (`names`: as `Check.names`)."""
+    return Check(
+        name=name,
+        status=CheckStatus.WARN,
+        summary=summary,
+        objects=tuple(objects),
+        facts=facts or {},
+        names=None if names is None else tuple(names),
+    )
 
 
-def failed(name: str, summary: str, *, objects: Sequence[str] = (), facts: Mapping[str, Any] | None = None) -> Check:
-    """A FAIL line naming the failing `objects`."""
-    return Check(name=name, status=CheckStatus.FAIL, summary=summary, objects=tuple(objects), facts=facts or {})
+def failed(
+    name: str,
+    summary: str,
+    *,
+    objects: Sequence[str] = (),
+    facts: Mapping[str, Any] | None = None,
+    names: Sequence[str] | None = None,
+) -> Check:
+    """A FAIL line naming the failing `objects` (`names`: as `Check.names`)."""
+    return Check(
+        name=name,
+        status=CheckStatus.FAIL,
+        summary=summary,
+        objects=tuple(objects),
+        facts=facts or {},
+        names=None if names is None else tuple(names),
+    )
 
 
-def unknown(name: str, summary: str, *, objects: Sequence[str] = (), facts: Mapping[str, Any] | None = None) -> Check:
+def unknown(
+    name: str,
+    summary: str,
+    *,
+    objects: Sequence[str] = (),
+    facts: Mapping[str, Any] | None = None,
+    names: Sequence[str] | None = None,
+) -> Check:
     """An UNKNOWN line: a fact that could not be read (never a pass, never zero)."""
-    return Check(name=name, status=CheckStatus.UNKNOWN, summary=summary, objects=tuple(objects), facts=facts or {})
+    return Check(
+        name=name,
+        status=CheckStatus.UNKNOWN,
+        summary=summary,
+        objects=tuple(objects),
+        facts=facts or {},
+        names=None if names is None else tuple(names),
+    )
 
 
 def doctor_exit_code(checks: Sequence[Check]) -> int:

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import datetime
 from collections import defaultdict
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from typing import Any, Final
 
-from coroner.cli.doctor.outcome import Check, duration, failed, passed, stamp, unknown, warned
+from coroner.cli.doctor.outcome import Check, duration, failed, kubectl_name, passed, stamp, unknown, warned
 from coroner.cli.plan import Unreadable, display, names_text
+from coroner.core import api, model
 from coroner.core import conditions as cond
-from coroner.core import model
 from coroner.core.decision import squatters
 from coroner.core.fingerprint import Plan, PlanEntry
 from coroner.core.held import held_past, held_since
@@ -46,6 +46,11 @@ def _blocking_reason(entry: PlanEntry) -> Reason | None:
     return Reason.RETIRE_REFUSED_BY_ADMISSION if refused_by_admission(entry) else None
 
 
+def registration_names(shown: Sequence[str]) -> tuple[str, ...]:
+    """Registrations shown as ``namespace/name`` (`display`), as `kubectl get -o name` prints them."""
+    return tuple(kubectl_name(api.KIND, entry.partition("/")[2]) for entry in shown)
+
+
 def check_unattested(*, plan: Plan | Unreadable, now: datetime.datetime, grace_seconds: float) -> Check:
     """Active registrations still without their agent's attestation after a grace period."""
     name = "unattested"
@@ -68,6 +73,7 @@ def check_unattested(*, plan: Plan | Unreadable, now: datetime.datetime, grace_s
             f"(node(s) {names_text(nodes)}); check the agents of those nodes.",
             objects=tuple(f"workerregistration/{n}" for n in named),
             facts=facts,
+            names=registration_names(named),
         )
     return passed(
         name, f"0 of {len(plan.entries)} registration(s) unattested for over {grace_seconds:g}s.", facts=facts
@@ -157,7 +163,13 @@ def check_held(*, plan: Plan | Unreadable, now: datetime.datetime, grace_seconds
         return passed(name, f"0 of {active} active registration(s) {bound}.", facts=facts)
     described = " | ".join(_held_text(reason, found[reason]) for reason in sorted(found))
     objects = [f"workerregistration/{entry}" for entry in sorted(item["registration"] for item in items)]
-    return warned(name, f"{len(items)} registration(s) {bound}: {described}", objects=objects, facts=facts)
+    return warned(
+        name,
+        f"{len(items)} registration(s) {bound}: {described}",
+        objects=objects,
+        facts=facts,
+        names=registration_names(sorted(item["registration"] for item in items)),
+    )
 
 
 def _held_text(reason: Reason, items: list[dict[str, Any]]) -> str:
@@ -220,6 +232,7 @@ def check_blocked(*, plan: Plan | Unreadable, expect_plan_only: bool, permission
             ),
             objects=tuple(f"workerregistration/{n}" for names in by_reason.values() for n in names),
             facts=facts,
+            names=registration_names([n for names in by_reason.values() for n in names]),
         )
     if unreviewed:
         return unknown(
@@ -228,6 +241,7 @@ def check_blocked(*, plan: Plan | Unreadable, expect_plan_only: bool, permission
             f"holds it could not be reviewed: {names_text(unreviewed)}.",
             objects=tuple(f"workerregistration/{n}" for n in unreviewed),
             facts=facts,
+            names=registration_names(unreviewed),
         )
     tail = f" ({len(expected)} waiting for retire, plan-only as expected)" if expected else ""
     return passed(name, f"0 of {len(plan.entries)} registration(s) retirable-but-blocked{tail}.", facts=facts)
@@ -294,6 +308,7 @@ def check_squatting(*, plan: Plan | Unreadable) -> Check:
             f"workerregistrations there, and delete them.",
             objects=tuple(f"workerregistration/{display(model.key_of(copy))}" for copy, _, _ in copies),
             facts=facts,
+            names=tuple(kubectl_name(api.KIND, model.key_of(copy)[1]) for copy, _, _ in copies),
         )
     return passed(name, f"0 of {len(active)} active registration(s) copy another identity's claims.", facts=facts)
 
