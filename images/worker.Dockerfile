@@ -11,7 +11,7 @@ FROM ${BASE} AS build
 WORKDIR /src
 COPY images/agent.lock ./
 RUN pip install --no-cache-dir --prefix=/install --require-hashes --only-binary=:all: -r agent.lock
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY src/coroner ./src/coroner
 RUN pip install --no-cache-dir --prefix=/install --no-deps .
 

@@ -12,6 +12,7 @@ import pathlib
 import shutil
 import stat
 import subprocess
+import tomllib
 
 import pytest
 import yaml
@@ -132,6 +133,35 @@ def test_the_real_checkout_keys_every_input_root() -> None:
     assert any(name.startswith("node-agent/src/") for name in files)
     assert not any(name.startswith("src/coroner_dev/") or "__pycache__" in name for name in files)
     assert {"pyproject.toml", "README.md"} <= set(files)
+
+
+def copied_from_the_context(dockerfile: str) -> list[str]:
+    """The sources of a Dockerfile's COPY instructions that read the build context (not --from)."""
+    sources = []
+    for line in (ROOT / dockerfile).read_text().splitlines():
+        words = line.split()
+        if words[:1] == ["COPY"] and not any(word.startswith("--from") for word in words):
+            sources.extend(words[1:-1])
+    return sources
+
+
+@pytest.mark.parametrize("recipe", imagerecipe.RECIPES, ids=lambda recipe: recipe.name)
+def test_every_file_a_dockerfile_copies_is_an_input(recipe: imagerecipe.Recipe) -> None:
+    """What the build reads is what the key digests and the staged context holds."""
+    files = set(imagerecipe.input_files(ROOT))
+    for source in copied_from_the_context(recipe.dockerfile):
+        assert source in files or any(name.startswith(source.rstrip("/") + "/") for name in files), source
+
+
+@pytest.mark.parametrize("recipe", imagerecipe.RECIPES, ids=lambda recipe: recipe.name)
+def test_an_image_that_installs_the_package_copies_what_its_metadata_names(recipe: imagerecipe.Recipe) -> None:
+    """`pip install .` reads the readme and the license files pyproject.toml names (setuptools warns
+    of a license file it cannot find, and will refuse it)."""
+    if "--no-deps ." not in (ROOT / recipe.dockerfile).read_text():
+        pytest.skip(f"{recipe.dockerfile} installs no package")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    copied = set(copied_from_the_context(recipe.dockerfile))
+    assert {"pyproject.toml", project["readme"], *project["license-files"]} <= copied
 
 
 def production_pins() -> set[str]:

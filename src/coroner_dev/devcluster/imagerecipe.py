@@ -47,7 +47,7 @@ RECIPES: tuple[Recipe, ...] = (
 )
 
 #: Inputs: single files, and trees (every file git tracks, or that is present and not ignored).
-INPUT_FILES = ("pyproject.toml", "README.md")
+INPUT_FILES = ("pyproject.toml", "README.md", "LICENSE")
 INPUT_TREES = ("images", "src/coroner", "operator/src", "node-agent/src")
 #: Executable in the staged context whatever the checkout's modes (the worker's entry point).
 EXECUTABLES = frozenset({"images/worker/coroner-test-worker.py"})

@@ -31,7 +31,7 @@ layout and packed as an OCI archive whose index names it the way containerd's ow
 (`io.containerd.image.name`: the full reference; `org.opencontainers.image.ref.name`: its tag).
 
 The cache. `<cache>/images/<key>/` holds the archives and `images.json` (references, digests, sizes);
-the key digests every input: the Dockerfiles and everything else under images/, pyproject.toml,
+the key digests every input: the Dockerfiles and everything else under images/, pyproject.toml, LICENSE,
 README.md, every file under src/coroner, operator/src and node-agent/src that git tracks or that is
 present and not ignored, the base recipe and RECIPE_VERSION. One build at a time (a file lock); a
 build lands by one rename; the newest KEEP_BUILDS builds are kept. The build log is
