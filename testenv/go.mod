@@ -1,8 +1,8 @@
 // Module coroner-testenv builds the real control plane binaries (kube-apiserver, kubectl, etcd,
 // kube-controller-manager) and the Kubernetes half of the dev node (kubelet, kube-scheduler) from
 // the Go module proxy. `go install pkg@version` refuses both Kubernetes and etcd because
-// their go.mod files carry replace directives; a helper module that requires them works.
-// Regenerate the replace block with testenv/gen-replaces.sh when the Kubernetes pin moves.
+// their go.mod files carry replace directives; a helper module that requires them works. The
+// replace block at the end says how its lines are made.
 module coroner.dev/testenv
 
 go 1.26.0
@@ -197,6 +197,11 @@ require (
 
 // k8s.io/kubernetes requires its staging modules at v0.0.0 and maps them with ./staging
 // replaces that Go ignores in dependencies; map each to its published v0.37.2 tag instead.
+// When the Kubernetes pin moves (to v1.X.Y, whose staging modules are tagged v0.X.Y), print the
+// block's new lines from that release's go.mod with these two versions changed, paste them over
+// the block's lines, and run `go mod tidy` (all in testenv/):
+//   go mod download -json k8s.io/kubernetes@v1.37.2 | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p' |
+//     xargs awk '$2 == "v0.0.0" { print "\t" $1 " => " $1 " v0.37.2" }'
 replace (
 	k8s.io/api => k8s.io/api v0.37.2
 	k8s.io/apiextensions-apiserver => k8s.io/apiextensions-apiserver v0.37.2
