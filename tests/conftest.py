@@ -112,6 +112,9 @@ QUICK: dict[str, str] = {
         "integration/test_kubectl_plugin.py::test_doctor_reports_the_retire_grant_and_registrations_blocked_or_unattested"
     ),
     "an unreachable cluster": "integration/test_cli_unreachable.py::test_a_refused_connection_is_one_sentence",
+    "registrar injection at admission": (
+        "integration/test_registrar_injection.py::test_a_labelled_pod_gets_exactly_what_inject_adds_and_others_are_untouched"
+    ),
     # what ships: manifests, chart, monitoring
     "the manifests": "e2e/test_manifests.py::test_worker_cannot_attest_or_retire_but_can_heartbeat_and_release",
     "least privilege": "e2e/test_least_privilege.py::test_rbac_grants_only_what_the_code_uses",

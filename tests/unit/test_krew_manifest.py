@@ -52,7 +52,7 @@ def test_it_describes_itself(manifest: dict[str, Any]) -> None:
     spec = manifest["spec"]
     assert spec["homepage"].startswith("https://")
     assert 0 < len(spec["shortDescription"]) <= 60 and "\n" not in spec["shortDescription"]
-    for command in ("plan", "apply", "doctor", "version"):
+    for command in ("plan", "apply", "doctor", "version", "inject"):
         assert f"kubectl coroner {command}" in spec["description"]
     assert "python3" in spec["caveats"]
 

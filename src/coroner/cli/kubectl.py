@@ -1,10 +1,11 @@
-"""``kubectl coroner plan | apply | doctor``: the human's view of, and hand on, the registry.
+"""``kubectl coroner plan | apply | doctor | inject``: the human's view of, and hand on, the registry.
 
 Plan-only clusters (the recommended first install) retire nothing by themselves: a person reviews
 ``plan``, approves it by its two fingerprints, and ``apply`` retires exactly the approved rows under
 that person's own ``retire`` verb — with the operator's facts, the operator's decision and the
 operator's compare-and-swap patch, so the human path can be no less safe than the automatic one.
-``doctor`` says whether the automatic path works at all.
+``doctor`` says whether the automatic path works at all. ``inject`` adds the registrar to
+manifests (no request).
 
 This module is the click group only. Each command is a module of `coroner.cli.commands`; they share
 the options of `coroner.cli.options` and the API session of `coroner.cli.session`; what they
@@ -23,7 +24,7 @@ from typing import Any, Final
 
 import click
 
-from coroner.cli.commands import apply, completion, doctor, plan, version
+from coroner.cli.commands import apply, completion, doctor, inject, plan, version
 from coroner.cli.session import DEBUG_ENV, EXIT_USAGE, PluginError
 
 #: How a user types it; kubectl runs the plugin as ``kubectl-coroner``.
@@ -83,6 +84,7 @@ main.add_command(plan.plan_command)
 main.add_command(apply.apply_command)
 main.add_command(doctor.doctor_command)
 main.add_command(version.version_command)
+main.add_command(inject.inject_command)
 main.add_command(completion.completion_command)
 
 
