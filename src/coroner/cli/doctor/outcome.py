@@ -84,6 +84,24 @@ def passed(name: str, summary: str, *, facts: Mapping[str, Any] | None = None) -
     return Check(name=name, status=CheckStatus.PASS, summary=summary, facts=facts or {})
 
 
+def _named(
+    status: CheckStatus,
+    name: str,
+    summary: str,
+    objects: Sequence[str],
+    facts: Mapping[str, Any] | None,
+    names: Sequence[str] | None,
+) -> Check:
+    return Check(
+        name=name,
+        status=status,
+        summary=summary,
+        objects=tuple(objects),
+        facts=facts or {},
+        names=None if names is None else tuple(names),
+    )
+
+
 def warned(
     name: str,
     summary: str,
@@ -93,14 +111,7 @@ def warned(
     names: Sequence[str] | None = None,
 ) -> Check:
     """A WARN line naming the `objects` a person should look at (`names`: as `Check.names`)."""
-    return Check(
-        name=name,
-        status=CheckStatus.WARN,
-        summary=summary,
-        objects=tuple(objects),
-        facts=facts or {},
-        names=None if names is None else tuple(names),
-    )
+    return _named(CheckStatus.WARN, name, summary, objects, facts, names)
 
 
 def failed(
@@ -112,14 +123,7 @@ def failed(
     names: Sequence[str] | None = None,
 ) -> Check:
     """A FAIL line naming the failing `objects` (`names`: as `Check.names`)."""
-    return Check(
-        name=name,
-        status=CheckStatus.FAIL,
-        summary=summary,
-        objects=tuple(objects),
-        facts=facts or {},
-        names=None if names is None else tuple(names),
-    )
+    return _named(CheckStatus.FAIL, name, summary, objects, facts, names)
 
 
 def unknown(
@@ -131,14 +135,7 @@ def unknown(
     names: Sequence[str] | None = None,
 ) -> Check:
     """An UNKNOWN line: a fact that could not be read (never a pass, never zero)."""
-    return Check(
-        name=name,
-        status=CheckStatus.UNKNOWN,
-        summary=summary,
-        objects=tuple(objects),
-        facts=facts or {},
-        names=None if names is None else tuple(names),
-    )
+    return _named(CheckStatus.UNKNOWN, name, summary, objects, facts, names)
 
 
 def doctor_exit_code(checks: Sequence[Check]) -> int:
