@@ -168,14 +168,19 @@ def test_the_rendered_agent_is_confined(cluster: Cluster, overlay: str) -> None:
     labels = one(documents, "Namespace", api.SYSTEM_NAMESPACE)["metadata"]["labels"]
     assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
     assert labels["pod-security.kubernetes.io/audit"] == "restricted"
-    # The operator's metrics port is reachable only from labelled namespaces.
-    policy = one(documents, "NetworkPolicy", "coroner-operator")["spec"]
-    assert policy["ingress"] == [
-        {
-            "from": [{"namespaceSelector": {"matchLabels": {"coroner.dev/metrics-scraper": "true"}}}],
-            "ports": [{"port": "metrics", "protocol": "TCP"}],
-        }
-    ]
+    # The operator's and the agent's metrics ports are reachable only from labelled namespaces, and
+    # nothing else of theirs is (docs/security.md, threat 13).
+    for name, app in (("coroner-operator", "coroner-operator"), ("coroner-agent", "coroner-agent")):
+        policy = one(documents, "NetworkPolicy", name)["spec"]
+        assert policy["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": app}}
+        assert policy["policyTypes"] == ["Ingress"]
+        assert policy["ingress"] == [
+            {
+                "from": [{"namespaceSelector": {"matchLabels": {"coroner.dev/metrics-scraper": "true"}}}],
+                "ports": [{"port": "metrics", "protocol": "TCP"}],
+            }
+        ]
+    assert {p["name"]: p["containerPort"] for p in agent["ports"]} == {"metrics": 9102}
 
 
 def test_the_apparmor_component_confines_the_agent_and_the_server_accepts_it(
