@@ -6,6 +6,7 @@ Each identity gets a token from the TokenRequest API for the manifests' own Serv
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -72,6 +73,36 @@ def test_overlays_apply_twice_in_either_order_and_server_dry_run(plan_only: Clus
         apply_overlay(plan_only, overlay)
         dry = apply_overlay(plan_only, overlay, "--dry-run=server")
         assert "(server dry run)" in dry
+    kube.kubectl(plan_only, "delete", "clusterrolebinding", "coroner-operator-retire", "--ignore-not-found")
+
+
+#: kubectl's three-way strategic merge always sends a field whose patch strategy is `replace` (a
+#: PodDisruptionBudget's spec.selector), so the PDB reads `configured` on every client-side apply; the
+#: API server changes nothing (its generation stays).
+ALWAYS_PATCHED = "poddisruptionbudget.policy/coroner-operator"
+
+
+def generations(cluster: Cluster, overlay: str) -> dict[str, int]:
+    """metadata.generation (moved by a spec change, never by status) of every object the overlay applies."""
+    listed = json.loads(kube.kubectl(cluster, "get", "-k", str(OVERLAYS / overlay), "-o", "json").stdout)
+    return {
+        f"{item['kind']}/{item['metadata']['name']}": item["metadata"].get("generation", 0) for item in listed["items"]
+    }
+
+
+@pytest.mark.parametrize("overlay", ["plan-only", "production"])
+def test_a_re_apply_of_unchanged_manifests_configures_nothing(plan_only: Cluster, overlay: str) -> None:
+    """The admission policies read `configured` on every apply of unchanged manifests (their rules
+    lacked the `scope: "*"` the API server fills in, in an atomic list) while `kubectl diff` was empty."""
+    apply_overlay(plan_only, overlay)  # this overlay's last-applied configuration
+    before = generations(plan_only, overlay)
+    again = apply_overlay(plan_only, overlay).splitlines()
+    configured = [line.removesuffix(" configured") for line in again if line.endswith(" configured")]
+    assert set(configured) <= {ALWAYS_PATCHED}, "\n".join(again)
+    assert all(line.endswith((" unchanged", " configured")) for line in again), "\n".join(again)
+    assert generations(plan_only, overlay) == before
+    diff = kube.kubectl(plan_only, "diff", "-k", str(OVERLAYS / overlay), check=False)
+    assert diff.returncode == 0 and diff.stdout == "", diff.stdout + diff.stderr
     kube.kubectl(plan_only, "delete", "clusterrolebinding", "coroner-operator-retire", "--ignore-not-found")
 
 
