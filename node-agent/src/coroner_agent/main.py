@@ -17,6 +17,7 @@ import click
 
 from coroner.client.rest import Rest
 from coroner.core import api
+from coroner.runtime import logformat
 from coroner_agent.health import AgentMetrics, HealthServer, HealthState, heartbeat
 from coroner_agent.kube import AgentApi
 from coroner_agent.prober import ProcProber
@@ -83,6 +84,13 @@ logger = logging.getLogger("coroner.agent")
     show_default=True,
     help="Address /metrics, /healthz and /readyz listen on (all addresses in a pod; 127.0.0.1 keeps them on this host).",
 )
+@click.option(
+    "--log-format",
+    type=click.Choice(logformat.LOG_FORMATS),
+    default=logformat.DEFAULT,
+    show_default=True,
+    help="json: one JSON object per line, with the operator's keys (coroner.runtime.logformat).",
+)
 @click.option("--verbose", "-v", is_flag=True)
 def main(
     node_name: str,
@@ -103,13 +111,11 @@ def main(
     absence_confirm_seconds: float,
     metrics_port: int | None,
     metrics_bind_address: str,
+    log_format: str,
     verbose: bool,
 ) -> None:
     """Attest the death (or life) of this node's registered worker incarnations."""
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    configure_logging(log_format=log_format, verbose=verbose)
     settings = AgentSettings(
         node_name=node_name,
         pod_name=pod_name or os.environ.get("HOSTNAME", ""),
@@ -152,6 +158,12 @@ def main(
     finally:
         if server is not None:
             server.close()
+
+
+def configure_logging(*, log_format: str, verbose: bool) -> None:
+    """text: one line per record; json: one JSON object per line, as the operator's
+    (`coroner.runtime.logformat`)."""
+    logformat.configure(log_format=log_format, verbose=verbose)
 
 
 def _raise_fd_limit(wanted: int) -> int:

@@ -28,6 +28,7 @@ from coroner.core import api, policy_json
 from coroner.core.decision import Policy
 from coroner.core.held import HELD_GRACE_SECONDS
 from coroner.core.world import World
+from coroner.runtime import logformat
 from coroner.runtime.controller import utcnow
 from coroner.runtime.leader import ElectionConfig
 from coroner_operator.app import Operator
@@ -187,24 +188,17 @@ async def _serve_http(address: str, port: int, metrics: Metrics, operator: Opera
 
 
 def configure_logging(*, log_format: str, verbose: bool) -> None:
-    """text: one line per record; json: kopf's JSON formatter on the root logger, so Coroner's
-    records and kopf's own come out as one JSON object per line each."""
-    level = logging.DEBUG if verbose else logging.INFO
+    """text: one line per record; json: one JSON object per line (`coroner.runtime.logformat`, the
+    agent's too) for Coroner's records and kopf's own alike, on the handler kopf sets up (which also
+    keeps asyncio's debug records out)."""
     if log_format == "json":
         kopf.configure(verbose=verbose, log_format=kopf.LogFormat.JSON)
         root = logging.getLogger()
-        root.setLevel(level)
+        root.setLevel(logging.DEBUG if verbose else logging.INFO)
         for handler in root.handlers:
-            handler.addFilter(_name_the_logger)
+            handler.setFormatter(logformat.JsonFormatter())
     else:
-        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-
-
-def _name_the_logger(record: logging.LogRecord) -> bool:
-    """The JSON formatter adds a record's non-standard attributes as fields: `logger` says whose
-    line it is (coroner.operator, coroner.leader, kopf.…)."""
-    record.logger = record.name
-    return True
+        logformat.configure(log_format=log_format, verbose=verbose)
 
 
 def in_cluster_login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -331,10 +325,10 @@ def _finite(param: click.Parameter, value: float) -> float:
 @click.option("--leader-elect-retry-period", type=click.FloatRange(min=0.1), default=2.0, show_default=True)
 @click.option(
     "--log-format",
-    type=click.Choice(["text", "json"]),
-    default="text",
+    type=click.Choice(logformat.LOG_FORMATS),
+    default=logformat.DEFAULT,
     show_default=True,
-    help="json: one JSON object per line, the operator's and kopf's logs alike (kopf's JSON formatter).",
+    help="json: one JSON object per line, the operator's and kopf's logs alike (coroner.runtime.logformat).",
 )
 @click.option("--verbose", "-v", is_flag=True)
 def main(
