@@ -80,6 +80,15 @@ def injected_at_admission(admin: k8s.ApiClient, namespace: str) -> bool:
     return any(c["name"] == inject.CONTAINER_NAME for c in spec.get("initContainers") or [])
 
 
+def refused_at_admission(admin: k8s.ApiClient, namespace: str) -> bool:
+    """Whether the API server refuses a labelled Pod the registrar cannot work in now (a dry run)."""
+    try:
+        create(admin, namespace, pod("probe-host", hostPID=True), dry_run=True)
+    except ApiException as exc:
+        return exc.status in (403, 422)
+    return False
+
+
 @contextlib.contextmanager
 def component(cluster: Cluster, admin: k8s.ApiClient, namespace: str, tmp_path: pathlib.Path) -> Iterator[None]:
     """The component applied as an overlay of one's own includes it, until the API server acts on it;
@@ -97,7 +106,9 @@ def component(cluster: Cluster, admin: k8s.ApiClient, namespace: str, tmp_path: 
     )
     kube.kubectl(cluster, "apply", "-k", str(overlay))
     try:
+        # Each policy is enforced a moment after it is created, the mutating and the validating one apart.
         kube.wait_for(lambda: injected_at_admission(admin, namespace), timeout=30, what="the policy in force")
+        kube.wait_for(lambda: refused_at_admission(admin, namespace), timeout=30, what="the refusal in force")
         yield
     finally:
         kube.kubectl(cluster, "delete", "-k", str(overlay), "--ignore-not-found")
