@@ -14,6 +14,7 @@ import functools
 import gc
 import json
 import pathlib
+import statistics
 import tracemalloc
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
@@ -365,14 +366,21 @@ def watched_texts(count: int, **overrides: Any) -> list[str]:
 
 def traced_bytes_each(texts: Sequence[str], keep: Callable[[int, dict[str, Any]], None]) -> float:
     """Bytes of memory that `keep` holds on to per text it is given decoded (tracemalloc:
-    deterministic for one interpreter)."""
+    deterministic for one interpreter): the median over five batches, as a batch that happens to
+    grow a structure the whole process shares (the interned strings' table, whose size depends on
+    what ran before in the process) is charged that growth once."""
+    batches = 5
+    size = max(1, len(texts) // batches)
+    per_batch = []
     gc.collect()
     tracemalloc.start()
     try:
-        before = tracemalloc.get_traced_memory()[0]
-        for i, text in enumerate(texts):
-            keep(i, json.loads(text))
-        gc.collect()
-        return (tracemalloc.get_traced_memory()[0] - before) / len(texts)
+        for start in range(0, size * batches, size):
+            before = tracemalloc.get_traced_memory()[0]
+            for i in range(start, min(start + size, len(texts))):
+                keep(i, json.loads(texts[i]))
+            gc.collect()
+            per_batch.append((tracemalloc.get_traced_memory()[0] - before) / size)
     finally:
         tracemalloc.stop()
+    return statistics.median(per_batch)
