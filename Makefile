@@ -107,9 +107,12 @@ sim: $(BIN)/.installed
 sim-bench: $(BIN)/.installed
 	$(BIN)/python bench/sim.py --resume
 
-# The images' hashed locks (images/<name>.lock): one per deployable, from pyproject's extras.
+# The images' hashed locks (images/<name>.lock): one per deployable, from pyproject's extras; the
+# registrar's is the base dependencies alone (it needs no extra).
 locks: $(BIN)/.installed
 	for image in agent operator; do \
 	  $(BIN)/uv pip compile pyproject.toml --extra $$image --universal --python-version 3.11 \
 	    --generate-hashes --no-header --quiet -o images/$$image.lock; \
 	done
+	$(BIN)/uv pip compile pyproject.toml --universal --python-version 3.11 \
+	  --generate-hashes --no-header --quiet -o images/registrar.lock

@@ -115,8 +115,8 @@ def dev_cluster_token(directory: pathlib.Path, service_account: str, node: str |
 @dev_cluster.command("images")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON summary (references, archives, sizes).")
 def dev_cluster_images(as_json: bool) -> None:
-    """Build (cached) the agent, operator, test worker and pause images with buildah: OCI archives
-    for `ctr -n k8s.io images import --local`."""
+    """Build (cached) the agent, operator and registrar images, the test workers' (Python and Go) and
+    the pause image with buildah: OCI archives for `ctr -n k8s.io images import --local`."""
     import json
 
     from coroner_dev.devcluster.images import ensure_images

@@ -163,7 +163,7 @@ def test_no_build_time_setting_is_in_an_image(unpacked: dict[str, dict[str, Any]
         rootfs = image["rootfs"]
         assert not (rootfs / "etc" / "pip.conf").exists(), name
         assert not any("pip.conf" in json.dumps(entry) for entry in image["history"]), name
-        if name != "pause":
+        if name not in ("pause", "go-worker"):  # the images FROM scratch have no /etc, no /dev
             assert (rootfs / "etc" / "resolv.conf").read_text() == "", name
             assert not list((rootfs / "dev").iterdir()), name
 
@@ -184,6 +184,38 @@ def test_the_worker_image_launches_and_its_test_worker_obeys(unpacked: dict[str,
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, out
+
+
+def test_the_registrar_image_runs_coroner_registrar_as_65532_on_a_read_only_root_with_the_base_alone(
+    unpacked: dict[str, dict[str, Any]],
+) -> None:
+    registrar = unpacked["registrar"]
+    assert registrar["config"]["Entrypoint"] == ["coroner"]
+    assert registrar["config"]["User"] == "65532:65532"
+    code, out = run_in_image(registrar, entry(registrar, "registrar", "--help"), read_only=True)
+    assert code == 0 and "Register the main process of every other container" in out, out
+    present = (
+        "import importlib.util as u; print([m for m in ('prometheus_client', 'kopf', 'kubernetes', "
+        "'coroner_agent', 'coroner_operator', 'coroner_dev') if u.find_spec(m)])"
+    )
+    code, out = run_in_image(registrar, ["python", "-c", present], read_only=True)
+    assert (code, out.strip()) == (0, "[]")
+
+
+def test_the_go_worker_image_is_its_static_binary_alone_and_obeys(unpacked: dict[str, dict[str, Any]]) -> None:
+    go = unpacked["go-worker"]
+    assert go["config"]["Entrypoint"] == ["/go-worker"]
+    assert go["config"]["User"] == "65532:65532"
+    assert sorted(path.name for path in go["rootfs"].iterdir()) == ["go-worker"]
+    code, out = run_in_image(go, entry(go, "0.2", "3"), read_only=True)
+    assert code == 3 and "exiting 3 after 0.2 s" in out, out
+    proc = in_image(go, entry(go), read_only=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert "go-worker pid=" in line and "started" in line, line
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "exiting 0" in out, out
 
 
 def test_the_pause_image_is_catatonit_alone(unpacked: dict[str, dict[str, Any]]) -> None:

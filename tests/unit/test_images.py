@@ -17,6 +17,7 @@ import tomllib
 import pytest
 import yaml
 
+from coroner.core import inject
 from coroner_dev.devcluster import imagerecipe, images
 from coroner_dev.devcluster.errors import DevClusterError
 
@@ -32,6 +33,7 @@ def make_repo(path: pathlib.Path) -> pathlib.Path:
         "README.md": "# x\n",
         "images/agent.Dockerfile": "ARG BASE=python:3.11.7-slim-bookworm\nFROM ${BASE}\n",
         "images/agent.lock": "click==8.1 --hash=sha256:00\n",
+        "images/go-worker/main.go": "package main\n\nfunc main() {}\n",
         "src/coroner/__init__.py": "",
         "operator/src/coroner_operator/__init__.py": "",
         "node-agent/src/coroner_agent/__init__.py": "",
@@ -77,6 +79,7 @@ def test_the_key_is_the_same_for_the_same_inputs(repo: pathlib.Path) -> None:
         "README.md",
         "images/agent.Dockerfile",
         "images/agent.lock",
+        "images/go-worker/main.go",
         "src/coroner/__init__.py",
         "operator/src/coroner_operator/__init__.py",
         "node-agent/src/coroner_agent/__init__.py",
@@ -127,7 +130,9 @@ def test_the_base_recipe_and_the_recipe_version_are_inputs(repo: pathlib.Path, m
 
 def test_the_real_checkout_keys_every_input_root() -> None:
     files = imagerecipe.input_files(ROOT)
-    for prefix in ("images/agent.Dockerfile", "images/worker.Dockerfile", "images/pause.Dockerfile", "src/coroner/"):
+    for recipe in imagerecipe.RECIPES:
+        assert recipe.dockerfile in files, recipe.dockerfile
+    for prefix in ("images/registrar.lock", "images/go-worker/go.mod", "images/go-worker/main.go", "src/coroner/"):
         assert any(name.startswith(prefix) for name in files), prefix
     assert any(name.startswith("operator/src/") for name in files)
     assert any(name.startswith("node-agent/src/") for name in files)
@@ -147,9 +152,15 @@ def copied_from_the_context(dockerfile: str) -> list[str]:
 
 @pytest.mark.parametrize("recipe", imagerecipe.RECIPES, ids=lambda recipe: recipe.name)
 def test_every_file_a_dockerfile_copies_is_an_input(recipe: imagerecipe.Recipe) -> None:
-    """What the build reads is what the key digests and the staged context holds."""
+    """What the build reads is what the key digests and the staged context holds (a Go binary is
+    built there from its module, every file of which is an input; the binary itself is not)."""
     files = set(imagerecipe.input_files(ROOT))
+    built = recipe.go_binary.output if recipe.go_binary else None
     for source in copied_from_the_context(recipe.dockerfile):
+        if source == built:
+            assert recipe.go_binary is not None and source not in files
+            assert f"{recipe.go_binary.module}/go.mod" in files and f"{recipe.go_binary.module}/main.go" in files
+            continue
         assert source in files or any(name.startswith(source.rstrip("/") + "/") for name in files), source
 
 
@@ -173,6 +184,12 @@ def test_the_shipped_images_are_named_as_the_production_overlay_pins_them() -> N
     assert {imagerecipe.AGENT_REFERENCE, imagerecipe.OPERATOR_REFERENCE} == production_pins()
 
 
+def test_the_registrar_image_is_the_one_inject_and_the_injection_component_name() -> None:
+    assert imagerecipe.REGISTRAR_REFERENCE == inject.REGISTRAR_IMAGE == "ghcr.io/coroner-dev/coroner-registrar:v0.1.0"
+    component = (ROOT / "manifests" / "components" / "registrar-injection" / "registrar-injection.yaml").read_text()
+    assert f'image: "{inject.REGISTRAR_IMAGE}"' in component
+
+
 def test_the_base_manifests_name_the_same_images() -> None:
     named = set()
     for path in (ROOT / "manifests" / "base").glob("*.yaml"):
@@ -183,21 +200,60 @@ def test_the_base_manifests_name_the_same_images() -> None:
     assert named == {imagerecipe.AGENT_REFERENCE, imagerecipe.OPERATOR_REFERENCE}
 
 
-def test_every_recipe_has_a_dockerfile_taking_the_base_as_an_argument() -> None:
-    assert [recipe.name for recipe in imagerecipe.RECIPES] == ["agent", "operator", "worker", "pause"]
+def test_every_recipe_has_a_dockerfile_taking_the_base_as_an_argument_or_is_scratch_alone() -> None:
+    assert [recipe.name for recipe in imagerecipe.RECIPES] == [
+        "agent",
+        "operator",
+        "registrar",
+        "worker",
+        "go-worker",
+        "pause",
+    ]
     for recipe in imagerecipe.RECIPES:
         lines = (ROOT / recipe.dockerfile).read_text().splitlines()
         instructions = [line for line in lines if line and not line.startswith("#")]
-        assert instructions[0].startswith("ARG BASE"), recipe.dockerfile
         froms = [line for line in instructions if line.startswith("FROM ")]
+        if recipe.go_binary is not None:
+            # Nothing but the binary: no base, no shell, no Python.
+            assert froms == ["FROM scratch"], recipe.dockerfile
+            assert copied_from_the_context(recipe.dockerfile) == [recipe.go_binary.output]
+            continue
+        assert instructions[0].startswith("ARG BASE"), recipe.dockerfile
         assert all(line.split()[1] in ("${BASE}", "scratch") for line in froms), recipe.dockerfile
-    for name in ("agent", "operator", "worker"):
+    for name in ("agent", "operator", "registrar", "worker"):
         assert "ARG BASE=python:3.11.7-slim-bookworm\n" in (ROOT / "images" / f"{name}.Dockerfile").read_text()
+
+
+def test_the_registrar_image_runs_coroner_as_65532() -> None:
+    text = (ROOT / "images" / "registrar.Dockerfile").read_text()
+    assert 'ENTRYPOINT ["coroner"]' in text and "USER 65532:65532" in text
+    assert inject.REGISTRAR_ARGS == ("registrar",)
+    assert "TEST-ONLY" not in text and "COPY images/worker" not in text
+
+
+def test_a_go_binary_is_built_static_from_a_module_with_no_dependency() -> None:
+    env = dict(imagerecipe.GO_BUILD_ENV)
+    assert env["CGO_ENABLED"] == "0" and env["GOPROXY"] == "off" and env["GOTOOLCHAIN"] == "local"
+    assert "-trimpath" in imagerecipe.GO_BUILD_ARGS
+    for recipe in imagerecipe.RECIPES:
+        if recipe.go_binary is None:
+            continue
+        module = ROOT / recipe.go_binary.module
+        assert "require" not in (module / "go.mod").read_text() and not (module / "go.sum").exists()
+        assert recipe.go_binary.output.startswith(recipe.go_binary.module + "/")
+        # A binary built by hand in the checkout is not an input (.gitignore).
+        assert recipe.go_binary.output not in imagerecipe.input_files(ROOT)
+
+
+def test_how_a_go_binary_is_built_is_an_input(repo: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    before = imagerecipe.cache_key(repo)
+    monkeypatch.setattr(imagerecipe, "GO_BUILD_ARGS", (*imagerecipe.GO_BUILD_ARGS, "-race"))
+    assert imagerecipe.cache_key(repo) != before
 
 
 def test_the_test_only_images_say_so_and_are_local_names() -> None:
     for recipe in imagerecipe.RECIPES:
-        if recipe.name in ("worker", "pause"):
+        if recipe.name in ("worker", "go-worker", "pause"):
             assert recipe.reference.startswith("localhost/coroner-dev/")
             assert "TEST-ONLY" in (ROOT / recipe.dockerfile).read_text()
     assert imagerecipe.split_reference(imagerecipe.WORKER_REFERENCE) == ("localhost/coroner-dev/coroner-worker", "dev")
@@ -292,7 +348,7 @@ def test_an_archive_is_packed_the_same_way_twice(tmp_path: pathlib.Path) -> None
 
 def record(directory: pathlib.Path) -> None:
     entries = {}
-    for name in ("agent", "operator", "worker", "pause"):
+    for name in ("agent", "operator", "registrar", "worker", "go-worker", "pause"):
         (directory / f"{name}.oci.tar").write_bytes(b"x" * 10)
         entries[name] = {
             "reference": f"r/{name}:t",
@@ -311,7 +367,7 @@ def test_a_cached_build_is_found_only_when_every_archive_is_whole(tmp_path: path
     record(tmp_path)
     found = images.load(tmp_path, source="cache")
     assert found is not None and found.source == "cache" and found.build_seconds == 1.5
-    assert [image.name for image in found.all()] == ["agent", "operator", "worker", "pause"]
+    assert [image.name for image in found.all()] == [recipe.name for recipe in imagerecipe.RECIPES]
     assert found.agent.archive == tmp_path / "agent.oci.tar"
     assert found.summary()["images"]["pause"]["uncompressed_bytes"] == 20
     (tmp_path / "worker.oci.tar").write_bytes(b"x")

@@ -28,10 +28,12 @@ ROOTS = {
     "coroner_agent": ROOT / "node-agent/src",
     "coroner_operator": ROOT / "operator/src",
 }
-#: image -> (the extra it installs, the modules its process starts from)
-IMAGES = {
+#: image -> (the extra it installs, None for the base dependencies alone; the modules its process
+#: starts from)
+IMAGES: dict[str, tuple[str | None, list[str]]] = {
     "agent": ("agent", ["coroner_agent.main", "coroner.cli.main"]),  # the agent, and `coroner run` in workers
     "operator": ("operator", ["coroner_operator.main"]),
+    "registrar": (None, ["coroner.cli.main", "coroner.registrar"]),  # `coroner registrar`
 }
 #: Never in the agent's image: what it never imports, and what made it ~200 MB.
 NOT_IN_AGENT = {"kopf", "kubernetes", "rich", "cryptography", "psutil", "aiohttp"}
@@ -98,9 +100,9 @@ def distribution_of(package: str) -> str:
     return canonicalize_name(found[0])
 
 
-def declared(extra: str) -> set[str]:
+def declared(extra: str | None) -> set[str]:
     project = pyproject()["project"]
-    requirements = [*project["dependencies"], *project["optional-dependencies"][extra]]
+    requirements = [*project["dependencies"], *(project["optional-dependencies"][extra] if extra else [])]
     return {canonicalize_name(Requirement(r).name) for r in requirements}
 
 
@@ -121,7 +123,7 @@ def test_every_declared_dependency_is_locked_at_a_version_it_allows(image: str) 
     extra, _ = IMAGES[image]
     project = pyproject()["project"]
     pins = lock(image)
-    for text in [*project["dependencies"], *project["optional-dependencies"][extra]]:
+    for text in [*project["dependencies"], *(project["optional-dependencies"][extra] if extra else [])]:
         requirement = Requirement(text)
         name = canonicalize_name(requirement.name)
         assert name in pins, f"images/{image}.lock lacks {name}: run `make locks`"
@@ -131,6 +133,12 @@ def test_every_declared_dependency_is_locked_at_a_version_it_allows(image: str) 
 def test_the_agent_image_carries_none_of_the_heavy_packages() -> None:
     assert not NOT_IN_AGENT & set(lock("agent"))
     assert "kubernetes" not in lock("operator")
+
+
+def test_the_registrar_image_carries_the_base_dependencies_alone() -> None:
+    """It runs in every Pod that has it: nothing but what `coroner registrar` imports."""
+    base = {canonicalize_name(Requirement(r).name) for r in pyproject()["project"]["dependencies"]}
+    assert set(lock("registrar")) == base
 
 
 def test_every_declared_runtime_dependency_is_imported_somewhere() -> None:

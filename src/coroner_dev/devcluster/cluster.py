@@ -380,7 +380,8 @@ def up(
                     cluster,
                     name=name,
                     binaries=node_binaries,
-                    images=[(i.reference, i.archive) for i in (built.pause, built.agent, built.operator, built.worker)],
+                    # The sandbox image first: every Pod needs it.
+                    images=[(i.reference, i.archive) for i in sorted(built.all(), key=lambda i: i is not built.pause)],
                     sandbox_image=built.pause.reference,
                     spawn=lambda process, argv, log, env: _spawn(process, argv, log=log, env=env),
                     say=say,

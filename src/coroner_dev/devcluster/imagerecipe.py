@@ -19,31 +19,70 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from coroner.core import inject
 from coroner_dev.devcluster.errors import DevClusterError
 
 RECIPE_VERSION = 1
 #: How many builds `<cache>/images/` keeps (the newest, by when they landed).
 AGENT_REFERENCE = "ghcr.io/coroner-dev/coroner-agent:v0.1.0"
 OPERATOR_REFERENCE = "ghcr.io/coroner-dev/coroner-operator:v0.1.0"
+#: The image `kubectl coroner inject` and components/registrar-injection name (one constant).
+REGISTRAR_REFERENCE = inject.REGISTRAR_IMAGE
 WORKER_REFERENCE = "localhost/coroner-dev/coroner-worker:dev"
+GO_WORKER_REFERENCE = "localhost/coroner-dev/go-worker:dev"
 PAUSE_REFERENCE = "localhost/coroner-dev/pause:catatonit"
 BASE_REPOSITORY = "localhost/coroner-dev/python-base"
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class GoBinary:
+    """A static Go binary built into the staged build context before its image (`go build` in
+    `module`, a Go module of the context with no dependencies, to `output`): its sources are inputs
+    of the cache key (they are under images/), the binary itself is not."""
+
+    module: str
+    """The module's directory, relative to the repository."""
+    output: str
+    """Where the binary lands in the staged context, relative to it (the Dockerfile COPYs it)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Recipe:
-    """One image: its name here, its reference, its Dockerfile (relative to the repository)."""
+    """One image: its name here, its reference, its Dockerfile (relative to the repository), and the
+    Go binary built before it, if any."""
 
     name: str
     reference: str
     dockerfile: str
+    go_binary: GoBinary | None = None
 
 
 RECIPES: tuple[Recipe, ...] = (
     Recipe(name="agent", reference=AGENT_REFERENCE, dockerfile="images/agent.Dockerfile"),
     Recipe(name="operator", reference=OPERATOR_REFERENCE, dockerfile="images/operator.Dockerfile"),
+    Recipe(name="registrar", reference=REGISTRAR_REFERENCE, dockerfile="images/registrar.Dockerfile"),
     Recipe(name="worker", reference=WORKER_REFERENCE, dockerfile="images/worker.Dockerfile"),
+    Recipe(
+        name="go-worker",
+        reference=GO_WORKER_REFERENCE,
+        dockerfile="images/go-worker.Dockerfile",
+        go_binary=GoBinary(module="images/go-worker", output="images/go-worker/go-worker"),
+    ),
     Recipe(name="pause", reference=PAUSE_REFERENCE, dockerfile="images/pause.Dockerfile"),
+)
+
+#: How a GoBinary is built: static (no libc in a `scratch` image), with no path of this machine or
+#: build id in it, nothing fetched (a module with a dependency fails here), this machine's Go
+#: toolchain (its version is not an input of the cache key: a new toolchain rebuilds at the next
+#: change of an input).
+GO_BUILD_ARGS = ("build", "-trimpath", "-buildvcs=false", "-ldflags=-s -w -buildid=")
+GO_BUILD_ENV = (
+    ("CGO_ENABLED", "0"),
+    ("GOOS", "linux"),
+    ("GOFLAGS", "-mod=readonly"),
+    ("GOPROXY", "off"),
+    ("GOTOOLCHAIN", "local"),
+    ("GOWORK", "off"),
 )
 
 #: Inputs: single files, and trees (every file git tracks, or that is present and not ignored).
@@ -176,12 +215,21 @@ def _git_listed(repo: pathlib.Path) -> set[str] | None:
 
 
 def cache_key(repo: pathlib.Path, files: Sequence[str] | None = None) -> str:
-    """A digest of every input: each file's path, executable bit and bytes, the base recipe and
-    RECIPE_VERSION. A changed input is a new key; a rerun is not."""
+    """A digest of every input: each file's path, executable bit and bytes, the base recipe, the
+    recipes (with how their Go binaries are built) and RECIPE_VERSION. A changed input is a new key;
+    a rerun is not."""
     digest = hashlib.sha256()
     digest.update(f"recipe {RECIPE_VERSION}\n".encode())
     digest.update(json.dumps(base_recipe(), sort_keys=True).encode())
-    digest.update(json.dumps([[r.name, r.reference, r.dockerfile] for r in RECIPES]).encode())
+    digest.update(
+        json.dumps(
+            [
+                [r.name, r.reference, r.dockerfile, dataclasses.asdict(r.go_binary) if r.go_binary else None]
+                for r in RECIPES
+            ]
+        ).encode()
+    )
+    digest.update(json.dumps([list(GO_BUILD_ARGS), [list(pair) for pair in GO_BUILD_ENV]]).encode())
     for name in files if files is not None else input_files(repo):
         path = repo / name
         content = path.read_bytes()

@@ -6,8 +6,12 @@ is the base, passed as `--build-arg BASE=...`):
 
 - `ghcr.io/coroner-dev/coroner-agent:v0.1.0` and `ghcr.io/coroner-dev/coroner-operator:v0.1.0`: the
   shipped images, under exactly the references manifests/overlays/production pins (no image rewrite);
+- `ghcr.io/coroner-dev/coroner-registrar:v0.1.0`: shipped, `coroner registrar`, under the reference
+  `kubectl coroner inject` and components/registrar-injection name (`coroner.core.inject`);
 - `localhost/coroner-dev/coroner-worker:dev`: test-only, the launcher (`coroner run`) and
   `coroner-test-worker`, for end-to-end tests;
+- `localhost/coroner-dev/go-worker:dev`: test-only, a static Go binary in a `scratch` image (no
+  shell, no Python, nothing of Coroner), for the registrar's real-node tests;
 - `localhost/coroner-dev/pause:catatonit`: test-only, containerd's sandbox image (Debian's
   catatonit, `catatonit -P`).
 
@@ -26,7 +30,9 @@ The build. `buildah bud --isolation chroot --layers --pull=never` (no daemon; bu
 `<cache>/buildah`, overlay where it works, else vfs). `RUN pip install` reaches PyPI through this
 machine's pip settings (its pip configuration files and PIP_* variables, merged into one pip.conf,
 and the CA files they name), bind-mounted read-only for the RUN steps only: never in a layer. The
-context is a staged copy of exactly the inputs the cache key digests. Each image is pushed to an OCI
+context is a staged copy of exactly the inputs the cache key digests; a recipe's Go binary
+(`imagerecipe.GoBinary`) is built into it by this machine's `go` before buildah runs
+(`imagerecipe.GO_BUILD_ARGS`, `GO_BUILD_ENV`: static, nothing fetched). Each image is pushed to an OCI
 layout and packed as an OCI archive whose index names it the way containerd's own export does
 (`io.containerd.image.name`: the full reference; `org.opencontainers.image.ref.name`: its tag).
 
@@ -76,7 +82,7 @@ class Image:
     """One built image, ready for `ctr -n k8s.io images import --local <archive>`."""
 
     name: str
-    """agent, operator, worker or pause."""
+    """agent, operator, registrar, worker, go-worker or pause (`imagerecipe.RECIPES`)."""
     reference: str
     """The name containerd gives it on import (the archive's `io.containerd.image.name`)."""
     archive: pathlib.Path
@@ -94,11 +100,13 @@ class Image:
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Images:
-    """The images of one build, all four, from one cache directory."""
+    """The images of one build, all of them, from one cache directory."""
 
     agent: Image
     operator: Image
+    registrar: Image
     worker: Image
+    go_worker: Image
     pause: Image
     directory: pathlib.Path
     key: str
@@ -111,7 +119,7 @@ class Images:
 
     def all(self) -> tuple[Image, ...]:
         """Every image, in build order."""
-        return (self.agent, self.operator, self.worker, self.pause)
+        return (self.agent, self.operator, self.registrar, self.worker, self.go_worker, self.pause)
 
     def summary(self) -> dict[str, Any]:
         """What `python -m coroner_dev.devcluster.images` prints (JSON-ready)."""
@@ -141,7 +149,7 @@ class Images:
 
 
 def ensure_images(*, progress: Callable[[str], None] | None = None) -> Images:
-    """The four images as OCI archives, building them (once, under a lock) when the cache has none
+    """The images as OCI archives, building them (once, under a lock) when the cache has none
     for the current inputs."""
     say = progress or (lambda message: print(message, file=sys.stderr))
     repo = imagerecipe.repo_root()
@@ -187,7 +195,9 @@ def load(directory: pathlib.Path, *, source: str) -> Images | None:
         return Images(
             agent=images["agent"],
             operator=images["operator"],
+            registrar=images["registrar"],
             worker=images["worker"],
+            go_worker=images["go-worker"],
             pause=images["pause"],
             directory=directory,
             key=record["key"],
@@ -313,7 +323,8 @@ def _build(
                 return target
         log = _Log(target.parent / f"build-{key}.log")
         log.path.write_text(f"# coroner images {key}, {datetime.datetime.now(datetime.UTC).isoformat()}\n")
-        say(f"building the images (agent, operator, worker, pause) with buildah; log: {log.path}")
+        names = ", ".join(recipe.name for recipe in imagerecipe.RECIPES)
+        say(f"building the images ({names}) with buildah; log: {log.path}")
         base = _ensure_base(buildah, staging=staging, log=log, say=say)
         settings = imagerecipe.pip_config(os.environ, imagerecipe.pip_config_files(os.environ))
         pip_conf = staging / "pip.conf"
@@ -324,6 +335,8 @@ def _build(
         record: dict[str, Any] = {"key": key, "base": base, "images": {}}
         for recipe in imagerecipe.RECIPES:
             step = time.monotonic()
+            if recipe.go_binary is not None:
+                _build_go(recipe.go_binary, context=context, log=log)
             log.run(
                 buildah.command(
                     "bud",
@@ -363,6 +376,29 @@ def _build(
         raise
     say(f"built the images in {time.monotonic() - started:.0f} s into {target}")
     return target
+
+
+def _build_go(binary: imagerecipe.GoBinary, *, context: pathlib.Path, log: _Log) -> None:
+    """Builds a recipe's Go binary in the staged context (so from exactly the keyed sources)."""
+    go = shutil.which("go")
+    if go is None:
+        raise DevClusterError(
+            f"the Go toolchain (`go`) is not on PATH; it builds {binary.output} for the images",
+            fix="install Go >= 1.26 and put it on PATH",
+        )
+    env = {**os.environ, **dict(imagerecipe.GO_BUILD_ENV)}
+    command = [go, *imagerecipe.GO_BUILD_ARGS, "-o", str(context / binary.output), "."]
+    with open(log.path, "a") as output:
+        output.write(f"$ (cd {context / binary.module} && {' '.join(command)})\n")
+        output.flush()
+        result = subprocess.run(
+            command, cwd=context / binary.module, env=env, stdout=output, stderr=subprocess.STDOUT, check=False
+        )
+    if result.returncode != 0:
+        raise log.failure(
+            f"building {binary.output} with go failed (exit {result.returncode})",
+            fix=f"read the log; the module {binary.module} must build with `go build` alone, with no dependency",
+        )
 
 
 def _prune_storage(buildah: _Buildah, *, log: _Log, base: str) -> None:

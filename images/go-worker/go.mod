@@ -1,0 +1,3 @@
+module coroner.dev/go-worker
+
+go 1.22
