@@ -13,6 +13,10 @@ machine's node needs, each said where it is patched:
   port would keep the second replica from binding (and the scheduler from placing it on the same
   node); the test overlay lets each take a free port (`--metrics-port=0`) and drops the port and
   its probes. Why the first node is labeled a control-plane node: `install`.
+
+Workloads with the registrar injected (`coroner.core.inject`, `kubectl coroner inject`) get the same
+API server address in its container, and nothing else (`registrar_on_the_node`); their Pods need
+`hostNetwork` as every Pod here does.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import subprocess
 import time
 from typing import Any
 
-from coroner.core import api, procfs
+from coroner.core import api, inject, procfs
 from coroner_dev.devcluster import imagerecipe
 from coroner_dev.devcluster.cluster import Cluster
 from coroner_dev.devcluster.errors import DevClusterError
@@ -33,6 +37,8 @@ from coroner_dev.devcluster.node import NodeLayout
 
 SYSTEM_NAMESPACE = api.SYSTEM_NAMESPACE
 WORKER_IMAGE = imagerecipe.WORKER_REFERENCE
+#: A worker with nothing of Coroner in its image (a static Go binary in `scratch`, images/go-worker).
+GO_WORKER_IMAGE = imagerecipe.GO_WORKER_REFERENCE
 
 
 def repository() -> pathlib.Path:
@@ -278,6 +284,27 @@ def worker_pod(
             ],
         },
     }
+
+
+def registrar_on_the_node(cluster: Cluster, document: dict[str, Any]) -> dict[str, Any]:
+    """An injected manifest (`coroner.core.inject`'s or `kubectl coroner inject`'s output) as the test
+    overlay runs it here: every `coroner-registrar` container, in every Pod template of the document
+    (a List's too), given the API server's loopback address (`api_env`); nothing else changes. A copy."""
+    changed: dict[str, Any] = json.loads(json.dumps(document))
+
+    def visit(value: Any) -> None:
+        if isinstance(value, dict):
+            for container in value.get("initContainers") or []:
+                if isinstance(container, dict) and container.get("name") == inject.CONTAINER_NAME:
+                    container["env"] = [*(container.get("env") or []), *api_env(cluster)]
+            for child in value.values():
+                visit(child)
+        elif isinstance(value, list):
+            for child in value:
+                visit(child)
+
+    visit(changed)
+    return changed
 
 
 def worker_rbac(namespace: str, *, service_account: str = "coroner-worker") -> list[dict[str, Any]]:
