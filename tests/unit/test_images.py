@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from coroner.core import inject
-from coroner_dev.devcluster import imagerecipe, images
+from coroner_dev.devcluster import imagerecipe, images, ocilayout
 from coroner_dev.devcluster.errors import DevClusterError
 
 pytestmark = pytest.mark.unit
@@ -260,7 +260,7 @@ def test_the_test_only_images_say_so_and_are_local_names() -> None:
 
 
 def test_archives_name_images_as_containerd_export_does() -> None:
-    assert images.containerd_annotations(imagerecipe.AGENT_REFERENCE) == {
+    assert ocilayout.containerd_annotations(imagerecipe.AGENT_REFERENCE) == {
         "io.containerd.image.name": "ghcr.io/coroner-dev/coroner-agent:v0.1.0",
         "org.opencontainers.image.ref.name": "v0.1.0",
     }
@@ -340,9 +340,9 @@ def test_an_archive_is_packed_the_same_way_twice(tmp_path: pathlib.Path) -> None
     (layout / "oci-layout").write_text('{"imageLayoutVersion":"1.0.0"}')
     (layout / "index.json").write_text("{}")
     (layout / "blobs" / "sha256" / "ab").write_text("blob")
-    images.pack(layout, tmp_path / "one.tar")
+    ocilayout.pack(layout, tmp_path / "one.tar")
     os.utime(layout / "index.json", (1, 1))
-    images.pack(layout, tmp_path / "two.tar")
+    ocilayout.pack(layout, tmp_path / "two.tar")
     assert (tmp_path / "one.tar").read_bytes() == (tmp_path / "two.tar").read_bytes()
 
 

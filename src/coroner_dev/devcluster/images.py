@@ -62,19 +62,16 @@ import sys
 import tarfile
 import tempfile
 import time
-import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from coroner_dev.devcluster import gobuild, imagerecipe
+from coroner_dev.devcluster import gobuild, imagerecipe, ocilayout
 from coroner_dev.devcluster.errors import DevClusterError
 
 #: Moves every cache key: raise it when what this module does to the inputs changes.
 KEEP_BUILDS = 3
 
 INSTALL_FIX = "apt-get install -y buildah mmdebstrap catatonit"
-
-MEDIA_LAYER_GZIP = ("application/vnd.oci.image.layer.v1.tar+gzip", "application/vnd.docker.image.rootfs.diff.tar.gzip")
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -521,15 +518,16 @@ def _export(buildah: _Buildah, recipe: imagerecipe.Recipe, *, staging: pathlib.P
     if len(manifests) != 1:
         raise log.failure(f"{layout}/index.json has {len(manifests)} manifests, not 1", fix="remove it and rerun")
     descriptor = manifests[0]
-    descriptor["annotations"] = containerd_annotations(recipe.reference)
+    descriptor["annotations"] = ocilayout.containerd_annotations(recipe.reference)
     (layout / "index.json").write_text(json.dumps(index, separators=(",", ":")))
-    manifest = json.loads(_blob(layout, descriptor["digest"]).read_bytes())
+    manifest = json.loads(ocilayout.blob(layout, descriptor["digest"]).read_bytes())
     uncompressed = sum(
-        _uncompressed_size(_blob(layout, layer["digest"]), layer["mediaType"]) for layer in manifest["layers"]
+        ocilayout.uncompressed_size(ocilayout.blob(layout, layer["digest"]), layer["mediaType"])
+        for layer in manifest["layers"]
     )
     compressed = descriptor["size"] + manifest["config"]["size"] + sum(layer["size"] for layer in manifest["layers"])
     archive = staging / f"{recipe.name}.oci.tar"
-    pack(layout, archive)
+    ocilayout.pack(layout, archive)
     shutil.rmtree(layout)
     return {
         "reference": recipe.reference,
@@ -540,44 +538,6 @@ def _export(buildah: _Buildah, recipe: imagerecipe.Recipe, *, staging: pathlib.P
         "manifest_digest": descriptor["digest"],
         "config_digest": manifest["config"]["digest"],
     }
-
-
-def containerd_annotations(reference: str) -> dict[str, str]:
-    """How containerd's own export names an image in an archive's index: the full reference, and
-    the OCI ref name (the tag)."""
-    _, tag = imagerecipe.split_reference(reference)
-    return {"io.containerd.image.name": reference, "org.opencontainers.image.ref.name": tag}
-
-
-def _blob(layout: pathlib.Path, digest: str) -> pathlib.Path:
-    algorithm, _, encoded = digest.partition(":")
-    return layout / "blobs" / algorithm / encoded
-
-
-def _uncompressed_size(path: pathlib.Path, media_type: str) -> int:
-    if media_type not in MEDIA_LAYER_GZIP:
-        return path.stat().st_size
-    total = 0
-    decompressor = zlib.decompressobj(wbits=zlib.MAX_WBITS | 16)
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            total += len(decompressor.decompress(chunk))
-    return total + len(decompressor.flush())
-
-
-def pack(layout: pathlib.Path, archive: pathlib.Path) -> None:
-    """An OCI layout directory as a tar (sorted, root-owned, time 0: the same bytes for the same image)."""
-
-    def normalize(info: tarfile.TarInfo) -> tarfile.TarInfo:
-        info.uid = info.gid = 0
-        info.uname = info.gname = ""
-        info.mtime = 0
-        info.mode = 0o755 if info.isdir() else 0o644
-        return info
-
-    with tarfile.open(archive, "w", format=tarfile.PAX_FORMAT) as tar:
-        for path in sorted(layout.rglob("*")):
-            tar.add(path, arcname=path.relative_to(layout).as_posix(), recursive=False, filter=normalize)
 
 
 def _prune(images_dir: pathlib.Path, *, keep: pathlib.Path) -> None:
