@@ -84,13 +84,7 @@ logger = logging.getLogger("coroner.agent")
     show_default=True,
     help="Address /metrics, /healthz and /readyz listen on (all addresses in a pod; 127.0.0.1 keeps them on this host).",
 )
-@click.option(
-    "--log-format",
-    type=click.Choice(logformat.LOG_FORMATS),
-    default=logformat.DEFAULT,
-    show_default=True,
-    help="json: one JSON object per line, with the operator's keys (coroner.runtime.logformat).",
-)
+@logformat.option
 @click.option("--verbose", "-v", is_flag=True)
 def main(
     node_name: str,

@@ -323,13 +323,7 @@ def _finite(param: click.Parameter, value: float) -> float:
 @click.option("--leader-elect-lease-duration", type=click.FloatRange(min=1), default=15.0, show_default=True)
 @click.option("--leader-elect-renew-deadline", type=click.FloatRange(min=0.5), default=10.0, show_default=True)
 @click.option("--leader-elect-retry-period", type=click.FloatRange(min=0.1), default=2.0, show_default=True)
-@click.option(
-    "--log-format",
-    type=click.Choice(logformat.LOG_FORMATS),
-    default=logformat.DEFAULT,
-    show_default=True,
-    help="json: one JSON object per line, the operator's and kopf's logs alike (coroner.runtime.logformat).",
-)
+@logformat.option
 @click.option("--verbose", "-v", is_flag=True)
 def main(
     kubeconfig: str | None,

@@ -31,10 +31,22 @@ import traceback
 import types
 from typing import Any, Final, cast
 
+import click
+
 #: The values of `--log-format`, and its default (the operator's since it had the flag).
 LOG_FORMATS: Final = ("text", "json")
 DEFAULT: Final = "text"
 TEXT_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s %(message)s"
+
+#: The `--log-format` option of every Coroner process's command.
+option: Final = click.option(
+    "--log-format",
+    type=click.Choice(LOG_FORMATS),
+    default=DEFAULT,
+    show_default=True,
+    help="json: one JSON object per line, with the same keys in every Coroner process (and kopf's lines in the "
+    "operator's) (coroner.runtime.logformat).",
+)
 
 #: A LogRecord's own attributes (never an `extra=` field), and what kopf attaches for its own use.
 _RESERVED: Final = frozenset(
