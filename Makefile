@@ -108,11 +108,12 @@ sim-bench: $(BIN)/.installed
 	$(BIN)/python bench/sim.py --resume
 
 # The images' hashed locks (images/<name>.lock): one per deployable, from pyproject's extras; the
-# registrar's is the base dependencies alone (it needs no extra).
+# registrar's is the base dependencies alone (it needs no extra). The operator image also carries
+# the CLI (its `cli` extra), so that the chart's `helm test` runs `kubectl coroner doctor` in it.
 locks: $(BIN)/.installed
-	for image in agent operator; do \
-	  $(BIN)/uv pip compile pyproject.toml --extra $$image --universal --python-version 3.11 \
-	    --generate-hashes --no-header --quiet -o images/$$image.lock; \
-	done
+	$(BIN)/uv pip compile pyproject.toml --extra agent --universal --python-version 3.11 \
+	  --generate-hashes --no-header --quiet -o images/agent.lock
+	$(BIN)/uv pip compile pyproject.toml --extra operator --extra cli --universal --python-version 3.11 \
+	  --generate-hashes --no-header --quiet -o images/operator.lock
 	$(BIN)/uv pip compile pyproject.toml --universal --python-version 3.11 \
 	  --generate-hashes --no-header --quiet -o images/registrar.lock

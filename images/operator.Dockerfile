@@ -3,9 +3,10 @@
 # Locally, with no container engine: `coroner dev-cluster images` builds it with buildah (no daemon,
 # `--isolation chroot`) on a stand-in base made from Debian bookworm's python3.11 and passed as
 # `--build-arg BASE=...`, into an OCI archive for `ctr -n k8s.io images import --local`.
-# It installs exactly the 'operator' extra, from its hashed lock (images/operator.lock, made by
-# `make locks`), and only the source roots it runs: never the dev cluster, the demo or the CLI's
-# kubernetes package.
+# It installs the 'operator' extra and the 'cli' extra, from its hashed lock (images/operator.lock,
+# made by `make locks`), and only the source roots it runs: never the dev cluster or the demo. The
+# CLI is here for the chart's `helm test`, which runs `kubectl-coroner doctor` from this image in the
+# cluster (charts/coroner/templates/tests/); the operator itself never imports it.
 ARG BASE=python:3.11.7-slim-bookworm
 FROM ${BASE} AS build
 WORKDIR /src

@@ -156,6 +156,9 @@ def test_the_operator_image_runs_as_65532_on_a_read_only_root(unpacked: dict[str
     assert (code, out.strip()) == (0, "65532")
     code, out = run_in_image(operator, ["touch", "/tmp/x"], read_only=True, user="0:0")
     assert code != 0 and "Read-only file system" in out
+    # The CLI ships in it for the chart's `helm test`, which runs doctor from this image.
+    code, out = run_in_image(operator, ["kubectl-coroner", "doctor", "--help"], read_only=True)
+    assert code == 0 and "PASS / WARN / FAIL / UNKNOWN" in out, out
 
 
 def test_no_build_time_setting_is_in_an_image(unpacked: dict[str, dict[str, Any]]) -> None:
