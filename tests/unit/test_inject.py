@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import pathlib
-import tomllib
 from typing import Any
 
 import pytest
@@ -16,6 +15,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import coroner
 from coroner.cli import main as cli_main
 from coroner.core import inject
 
@@ -130,8 +130,7 @@ def test_the_registrar_reads_the_environment_injected() -> None:
 
 
 def test_the_version_is_the_packages() -> None:
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert f"v{project['version']}" == inject.INJECTION_VERSION
+    assert f"v{coroner.__version__}" == inject.INJECTION_VERSION
     assert inject.REGISTRAR_IMAGE.endswith(f":{inject.INJECTION_VERSION}")
 
 

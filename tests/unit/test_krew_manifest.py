@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
+from coroner import __version__
+
 pytestmark = pytest.mark.unit
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -42,10 +44,10 @@ def test_it_is_a_krew_plugin_named_after_its_file(manifest: dict[str, Any]) -> N
     assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", manifest["metadata"]["name"])
 
 
-def test_its_version_is_the_packages(manifest: dict[str, Any], project: dict[str, Any]) -> None:
+def test_its_version_is_the_packages(manifest: dict[str, Any]) -> None:
     version = manifest["spec"]["version"]
     assert SEMVER.fullmatch(version), version
-    assert version == f"v{project['version']}"
+    assert version == f"v{__version__}"
 
 
 def test_it_describes_itself(manifest: dict[str, Any]) -> None:

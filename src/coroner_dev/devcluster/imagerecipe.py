@@ -19,13 +19,15 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from coroner import __version__
 from coroner.core import inject
 from coroner_dev.devcluster.errors import DevClusterError
 
 RECIPE_VERSION = 1
 #: How many builds `<cache>/images/` keeps (the newest, by when they landed).
-AGENT_REFERENCE = "ghcr.io/coroner-dev/coroner-agent:v0.1.0"
-OPERATOR_REFERENCE = "ghcr.io/coroner-dev/coroner-operator:v0.1.0"
+#: The shipped images' references: tagged with the release's version (coroner.__version__).
+AGENT_REFERENCE = f"ghcr.io/coroner-dev/coroner-agent:v{__version__}"
+OPERATOR_REFERENCE = f"ghcr.io/coroner-dev/coroner-operator:v{__version__}"
 #: The image `kubectl coroner inject` and components/registrar-injection name (one constant).
 REGISTRAR_REFERENCE = inject.REGISTRAR_IMAGE
 WORKER_REFERENCE = "localhost/coroner-dev/coroner-worker:dev"
