@@ -9,7 +9,10 @@ must: the release namespace in place of `coroner-system` everywhere (the admissi
 names the ServiceAccounts by namespace, so their identities follow), `namePrefix` on the objects
 people and RBAC refer to (ServiceAccounts, workloads, roles and bindings, monitoring objects; not
 the CRD or the admission policies, which `kubectl coroner doctor` finds by name), images, resources,
-the retention and the node-loss quarantine from values, and Helm's own labels. The CRD goes to
+the retention and the node-loss quarantine from values, each workload's pod-level values
+(`POD_FIELDS`, extra arguments, extra Pod labels and annotations), `monitoring.labels` on the
+monitoring objects, and Helm's own labels. Every value's default is what kustomize renders, checked
+here, so the default install is the kustomize install. The CRD goes to
 `crds/`, which Helm installs and never deletes. tests/integration/test_chart.py checks that the
 chart in the tree is what this generates, and that `helm template` and `kubectl kustomize` render
 the same objects for every combination.
@@ -19,13 +22,14 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import pathlib
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import yaml
@@ -61,6 +65,13 @@ ARGUMENTS = {
     "--terminal-retention-seconds=": "operator.terminalRetentionSeconds",
     "--node-quarantine-seconds=": "nodeLoss.quarantineSeconds",
 }
+#: Pod spec fields each workload takes whole from `<workload>.<field>` (empty: left out), their
+#: defaults what kustomize renders (absent: empty).
+POD_FIELDS = ("priorityClassName", "nodeSelector", "tolerations", "affinity", "imagePullSecrets")
+#: Pod metadata maps that take extra entries from values: field -> the workload's values key.
+POD_METADATA = {"labels": "podLabels", "annotations": "podAnnotations"}
+#: Kinds that take `monitoring.labels` (kube-prometheus-stack selects them by a label such as release).
+MONITOR_KINDS = frozenset({"PodMonitor", "PrometheusRule"})
 #: Labels the chart adds to every object; the equivalence test ignores exactly these.
 HELM_LABELS = ("app.kubernetes.io/instance", "app.kubernetes.io/managed-by", "helm.sh/chart")
 #: The one annotation the chart adds, on the Namespace: `helm uninstall` keeps it (with the CRD),
@@ -186,13 +197,107 @@ def _prefix_config_refs(pod: dict[str, Any], owned: frozenset[str]) -> None:
             ref["name"] = "__PREFIX__" + ref["name"]
 
 
-def _template_container(container: dict[str, Any], values: Mapping[str, Any], chart: Mapping[str, Any]) -> None:
-    """A Coroner container's image, resources and arguments as sentinels for values (checked equal first)."""
+class _Splices:
+    """Template text that is not YAML (a `with`, a `range`): a sentinel goes where it belongs in the
+    object, and after dumping, its line becomes the text made for that line's indentation."""
+
+    def __init__(self) -> None:
+        self._makers: list[Callable[[str], str]] = []
+
+    def sentinel(self, make: Callable[[str], str]) -> str:
+        self._makers.append(make)
+        return f"__SPLICE_{len(self._makers) - 1}__"
+
+    def apply(self, text: str) -> str:
+        return re.sub(
+            r"^( *)(- )?__SPLICE_(\d+)__(: null)?\n",
+            lambda m: self._makers[int(m.group(3))](m.group(1)),
+            text,
+            flags=re.M,
+        )
+
+
+def _whole(field: str, dotted: str, *, scalar: bool = False) -> Callable[[str], str]:
+    """`field` from the value `dotted`, left out while it is empty."""
+
+    def make(indent: str) -> str:
+        if scalar:
+            return f"{{{{- with .Values.{dotted} }}}}\n{indent}{field}: {{{{ . | quote }}}}\n{{{{- end }}}}\n"
+        return (
+            f"{{{{- with .Values.{dotted} }}}}\n{indent}{field}:\n"
+            f"{{{{- toYaml . | nindent {len(indent) + 2} }}}}\n{{{{- end }}}}\n"
+        )
+
+    return make
+
+
+def _extend(dotted: str, own: Iterable[str]) -> Callable[[str], str]:
+    """The entries of the map value `dotted` after the chart's own (`own`: their keys), in the same map;
+    a key of the chart's own fails the render (coroner.extend in _helpers.tpl)."""
+    keys = " ".join(json.dumps(key) for key in own)
+    return lambda indent: (
+        f"{{{{- with .Values.{dotted} }}}}\n"
+        f'{{{{- include "coroner.extend" (list . (list {keys}) "{dotted}") | nindent {len(indent)} }}}}\n'
+        f"{{{{- end }}}}\n"
+    )
+
+
+def _each_argument(dotted: str) -> Callable[[str], str]:
+    """One list item per element of the list value `dotted`, after the manifests' own arguments."""
+    return lambda indent: f"{{{{- range .Values.{dotted} }}}}\n{indent}- {{{{ . | quote }}}}\n{{{{- end }}}}\n"
+
+
+def _replace_key(mapping: dict[str, Any], old: str, new: str, value: Any) -> None:
+    """`mapping[old]` becomes `mapping[new] = value`, in the same place (the template reads as the manifest)."""
+    items = [(new, value) if key == old else (key, item) for key, item in mapping.items()]
+    mapping.clear()
+    mapping.update(items)
+
+
+def _template_pod(template: dict[str, Any], which: str, values: Mapping[str, Any], splices: _Splices) -> None:
+    """A workload's pod-level values (`POD_FIELDS`, extra labels and annotations) as splices; each
+    default must be what kustomize rendered."""
+    pod = template["spec"]
+    for field in POD_FIELDS:
+        default = values[which][field]
+        if (pod.get(field) or None) != (default or None):
+            raise ValueError(
+                f"{which}.{field} in values.yaml ({default!r}) differs from the manifests' {pod.get(field)!r}"
+            )
+        make = _whole(field, f"{which}.{field}", scalar=isinstance(default, str))
+        if field in pod:
+            _replace_key(pod, field, splices.sentinel(make), None)
+        else:
+            pod[splices.sentinel(make)] = None
+    meta = template.setdefault("metadata", {})
+    for field, key in POD_METADATA.items():
+        own = meta.get(field)
+        if own:
+            own[splices.sentinel(_extend(f"{which}.{key}", list(own)))] = None
+        else:
+            meta.pop(field, None)
+            meta[splices.sentinel(_whole(field, f"{which}.{key}"))] = None
+
+
+def _default_images(values: Mapping[str, Any], chart: Mapping[str, Any]) -> dict[str, str]:
+    """The manifests' reference of each Coroner image -> the values key it is templated from."""
+    return {f"{values[which]['image']['repository']}:{chart['appVersion']}": which for which in CONTAINERS.values()}
+
+
+def _template_container(
+    container: dict[str, Any], values: Mapping[str, Any], chart: Mapping[str, Any], splices: _Splices
+) -> None:
+    """A Coroner container's image, resources and arguments as sentinels for values (checked equal
+    first), and its extra arguments after them. Any other container that runs a Coroner image (the
+    agent's seccomp installer) takes the image from values too."""
+    images = _default_images(values, chart)
     which = CONTAINERS.get(str(container.get("name")))
     if which is None:
+        if container.get("image") in images:
+            container["image"] = f"__IMAGE_{images[container['image']]}__"
         return
-    default_image = f"{values[which]['image']['repository']}:{chart['appVersion']}"
-    if container.get("image") != default_image:
+    if images.get(container.get("image")) != which:
+        default_image = next(image for image, key in images.items() if key == which)
         raise ValueError(f"{which} image {container.get('image')} is not values' default {default_image}")
     container["image"] = f"__IMAGE_{which}__"
     if container.get("resources") != values[which]["resources"]:
@@ -206,7 +311,7 @@ def _template_container(container: dict[str, Any], values: Mapping[str, Any], ch
                     raise ValueError(f"{arg} differs from values.yaml's {dotted}")
                 arg = f"{prefix}__VALUE_{dotted}__"
         args.append(arg)
-    container["args"] = ["__SYSTEM_NAMESPACE_ARG__", *args]
+    container["args"] = ["__SYSTEM_NAMESPACE_ARG__", *args, splices.sentinel(_each_argument(f"{which}.extraArgs"))]
 
 
 def _templated(
@@ -214,6 +319,7 @@ def _templated(
 ) -> str:
     """One object as Helm template text (without any condition); `owned` names the manifests' ConfigMaps."""
     body: dict[str, Any] = copy.deepcopy(dict(obj))
+    splices = _Splices()
     kind = body["kind"]
     meta = body.setdefault("metadata", {})
     if kind in PREFIXED_KINDS:
@@ -222,6 +328,8 @@ def _templated(
     labels.update({HELM_LABELS[0]: "__RELEASE__", HELM_LABELS[1]: "Helm", HELM_LABELS[2]: "__CHART__"})
     if kind == "Namespace":
         meta.setdefault("annotations", {})[KEEP] = "keep"
+    if kind in MONITOR_KINDS:
+        labels[splices.sentinel(_extend("monitoring.labels", list(labels)))] = None
     if "roleRef" in body and body["roleRef"].get("kind") in ("Role", "ClusterRole"):
         body["roleRef"]["name"] = "__PREFIX__" + body["roleRef"]["name"]
     for subject in body.get("subjects") or []:
@@ -232,8 +340,11 @@ def _templated(
         if "serviceAccountName" in pod:
             pod["serviceAccountName"] = "__PREFIX__" + pod["serviceAccountName"]
         _prefix_config_refs(pod, owned)
-        for container in pod.get("containers") or []:
-            _template_container(container, values, chart)
+        workloads = [CONTAINERS[c["name"]] for c in pod.get("containers") or [] if c.get("name") in CONTAINERS]
+        if workloads:
+            _template_pod(body["spec"]["template"], workloads[0], values, splices)
+        for container in [*(pod.get("initContainers") or []), *(pod.get("containers") or [])]:
+            _template_container(container, values, chart, splices)
     # The identities the admission policies' CEL names, then the namespace everywhere it appears,
     # except in object names (a policy may be named after it, e.g. coroner-system-leases-by-owner).
     name, policy = meta["name"], (body.get("spec") or {}).get("policyName")
@@ -247,7 +358,7 @@ def _templated(
         body["metadata"]["name"] = name
         if policy is not None:
             body["spec"]["policyName"] = policy
-    text = _escape_braces(dump(body))
+    text = splices.apply(_escape_braces(dump(body)))
     text = re.sub(
         r"^(\s*)- __SYSTEM_NAMESPACE_ARG__\n",
         lambda m: (
@@ -275,7 +386,7 @@ def _templated(
         ("__CHART__", '{{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}'),
     ):
         text = text.replace(sentinel, expression)
-    leftover = re.findall(r"__[A-Z_]+__", text)
+    leftover = re.findall(r"__[A-Z_]+__|__SPLICE_\d+__", text)
     if leftover:
         raise ValueError(f"unreplaced sentinels {leftover} in {key_of(obj)}")
     return text

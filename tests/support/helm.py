@@ -30,8 +30,9 @@ def run(tool: str, *args: str, check: bool = True, timeout: float = 300) -> subp
     return result
 
 
-def template(*args: str, namespace: str = chart_gen.SYSTEM, include_crds: bool = True) -> str:
-    extra = ["--include-crds"] if include_crds else []
+def template(*args: str, namespace: str = chart_gen.SYSTEM, include_crds: bool = True, tests: bool = False) -> str:
+    """`helm template`; without the `helm test` hooks unless `tests` (the kustomize manifests have none)."""
+    extra = (["--include-crds"] if include_crds else []) + ([] if tests else ["--skip-tests"])
     return run("helm", "template", "coroner", str(CHART), "--namespace", namespace, *extra, *args).stdout
 
 

@@ -157,14 +157,17 @@ def _workload(image: str, resources: dict[str, Any], args: list[str]) -> dict[st
         "metadata": {"name": "coroner-operator", "namespace": "coroner-system"},
         "spec": {
             "template": {
+                "metadata": {"labels": {"app.kubernetes.io/name": "coroner-operator"}},
                 "spec": {
+                    # The pod-level values' defaults, as the manifests have them.
+                    **{field: VALUES["operator"][field] for field in chart.POD_FIELDS if VALUES["operator"][field]},
                     "serviceAccountName": "coroner-operator",
                     "containers": [{"name": "operator", "image": image, "args": args, "resources": resources}],
                     "volumes": [
                         {"name": "v", "configMap": {"name": "coroner-dashboard"}},
                         {"name": "w", "configMap": {"name": "theirs"}},
                     ],
-                }
+                },
             }
         },
     }
@@ -204,3 +207,67 @@ def test_a_manifest_that_drifted_from_values_is_refused(
     )
     with pytest.raises(ValueError, match=complaint):
         chart._templated(obj, VALUES, CHART_META)
+
+
+def test_an_init_container_of_a_coroner_image_follows_the_values_image_too() -> None:
+    """The agent's seccomp installer runs the agent image: a release pinned by digest, or pulled from
+    another registry, must not leave it on the default reference."""
+    agent = VALUES["agent"]
+    default = f"{agent['image']['repository']}:{CHART_META['appVersion']}"
+    obj = _workload(default, VALUES["operator"]["resources"], [])
+    obj["spec"]["template"]["spec"]["containers"][0]["image"] = (
+        f"{VALUES['operator']['image']['repository']}:{CHART_META['appVersion']}"
+    )
+    obj["spec"]["template"]["spec"]["initContainers"] = [{"name": "install-seccomp-profile", "image": default}]
+    text = chart._templated(obj, VALUES, CHART_META)
+    assert default not in text
+    assert text.count('{{ include "coroner.image" (list .Values.agent.image .Chart) }}') == 1
+
+
+def _default_operator() -> dict[str, Any]:
+    operator = VALUES["operator"]
+    return _workload(
+        f"{operator['image']['repository']}:{CHART_META['appVersion']}",
+        operator["resources"],
+        [f"--terminal-retention-seconds={operator['terminalRetentionSeconds']}"],
+    )
+
+
+def test_a_workload_takes_its_pod_level_values_each_left_out_while_empty() -> None:
+    text = chart._templated(_default_operator(), VALUES, CHART_META)
+    for field in chart.POD_FIELDS:
+        assert f"{{{{- with .Values.operator.{field} }}}}\n" in text, field
+    assert "      priorityClassName: {{ . | quote }}\n" in text
+    assert "      affinity:\n{{- toYaml . | nindent 8 }}\n" in text
+    assert "{{- range .Values.operator.extraArgs }}\n        - {{ . | quote }}\n{{- end }}\n" in text
+    # The manifests' own Pod labels stay literal; extra ones follow and may not replace them.
+    assert (
+        "        app.kubernetes.io/name: coroner-operator\n{{- with .Values.operator.podLabels }}\n"
+        '{{- include "coroner.extend" (list . (list "app.kubernetes.io/name") "operator.podLabels") | nindent 8 }}'
+    ) in text
+    assert "{{- with .Values.operator.podAnnotations }}\n      annotations:\n" in text
+    assert "__" not in text
+
+
+def test_a_pod_level_default_that_drifted_from_the_manifests_is_refused() -> None:
+    obj = _default_operator()
+    obj["spec"]["template"]["spec"]["tolerations"] = [{"operator": "Exists"}]
+    with pytest.raises(ValueError, match=r"operator\.tolerations"):
+        chart._templated(obj, VALUES, CHART_META)
+
+
+def test_monitoring_objects_take_monitoring_labels_after_their_own() -> None:
+    monitor = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": {
+            "name": "coroner-agent",
+            "namespace": "coroner-system",
+            "labels": {"app.kubernetes.io/part-of": "coroner"},
+        },
+        "spec": {"selector": {"matchLabels": {"app.kubernetes.io/name": "coroner-agent"}}},
+    }
+    text = chart._templated(monitor, VALUES, CHART_META)
+    own = " ".join(f'"{label}"' for label in ("app.kubernetes.io/part-of", *chart.HELM_LABELS))
+    assert f'{{{{- include "coroner.extend" (list . (list {own}) "monitoring.labels") | nindent 4 }}}}' in text
+    assert "monitoring.labels" not in chart._templated(SA, VALUES, CHART_META)
