@@ -36,13 +36,11 @@ def met(flag: bool | None) -> str:
 def header(result: dict[str, Any], name: str) -> list[str]:
     machine = result.get("machine", {})
     versions = result.get("versions", {})
-    git = versions.get("git", {})
     load = machine.get("load_during_run") or {}
-    commit = (git.get("commit") or "?")[:10] + (" (dirty tree)" if git.get("dirty") else "")
+    # The code a result measured is in its record (versions.git); the README names the run.
     lines = [
         f"**{name}** — `{result.get('command', '?')}` — {result.get('finished', '?')}, "
-        f"{fmt(result.get('wall_seconds'))} s wall, commit {commit}, Kubernetes "
-        f"{versions.get('kubernetes_control_plane', '?')}",
+        f"{fmt(result.get('wall_seconds'))} s wall, Kubernetes {versions.get('kubernetes_control_plane', '?')}",
         "",
         f"Machine: {machine.get('cpu_model', '?')}, {machine.get('cores', '?')} cores, "
         f"{machine.get('memory_gib', '?')} GiB, kernel {machine.get('kernel', '?')}, Python {machine.get('python', '?')}"
@@ -219,10 +217,10 @@ def goals(result: dict[str, Any]) -> list[str]:
     items = result.get("goals") or {}
     if not items:
         return []
-    lines = ["| goal | issue | measured | |", "| --- | --- | ---: | --- |"]
+    lines = ["| goal | measured | |", "| --- | ---: | --- |"]
     for name, goal in items.items():
         measured = next((v for k, v in goal.items() if k.startswith("measured")), None)
-        lines.append(f"| {name} | {goal.get('issue', 8)} | {fmt(measured)} | {met(goal.get('met'))} |")
+        lines.append(f"| {name} | {fmt(measured)} | {met(goal.get('met'))} |")
     return [*lines, ""]
 
 
