@@ -17,7 +17,7 @@ PYTHON ?= $(shell for p in /usr/bin/python3 python3; do \
   >/dev/null 2>&1 && { echo $$p; break; }; done)
 BIN := $(VENV)/bin
 
-.PHONY: demo demo-real-node test check lint unit install locks sim sim-bench bench-quick node-deps
+.PHONY: demo demo-real-node test check lint unit install locks sim sim-bench bench-quick node-deps release
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || { python="$(PYTHON)"; [ -n "$$python" ] || { echo "make: no python3 3.11+ that can make a venv (Debian/Ubuntu: apt install python3-venv); or make PYTHON=/path/to/python3" >&2; exit 1; }; $$python -m venv $(VENV); }
 	$(BIN)/pip install -q --upgrade pip
@@ -117,3 +117,12 @@ locks: $(BIN)/.installed
 	  --generate-hashes --no-header --quiet -o images/operator.lock
 	$(BIN)/uv pip compile pyproject.toml --universal --python-version 3.11 \
 	  --generate-hashes --no-header --quiet -o images/registrar.lock
+	$(BIN)/uv pip compile pyproject.toml --extra cli --universal --python-version 3.11 \
+	  --generate-hashes --no-header --quiet -o plugins/kubectl-coroner.lock
+
+# The release, into dist/ (coroner_dev.release says what it holds): the images as OCI archives and
+# their SBOMs (syft, built from Go modules on first use), install.yaml for plan-only and production,
+# the chart, the kubectl plugin and its krew manifest, release notes, SHA256SUMS. Reproducible: two
+# runs give the same SHA256SUMS. RELEASE_FLAGS=--no-images skips the images and SBOMs.
+release: $(BIN)/.installed
+	$(BIN)/python -m coroner_dev.release --out dist $(RELEASE_FLAGS)

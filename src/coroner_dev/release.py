@@ -41,7 +41,6 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import zipfile
 from collections.abc import Callable, Iterable, Mapping
 
 import yaml
@@ -59,10 +58,6 @@ PINNED = {"operator": "operator", "agent": "agent"}
 OVERLAYS = ("plan-only", "production")
 PLUGIN = "kubectl-coroner"
 COMPLETION = "kubectl_complete-coroner"
-#: Where a zipapp cannot load a compiled module from, the packages fall back to pure Python
-#: (PyYAML without libyaml, charset_normalizer without mypyc); kubernetes' asyncio client, the one
-#: part with no fallback (aiohttp, pydantic), is never imported by the plugin and not in its lock.
-DROPPED_SUFFIXES = (".so", ".pyd", ".dylib")
 
 
 def source_date_epoch(repo: pathlib.Path = REPO) -> int:
@@ -99,26 +94,6 @@ def write_tar_gz(path: pathlib.Path, members: Mapping[str, tuple[bytes, int]], *
             tar.addfile(info, io.BytesIO(data))
     with open(path, "wb") as handle, gzip.GzipFile(filename="", mode="wb", fileobj=handle, mtime=epoch) as out:
         out.write(raw.getvalue())
-
-
-def write_zipapp(path: pathlib.Path, root: pathlib.Path, *, main: str, epoch: int) -> None:
-    """ROOT's files as an executable zip (`#!/usr/bin/env python3`), sorted, every time EPOCH."""
-    stamp = max(epoch, 315532800)  # zip's clock starts in 1980
-    date_time = tuple(__import__("time").gmtime(stamp)[:6])
-    files = sorted(
-        p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts and p.suffix not in DROPPED_SUFFIXES
-    )
-    with open(path, "wb") as handle:
-        handle.write(b"#!/usr/bin/env python3\n")
-        with zipfile.ZipFile(handle, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-            entries = [("__main__.py", main.encode())]
-            entries += [(p.relative_to(root).as_posix(), p.read_bytes()) for p in files]
-            for name, data in entries:
-                info = zipfile.ZipInfo(name, date_time=date_time)  # type: ignore[arg-type]
-                info.compress_type = zipfile.ZIP_DEFLATED
-                info.external_attr = 0o644 << 16
-                archive.writestr(info, data)
-    path.chmod(0o755)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -159,7 +134,9 @@ def install_yaml(overlay: str, digests: Mapping[str, str], *, kubectl: pathlib.P
     return header + result.stdout
 
 
-def package_chart(out: pathlib.Path, digests: Mapping[str, str], *, helm: pathlib.Path, work: pathlib.Path, epoch: int) -> pathlib.Path:
+def package_chart(
+    out: pathlib.Path, digests: Mapping[str, str], *, helm: pathlib.Path, work: pathlib.Path, epoch: int
+) -> pathlib.Path:
     """`helm package` of a copy of charts/coroner whose values pin DIGESTS, every file's time EPOCH
     (helm writes the files' modification times into the archive)."""
     chart = work / "chart" / "coroner"
@@ -191,9 +168,20 @@ def pin_digest(values: str, key: str, digest: str) -> str:
     return changed
 
 
-ZIPAPP_MAIN = f'''"""kubectl-coroner, and `{COMPLETION}` (which runs it with the argument `__complete__`)."""
+LAUNCHER = f"""#!/usr/bin/env python3
+# kubectl-coroner from the release archive: the package and its dependencies under lib/ beside this
+# file, the compiled ones under lib/cpXY for each CPython it supports. `{COMPLETION}` runs it with
+# the argument __complete__ (kubectl's plugin completion).
+import os
 import sys
 
+here = os.path.dirname(os.path.realpath(__file__))
+compiled = os.path.join(here, "lib", "cp%d%d" % sys.version_info[:2])
+if not os.path.isdir(compiled):
+    supported = sorted(name for name in os.listdir(os.path.join(here, "lib")) if name.startswith("cp3"))
+    sys.exit(f"kubectl-coroner: this archive supports CPython {{', '.join(supported)}}, not {{sys.version.split()[0]}}; "
+             "use one of those as python3, or pip install 'kube-coroner[cli]'")
+sys.path[:0] = [compiled, os.path.join(here, "lib")]
 if sys.argv[1:2] == ["__complete__"]:
     from coroner.cli.commands.completion import kubectl_complete
 
@@ -203,36 +191,74 @@ else:
     from coroner.cli.kubectl import main
 
     sys.exit(main())
-'''
+"""
 COMPLETION_SCRIPT = f"""#!/bin/sh
 # kubectl's completion of `kubectl coroner`: the plugin beside this file answers it.
-exec python3 "$(dirname "$0")/{PLUGIN}" __complete__ "$@"
+exec python3 "$(dirname "$(readlink -f "$0")")/{PLUGIN}" __complete__ "$@"
 """
+#: The CPythons the archive carries compiled dependencies for, and the platform (krew's selector).
+PLUGIN_PYTHONS = ("3.11", "3.12", "3.13", "3.14")
+PLUGIN_PLATFORM = "manylinux2014_x86_64"
+
+
+def _pip_target(target: pathlib.Path, requirements: pathlib.Path, python: str) -> None:
+    """Installs REQUIREMENTS (hashed) into TARGET as wheels for CPython PYTHON on PLUGIN_PLATFORM."""
+    command = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile"]
+    command += ["--target", str(target), "--no-deps", "--require-hashes", "--only-binary=:all:"]
+    command += ["--platform", PLUGIN_PLATFORM, "--implementation", "cp", "--python-version", python]
+    result = subprocess.run([*command, "-r", str(requirements)], capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise DevClusterError(
+            f"pip install of {requirements.name} failed: {result.stderr.strip()[-1500:]}", fix="make locks"
+        )
+    shutil.rmtree(target / "bin", ignore_errors=True)
+
+
+def lock_entries(lock: str, names: Iterable[str]) -> str:
+    """The entries of a hashed lock (uv's format) for the distributions NAMES."""
+    wanted = {re.sub(r"[-_.]+", "-", name).lower() for name in names}
+    blocks = re.split(r"(?m)^(?=[A-Za-z0-9])", lock)
+    return "".join(b for b in blocks if b and re.sub(r"[-_.]+", "-", b.split("==")[0]).lower() in wanted)
 
 
 def plugin_archive(out: pathlib.Path, *, work: pathlib.Path, epoch: int, say: Callable[[str], None]) -> pathlib.Path:
     """kubectl-coroner-TAG.tar.gz (module docstring)."""
-    root = work / "plugin"
-    say("installing the plugin's dependencies from plugins/kubectl-coroner.lock (pip)")
-    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile"]
-    pip += ["--target", str(root), "--no-deps", "--require-hashes", "--only-binary=:all:"]
-    result = subprocess.run([*pip, "-r", str(REPO / "plugins" / "kubectl-coroner.lock")], capture_output=True, text=True)
-    if result.returncode != 0:
-        raise DevClusterError(f"pip install of the plugin's lock failed: {result.stderr.strip()[-1500:]}", fix="make locks")
-    shutil.rmtree(root / "bin", ignore_errors=True)
-    shutil.copytree(REPO / "src" / "coroner", root / "coroner", ignore=shutil.ignore_patterns("__pycache__"))
-    info = root / f"kube_coroner-{__version__}.dist-info"
+    lib = work / "plugin" / "lib"
+    lock = REPO / "plugins" / "kubectl-coroner.lock"
+    say(f"installing the plugin's dependencies from {lock.name} (pip; CPython {', '.join(PLUGIN_PYTHONS)})")
+    first = PLUGIN_PYTHONS[0]
+    _pip_target(lib, lock, first)
+    # What holds a compiled module moves to lib/cpXY, and is installed again for each other CPython.
+    compiled = sorted({p.relative_to(lib).parts[0] for p in lib.rglob("*.so")})
+    distributions = sorted(
+        {info.name.split("-")[0] for info in lib.glob("*.dist-info") if any(
+            line.split("/")[0].split(",")[0] in compiled for line in (info / "RECORD").read_text().splitlines()
+        )}
+    )  # fmt: skip
+    for python in PLUGIN_PYTHONS:
+        target = lib / f"cp{python.replace('.', '')}"
+        if python == first:
+            target.mkdir()
+            for name in compiled + [i.name for i in lib.glob("*.dist-info") if i.name.split("-")[0] in distributions]:
+                (lib / name).rename(target / name)
+        else:
+            requirements = work / f"compiled-{python}.lock"
+            requirements.write_text(lock_entries(lock.read_text(), distributions))
+            _pip_target(target, requirements, python)
+    shutil.copytree(REPO / "src" / "coroner", lib / "coroner", ignore=shutil.ignore_patterns("__pycache__"))
+    info = lib / f"kube_coroner-{__version__}.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: kube-coroner\nVersion: {__version__}\nLicense-Expression: Apache-2.0\n")
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: kube-coroner\nVersion: {__version__}\n")
     (info / "top_level.txt").write_text("coroner\n")
-    zipapp = work / PLUGIN
-    write_zipapp(zipapp, root, main=ZIPAPP_MAIN, epoch=epoch)
-    archive = out / f"{PLUGIN}-{TAG}.tar.gz"
     members = {
-        PLUGIN: (zipapp.read_bytes(), 0o755),
+        PLUGIN: (LAUNCHER.encode(), 0o755),
         COMPLETION: (COMPLETION_SCRIPT.encode(), 0o755),
         "LICENSE": ((REPO / "LICENSE").read_bytes(), 0o644),
     }
+    for path in lib.rglob("*"):
+        if path.is_file() and "__pycache__" not in path.parts:
+            members[path.relative_to(lib.parent).as_posix()] = (path.read_bytes(), 0o644)
+    archive = out / f"{PLUGIN}-{TAG}.tar.gz"
     write_tar_gz(archive, members, epoch=epoch)
     return archive
 
@@ -242,19 +268,25 @@ def krew_manifest(archive: pathlib.Path) -> str:
     text = (REPO / "plugins" / "coroner.yaml").read_text()
     changed, count = re.subn(r'(sha256: )"?[0-9a-f]{64}"?', rf'\g<1>"{sha256(archive)}"', text)
     if count != 1 or archive.name not in changed:
-        raise DevClusterError(f"plugins/coroner.yaml has not exactly one sha256 or names no {archive.name}", fix="check it")
+        raise DevClusterError(
+            f"plugins/coroner.yaml has not exactly one sha256 or names no {archive.name}", fix="check it"
+        )
     return changed
 
 
 def release_notes(changelog: str, files: Iterable[pathlib.Path]) -> str:
     """The version's section of CHANGELOG.md, and what dist/ holds."""
-    match = re.search(rf"^## \[?{re.escape(__version__)}\]?[^\n]*\n(.*?)(?=^## |\Z)", changelog, re.MULTILINE | re.DOTALL)
+    match = re.search(
+        rf"^## \[?{re.escape(__version__)}\]?[^\n]*\n(.*?)(?=^## |\Z)", changelog, re.MULTILINE | re.DOTALL
+    )
     if match is None:
-        raise DevClusterError(f"CHANGELOG.md has no section `## {__version__}`", fix="write the release's changes there")
+        raise DevClusterError(
+            f"CHANGELOG.md has no section `## {__version__}`", fix="write the release's changes there"
+        )
     rows = "".join(f"| `{path.name}` | {path.stat().st_size:,} |\n" for path in sorted(files))
     return (
         f"# Coroner {TAG}\n\n{match.group(1).strip()}\n\n## Files\n\n| file | bytes |\n| --- | ---: |\n{rows}\n"
-        "Check them with `sha256sum -c SHA256SUMS`. Install: README.md, \"Install\".\n"
+        'Check them with `sha256sum -c SHA256SUMS`. Install: README.md, "Install".\n'
     )
 
 
@@ -290,7 +322,9 @@ def build(out: pathlib.Path, *, images: bool = True, say: Callable[[str], None] 
     wrong = version_pins.mismatches(REPO)
     if wrong:
         listed = "\n  ".join(str(m) for m in wrong)
-        raise DevClusterError(f"these places disagree with coroner.__version__ {__version__}:\n  {listed}", fix="set them")
+        raise DevClusterError(
+            f"these places disagree with coroner.__version__ {__version__}:\n  {listed}", fix="set them"
+        )
     epoch = source_date_epoch()
     out = out.resolve()
     out.parent.mkdir(parents=True, exist_ok=True)

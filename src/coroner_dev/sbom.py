@@ -55,8 +55,8 @@ def ensure_syft(*, say: Callable[[str], None]) -> pathlib.Path:
 
 def normalize(document: dict[str, Any], *, name: str, digest: str, epoch: int) -> dict[str, Any]:
     """SYFT's SPDX document with its two run-dependent fields made the image's own (module docstring)."""
-    document["creationInfo"]["created"] = (
-        datetime.datetime.fromtimestamp(epoch, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    document["creationInfo"]["created"] = datetime.datetime.fromtimestamp(epoch, datetime.UTC).strftime(
+        "%Y-%m-%dT%H:%M:%SZ"
     )
     document["documentNamespace"] = f"{NAMESPACE_BASE}/{name}/{digest.removeprefix('sha256:')}"
     return document

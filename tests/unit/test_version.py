@@ -50,7 +50,6 @@ def test_a_new_version_is_found_missing_at_every_pin() -> None:
         "manifests/base/agent.yaml",
         "manifests/base/operator.yaml",
         "manifests/components/registrar-injection/registrar-injection.yaml",
-        "charts/coroner/templates/daemonset-coroner-agent.yaml",
         "charts/coroner/templates/mutatingadmissionpolicy-coroner-registrar-injection.yaml",
         "images/agent.Dockerfile",
     } <= places
