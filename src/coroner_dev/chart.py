@@ -292,11 +292,12 @@ def _template_container(
     agent's seccomp installer) takes the image from values too."""
     images = _default_images(values, chart)
     which = CONTAINERS.get(str(container.get("name")))
+    image = str(container.get("image"))
     if which is None:
-        if container.get("image") in images:
-            container["image"] = f"__IMAGE_{images[container['image']]}__"
+        if image in images:
+            container["image"] = f"__IMAGE_{images[image]}__"
         return
-    if images.get(container.get("image")) != which:
+    if images.get(image) != which:
         default_image = next(image for image, key in images.items() if key == which)
         raise ValueError(f"{which} image {container.get('image')} is not values' default {default_image}")
     container["image"] = f"__IMAGE_{which}__"

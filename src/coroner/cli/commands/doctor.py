@@ -5,14 +5,20 @@ This module reads; the checks are the pure `coroner.cli.doctor.CHECKS`, run on w
 
 from __future__ import annotations
 
+import functools
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import click
+import urllib3
 from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
 
 from coroner.cli import doctor as diagnosis
 from coroner.cli import options, render
 from coroner.cli import plan as planning
+from coroner.cli.doctor import operator_memory
 from coroner.cli.session import EXIT_OK, Connection, PluginError, Session, fail, lease_policy, utcnow
 from coroner.core import admission_digest, api, fingerprint
 from coroner.core.fingerprint import Plan
@@ -103,6 +109,13 @@ def doctor_command(
         system_namespace,
         what=f"list deployments in namespace {system_namespace}",
     )
+    operator_pods = session.read_list(
+        functools.partial(
+            k8s.CoreV1Api(session.client).list_namespaced_pod, label_selector=operator_memory.OPERATOR_POD_SELECTOR
+        ),
+        system_namespace,
+        what=f"list the operator's pods in namespace {system_namespace}",
+    )
     # The reviews are of the operator's own user: as its Lease states it, else its Deployment's
     # ServiceAccount (a Helm namePrefix renames it).
     operator_user = diagnosis.operator_identity(
@@ -166,6 +179,8 @@ def doctor_command(
             attestation_grace_seconds=attestation_grace_seconds,
             held_grace_seconds=held_grace_seconds,
             now=now,
+            operator_pods=operator_pods,
+            operator_metrics=_operator_metrics(session, operator_pods, system_namespace=system_namespace),
         )
     )
     render.emit(
@@ -181,3 +196,39 @@ def doctor_command(
     if code != EXIT_OK:
         failing = [check.name for check in checks if check.status == diagnosis.CheckStatus.FAIL]
         fail(ctx, f"doctor: check(s) {', '.join(failing)} failed.", code=code)
+
+
+#: Seconds to wait for one operator Pod's /metrics through the API server: a NetworkPolicy that drops
+#: the API server's connection costs this much per Pod, and the check says UNKNOWN.
+METRICS_TIMEOUT_SECONDS = 10.0
+
+
+def _operator_metrics(
+    session: Session, pods: list[dict[str, Any]] | planning.Unreadable, *, system_namespace: str
+) -> dict[str, str | planning.Unreadable]:
+    """Each Running operator Pod's /metrics text, read through the API server's Pod proxy (so no
+    metrics-server is needed); a failed read is `Unreadable`, never fatal: the check says UNKNOWN."""
+    read: dict[str, str | planning.Unreadable] = {}
+    # Not preloaded, the client returns the raw response (its annotations say str).
+    proxy: Callable[..., Any] = k8s.CoreV1Api(session.client).connect_get_namespaced_pod_proxy_with_path
+    for pod in [] if isinstance(pods, planning.Unreadable) else pods:
+        port = operator_memory.metrics_port(pod)
+        name = str((pod.get("metadata") or {}).get("name") or "")
+        if port is None or not name:
+            continue
+        what = f"get /metrics of pod {system_namespace}/{name} through the API server (pods/proxy)"
+        try:
+            response = proxy(
+                f"{name}:{port}",
+                system_namespace,
+                "metrics",
+                _preload_content=False,
+                _request_timeout=METRICS_TIMEOUT_SECONDS,
+            )
+        except ApiException as exc:
+            read[name] = planning.Unreadable(reason=session.api_error(exc, what=what).message)
+        except urllib3.exceptions.HTTPError as exc:
+            read[name] = planning.Unreadable(reason=f"cannot {what}: {exc}")
+        else:
+            read[name] = response.data.decode("utf-8", "replace")
+    return read

@@ -7,9 +7,9 @@ Registrations are decided exactly as `coroner.cli.plan` decides them, with the p
 publishes. The I/O shell is `coroner.cli.commands.doctor`.
 
 The checks live by family: `install` (the CRD, the admission policies and their content),
-`operator_lease` (the operator alive, its last sweep), `grant` (the retire verb), `agents`,
-`node_loss`, `registrations` (unattested, held, blocked, squatting); `outcome` is what a check says. `CHECKS` below
-is the one list, in the order doctor shows them.
+`operator_lease` (the operator alive, its last sweep), `operator_memory` (its memory against its limit),
+`grant` (the retire verb), `agents`, `node_loss`, `registrations` (unattested, held, blocked, squatting);
+`outcome` is what a check says. `CHECKS` below is the one list, in the order doctor shows them.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from coroner.cli.doctor.install import (
 )
 from coroner.cli.doctor.node_loss import check_node_loss
 from coroner.cli.doctor.operator_lease import LAST_SWEEP_ANNOTATION, check_last_sweep, check_operator_alive
+from coroner.cli.doctor.operator_memory import check_operator_memory
 from coroner.cli.doctor.outcome import Check, CheckStatus, doctor_exit_code, failed, passed, warned
 from coroner.cli.doctor.registrations import check_blocked, check_held, check_squatting, check_unattested
 from coroner.cli.plan import PolicyChoice, Unreadable
@@ -58,6 +59,7 @@ __all__ = [
     "check_last_sweep",
     "check_node_loss",
     "check_operator_alive",
+    "check_operator_memory",
     "check_retire_grant",
     "check_squatting",
     "check_unattested",
@@ -102,6 +104,10 @@ class Findings:
     now: datetime.datetime
     held_grace_seconds: float = HELD_GRACE_SECONDS
     """The bound past which `held` names a registration (`coroner.core.held`)."""
+    operator_pods: Sequence[Mapping[str, Any]] | Unreadable = ()
+    """The operator's Pods in the system namespace (`operator_memory.OPERATOR_POD_SELECTOR`)."""
+    operator_metrics: Mapping[str, str | Unreadable] = dataclasses.field(default_factory=dict)
+    """Each Running operator Pod's /metrics text, by Pod name, as read through the API server."""
 
 
 #: The checks, in the order doctor shows them. A new check is one pure function of `Findings`
@@ -124,6 +130,9 @@ CHECKS: Final[tuple[Callable[[Findings], Check], ...]] = (
         operator_deployments=f.operator_deployments,
     ),
     lambda f: check_last_sweep(lease=f.operator_lease, system_namespace=f.system_namespace),
+    lambda f: check_operator_memory(
+        pods=f.operator_pods, metrics=f.operator_metrics, system_namespace=f.system_namespace
+    ),
     lambda f: check_retire_grant(
         cluster_wide=f.cluster_wide,
         per_namespace=f.per_namespace,
