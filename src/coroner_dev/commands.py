@@ -134,6 +134,38 @@ def dev_cluster_images(as_json: bool) -> None:
         click.echo(f"  {image.reference}  {image.archive.name}  {image.uncompressed_bytes / 1e6:.1f} MB")
 
 
+@dev_cluster.command("install")
+@_dir_option
+@click.argument("what", type=click.Choice(["plan-only", "production", "chart"]))
+@click.option(
+    "--release",
+    type=click.Path(file_okay=False, exists=True, path_type=pathlib.Path),
+    default=None,
+    help="Install from this release directory (what `make release` wrote: dist/) instead of this checkout.",
+)
+@click.option("--set", "values", multiple=True, metavar="KEY=VALUE", help="A chart value (chart only; repeat).")
+def dev_cluster_install(
+    directory: pathlib.Path, what: str, release: pathlib.Path | None, values: tuple[str, ...]
+) -> None:
+    """Install Coroner as the README does (WHAT: plan-only, production or chart) on the dev cluster with
+    real nodes, with the dev node's patches (docs/real-node.md); returns once the agents and the
+    operator run."""
+    from coroner_dev import devinstall
+
+    try:
+        running = devinstall.install(directory, what, release=release, values=values, say=click.echo)
+    except DevClusterError as exc:
+        _fail(exc)
+        return
+    click.echo(f"installed {what}; export KUBECONFIG={running.kubeconfig}")
+    expect = (
+        ""
+        if what == "production" or any(v.startswith("retireGrant.enabled=true") for v in values)
+        else " --expect-plan-only"
+    )
+    click.echo(f"then: kubectl coroner doctor{expect}")
+
+
 @click.command("demo")
 @click.option(
     "--dir",

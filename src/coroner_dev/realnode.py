@@ -25,6 +25,7 @@ import contextlib
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import time
 from typing import Any
@@ -110,15 +111,25 @@ def overlay_patches(cluster: Cluster, *, seccomp_root: pathlib.Path) -> list[dic
 
 
 def write_overlay(
-    cluster: Cluster, *, base: str = "production", components: tuple[str, ...] = (), operator_args: tuple[str, ...] = ()
+    cluster: Cluster,
+    *,
+    base: str = "production",
+    components: tuple[str, ...] = (),
+    operator_args: tuple[str, ...] = (),
+    release_file: pathlib.Path | None = None,
 ) -> pathlib.Path:
     """Writes the test overlay over `manifests/overlays/BASE` (plus `manifests/components/C` for each of
     COMPONENTS, as a user's own overlay adds them, and OPERATOR_ARGS appended to the operator's)
-    into the cluster directory."""
+    into the cluster directory. With RELEASE_FILE (a release's `install-BASE.yaml`), over that file
+    instead (copied in: kustomize reads files only under its own directory)."""
     layout = NodeLayout(directory=cluster.directory, name=cluster.nodes[-1])
-    directory = cluster.directory / "overlays" / "-".join((base, *components))
+    directory = cluster.directory / "overlays" / "-".join((base, *components, *(["release"] if release_file else [])))
     directory.mkdir(parents=True, exist_ok=True)
     manifests = repository() / "manifests"
+    resource = os.path.relpath(manifests / "overlays" / base, directory)
+    if release_file is not None:
+        shutil.copyfile(release_file, directory / release_file.name)
+        resource = release_file.name
     patches = overlay_patches(cluster, seccomp_root=layout.shared_seccomp_root)
     if operator_args:
         appended = [{"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": a} for a in operator_args]
@@ -126,7 +137,7 @@ def write_overlay(
     kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
-        "resources": [os.path.relpath(manifests / "overlays" / base, directory)],
+        "resources": [resource],
         "components": [os.path.relpath(manifests / "components" / c, directory) for c in components],
         "patches": patches,
     }
@@ -182,6 +193,16 @@ def kubectl(
     return result
 
 
+def prepare_nodes(cluster: Cluster) -> None:
+    """Refuses a cluster with no real node; labels the first of several a control-plane node."""
+    if not cluster.nodes:
+        raise DevClusterError("this cluster has no real node", fix="start it with `coroner dev-cluster up --node NAME`")
+    if len(cluster.nodes) > 1:
+        # Every dev node shares this machine's one network namespace, where only one agent can bind
+        # its metrics port: the first node is the control-plane node the agent's affinity avoids.
+        kubectl(cluster, "label", "node", cluster.nodes[0], f"{api.CONTROL_PLANE_LABEL}=", "--overwrite")
+
+
 def install(
     cluster: Cluster,
     *,
@@ -189,15 +210,13 @@ def install(
     components: tuple[str, ...] = (),
     operator_args: tuple[str, ...] = (),
     timeout: float = 240,
+    release_file: pathlib.Path | None = None,
 ) -> None:
     """Applies the overlay and waits until the agent DaemonSet and the operator Deployment are rolled out."""
-    if not cluster.nodes:
-        raise DevClusterError("this cluster has no real node", fix="start it with `coroner dev-cluster up --node NAME`")
-    if len(cluster.nodes) > 1:
-        # Every dev node shares this machine's one network namespace, where only one agent can bind
-        # its metrics port: the first node is the control-plane node the agent's affinity avoids.
-        kubectl(cluster, "label", "node", cluster.nodes[0], f"{api.CONTROL_PLANE_LABEL}=", "--overwrite")
-    directory = write_overlay(cluster, base=base, components=components, operator_args=operator_args)
+    prepare_nodes(cluster)
+    directory = write_overlay(
+        cluster, base=base, components=components, operator_args=operator_args, release_file=release_file
+    )
     # Part of a first apply is refused until the CRD it creates is served (what names its kind):
     # apply again until all of it lands, as a GitOps tool's next sync would.
     for attempt in range(30):
