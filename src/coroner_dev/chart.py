@@ -34,6 +34,7 @@ from typing import Any
 
 import yaml
 
+from coroner_dev import chart_readme
 from coroner_dev.devcluster.binaries import ensure_binaries
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -464,8 +465,9 @@ def generate(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Regenerates the chart's templates and crds/, then its README (coroner_dev.chart_readme)."""
     target = pathlib.Path(argv[0]) if argv else CHART
-    for path in generate(target):
+    for path in [*generate(target), chart_readme.write(target)]:
         print(path.relative_to(target.parent) if path.is_relative_to(target.parent) else path)
     return 0
 
