@@ -1,7 +1,7 @@
 """Doctor's operator-memory check: each operator Pod's resident memory against its container's limit.
 
 The operator holds every registration of the cluster in memory (docs/operations.md, "Memory": about
-75 MiB + 6 MiB per 1,000), and so does its standby. A cluster that outgrows the limit has its
+73 MiB + 5.9 MiB per 1,000), and so does its standby. A cluster that outgrows the limit has its
 operator OOM-killed, and every restart lists the whole cluster again before it decides anything.
 Nothing is retired wrongly meanwhile, but nothing is retired either: doctor warns first.
 
