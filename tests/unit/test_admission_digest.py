@@ -188,6 +188,58 @@ def test_an_install_in_another_namespace_compares_with_its_identities() -> None:
     assert ad.compare(moved, system_namespace="tenant-a").intact
 
 
+AGENT_POLICY = (VAP, "coroner-agent-attests-own-node-only")
+SHIPPED_AGENT = "system:serviceaccount:coroner-system:coroner-agent"
+
+
+def as_released(namespace: str, prefix: str) -> list[dict[str, Any]]:
+    """The manifests as the Helm chart renders them for a release (coroner_dev.chart: in every
+    string the identities take the release's namespace and namePrefix, then every other
+    coroner-system its namespace; the objects keep their names)."""
+    identity = f"system:serviceaccount:{namespace}:{prefix}coroner-"
+    released = []
+    for document in shipped():
+        text = json.dumps(document["spec"]).replace("system:serviceaccount:coroner-system:coroner-", identity)
+        released.append({**document, "spec": json.loads(text.replace("coroner-system", namespace))})
+        if document["kind"] == VAPB:  # the binding names its policy, which keeps its name
+            released[-1]["spec"]["policyName"] = document["spec"]["policyName"]
+    return released
+
+
+@pytest.mark.parametrize(
+    ("namespace", "prefix"),
+    [
+        pytest.param("coroner-system", "acme-", id="name-prefix"),
+        pytest.param("acme-coroner", "", id="other-namespace"),
+        pytest.param("acme-coroner", "acme-", id="both"),
+    ],
+)
+def test_a_policy_naming_the_shipped_identity_differs_in_a_release_with_other_names(
+    namespace: str, prefix: str
+) -> None:
+    # Policy 3 edited to name the shipped agent: it no longer matches the release's own (prefixed or
+    # namespaced) agent, while policy 4 still exempts that agent, which may then write any status.
+    # The release's identities are what its policies must name; the shipped ones are other users.
+    released = as_released(namespace, prefix)
+    assert ad.compare(released, system_namespace=namespace, name_prefix=prefix).intact
+    condition = find(released, *AGENT_POLICY)["spec"]["matchConditions"][0]
+    assert (
+        condition["expression"]
+        == f"request.userInfo.username == 'system:serviceaccount:{namespace}:{prefix}coroner-agent'"
+    )
+    condition["expression"] = f"request.userInfo.username == '{SHIPPED_AGENT}'"
+    comparison = ad.compare(released, system_namespace=namespace, name_prefix=prefix)
+    assert comparison.differing == (AGENT_POLICY,), comparison.names()
+
+
+def test_the_release_names_are_not_read_into_other_text() -> None:
+    # The release's names are marked where they stand; text that merely resembles them is content.
+    released = as_released("acme-coroner", "acme-")
+    variables = find(released, VAP, "coroner-status-fields-by-identity")["spec"]["variables"]
+    variables[0]["expression"] = variables[0]["expression"].replace("acme-coroner-operator", "acme-coroner-operatorx")
+    assert not ad.compare(released, system_namespace="acme-coroner", name_prefix="acme-").intact
+
+
 @given(st.text(min_size=1, max_size=40))
 def test_any_other_expression_is_another_digest(text: str) -> None:
     documents = shipped()
@@ -342,8 +394,7 @@ def test_the_memo_tells_apart_what_python_calls_equal() -> None:
 
 def _uncached(document: dict[str, Any], *, system_namespace: str = ad.SHIPPED_NAMESPACE) -> str:
     """The digest computed without the memo: the SHA-256 of the essence's canonical JSON."""
-    essence = ad.essence(document, system_namespace=system_namespace)
-    return hashlib.sha256(json.dumps(essence, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return hashlib.sha256(ad.canonical(document, system_namespace=system_namespace).encode()).hexdigest()
 
 
 def test_the_memo_is_bounded() -> None:

@@ -9,8 +9,9 @@ policy object and one binding. Deleting either, or narrowing it (a weaker expres
 object to its *essence* — exactly the fields that decide what is admitted: expressions
 (validations, match conditions, variables, mutations), failurePolicy, match rules, binding actions
 and binding scope, and not the wording of messages — with the API server's defaults filled in, and
-hashes it (SHA-256 of canonical JSON). `compare` says, per expected object, whether the cluster has
-it with that content.
+hashes it (SHA-256 of canonical JSON, the release's own identities and namespace marked where they
+stand: `canonical`). `compare` says, per expected object, whether the cluster has it with that
+content.
 
 `EXPECTED` holds the digests of the shipped manifests (tests/unit/test_admission_digest.py
 recomputes them from the YAML, so they cannot drift). `NODE_LOSS_ALTERNATES` holds the one variant
@@ -31,6 +32,7 @@ import marshal
 from collections.abc import Iterable, Mapping
 from typing import Any, Final, cast
 
+from coroner.core import api
 from coroner.core.decision import Policy
 
 #: The kinds whose objects are admission rules, and which part of `spec` decides what is admitted.
@@ -60,7 +62,9 @@ CRD: Final = (CRD_KIND, "workerregistrations.coroner.dev")
 _CRD_WORDING: Final = frozenset({"description", "message", "messageExpression"})
 
 #: The shipped operator and agent identities, written into the expressions in this namespace.
-SHIPPED_NAMESPACE: Final = "coroner-system"
+SHIPPED_NAMESPACE: Final = api.SYSTEM_NAMESPACE
+#: The label by which the Leases' policy selects the system namespace.
+_NAMESPACE_LABEL: Final = "kubernetes.io/metadata.name"
 
 #: (kind, name) -> digest of the shipped manifests/base/admission-policies.yaml and crd.yaml.
 EXPECTED: Final[Mapping[tuple[str, str], str]] = {
@@ -71,11 +75,11 @@ EXPECTED: Final[Mapping[tuple[str, str], str]] = {
     (
         "ValidatingAdmissionPolicy",
         "coroner-agent-attests-own-node-only",
-    ): "d9b50bafdc4a4cbfa5f1a3e020a57fc8eb8c33c1e2e005a1e36b8d86938402b8",
+    ): "7a2f35b7a0b86550178ce5abcd4578a7a0c9fbf4eac9fef075b3aea240720667",
     (
         "ValidatingAdmissionPolicy",
         "coroner-agent-renews-own-lease-only",
-    ): "30304d21ac255931a48ac0165e7354e5be233be2721cf4acb55cc142e3a939c4",
+    ): "e7ad928ce1dd8943f6dc9e1c1eedceb92c796dce95876811a17beac2de8c8b1a",
     (
         "ValidatingAdmissionPolicy",
         "coroner-delete-only-terminal",
@@ -95,15 +99,15 @@ EXPECTED: Final[Mapping[tuple[str, str], str]] = {
     (
         "ValidatingAdmissionPolicy",
         "coroner-retire-requires-evidence",
-    ): "486e9ea90cd6ac67637cc7947f254c2aa84868f6afc6b72c7419ce250e47a9a5",
+    ): "634119069d0d88e53e0e56b02a6d26a214098da8b252f89301f4acc6c44cccc7",
     (
         "ValidatingAdmissionPolicy",
         "coroner-status-fields-by-identity",
-    ): "81998bae7a31f36a4c2841dcdaf13b333a2fa8324a7ee7a77136a0afdbd0a227",
+    ): "047e8e98ed2251239aa18714e7e2d909d63d0376e1db98c075a42c68ab955b0e",
     (
         "ValidatingAdmissionPolicy",
         "coroner-system-leases-by-owner",
-    ): "1531683c38aee2458033400f572b75bba1494881a716ef5e6e699b7dafe423e2",
+    ): "567598e2a821789d4ce665c5e62eec58f3f06328f8da6d6846d06e1022219211",
     (
         "ValidatingAdmissionPolicyBinding",
         "coroner-agent-attests-own-node-only",
@@ -147,7 +151,7 @@ NODE_LOSS_ALTERNATES: Final[Mapping[tuple[str, str], str]] = {
     (
         "ValidatingAdmissionPolicy",
         "coroner-retire-requires-evidence",
-    ): "b0da8c71585d9bb669d59f528021d5f094303f6f2eae7d9fb2c6d728c286cf9e",
+    ): "5a607c7c8c443231db90edcdf6f94752d8217fda6422d3c1f5d72286f0ff82bd",
 }
 
 #: The variables of the evidence policy that components/node-loss turns to "true".
@@ -260,14 +264,9 @@ def _crd_essence(document: Mapping[str, Any]) -> dict[str, Any]:
     return {"group": spec.get("group"), "scope": spec.get("scope"), "versions": versions}
 
 
-def essence(
-    document: Mapping[str, Any], *, system_namespace: str = SHIPPED_NAMESPACE, name_prefix: str = ""
-) -> dict[str, Any]:
-    """What decides admission in one policy or binding, defaults filled, messages left out.
-
-    `system_namespace`: where this installation runs the operator and agent; their identities in
-    the expressions are read as the shipped ones, so an install in another namespace compares.
-    `name_prefix`: the Helm chart's namePrefix, prepended to those ServiceAccounts' names."""
+def essence(document: Mapping[str, Any]) -> dict[str, Any]:
+    """What decides admission in one policy or binding, defaults filled, messages left out: the
+    objects' own text, the identities in it as written (`canonical` marks the release's)."""
     kind = str(document.get("kind") or "")
     if kind == CRD_KIND:
         return _crd_essence(document)
@@ -285,17 +284,37 @@ def essence(
     if kind.startswith("Mutating") and not kind.endswith("Binding"):
         kept.setdefault("failurePolicy", "Fail")
         kept.setdefault("reinvocationPolicy", "Never")
-    text = json.dumps(_normalize_expressions(kept), sort_keys=True)
-    if name_prefix:
-        text = text.replace(
-            f"system:serviceaccount:{system_namespace}:{name_prefix}coroner-",
-            f"system:serviceaccount:{system_namespace}:coroner-",
-        )
-    if system_namespace != SHIPPED_NAMESPACE:
-        text = text.replace(f"system:serviceaccount:{system_namespace}:", f"system:serviceaccount:{SHIPPED_NAMESPACE}:")
-        text = text.replace(f'"{system_namespace}"', f'"{SHIPPED_NAMESPACE}"')
-    result: dict[str, Any] = json.loads(text)
+    result: dict[str, Any] = _normalize_expressions(kept)
     return result
+
+
+#: The release's own names as the policies write them, each with the mark `canonical` puts in its
+#: place: a control character, which JSON text never holds raw (`json.dumps` escapes every one in a
+#: string), so no object's content can read as a mark.
+_AGENT_MARK: Final = "\x01"
+_OPERATOR_MARK: Final = "\x02"
+_NAMESPACE_MARK: Final = "\x03"
+
+
+def canonical(document: Mapping[str, Any], *, system_namespace: str = SHIPPED_NAMESPACE, name_prefix: str = "") -> str:
+    """The canonical JSON of `essence(document)`, with the release's own names marked.
+
+    A release names its own operator and agent (`system:serviceaccount:<namespace>:<namePrefix>
+    coroner-operator`, `-agent`) and its namespace (the Leases' namespaceSelector) where the
+    manifests name the shipped ones; exactly those are replaced by a mark, and the shipped
+    manifests' digests are taken with theirs marked. Any other name stays as written: a policy of a
+    prefixed or namespaced release that names the shipped agent (which is not that release's agent,
+    so the rule no longer holds it) differs. The marks cannot occur in the text, so two objects
+    with one canonical text are one object with the release's names in the same places."""
+    text = json.dumps(essence(document), sort_keys=True, separators=(",", ":"))
+    identity = f"system:serviceaccount:{system_namespace}:{name_prefix}"
+    for written, mark in (
+        (f"'{identity}coroner-agent'", f"'{_AGENT_MARK}'"),
+        (f"'{identity}{api.OPERATOR_SERVICE_ACCOUNT}'", f"'{_OPERATOR_MARK}'"),
+        (f'"{_NAMESPACE_LABEL}":"{system_namespace}"', f'"{_NAMESPACE_LABEL}":"{_NAMESPACE_MARK}"'),
+    ):
+        text = text.replace(written, mark)
+    return text
 
 
 #: How many objects a process remembers the digests of (`digest`), and how many versions of each:
@@ -308,7 +327,7 @@ _DIGESTS: dict[tuple[str, str, str, str], list[tuple[bytes, str]]] = {}
 
 
 def digest(document: Mapping[str, Any], *, system_namespace: str = SHIPPED_NAMESPACE, name_prefix: str = "") -> str:
-    """SHA-256 of the canonical JSON of `essence(document)`.
+    """SHA-256 of `canonical(document)`: its essence, the release's own names marked.
 
     Remembered in the process by the whole object's value, never by its name or resourceVersion
     alone: a restarted operator, a refresh that found one object changed, and `doctor` digest
@@ -340,9 +359,8 @@ def digest(document: Mapping[str, Any], *, system_namespace: str = SHIPPED_NAMES
 
 
 def _digest(document: Mapping[str, Any], *, system_namespace: str, name_prefix: str) -> str:
-    canonical = json.dumps(essence(document, system_namespace=system_namespace, name_prefix=name_prefix), sort_keys=True,
-                           separators=(",", ":"))  # fmt: skip
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    text = canonical(document, system_namespace=system_namespace, name_prefix=name_prefix)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def key(document: Mapping[str, Any]) -> tuple[str, str]:
