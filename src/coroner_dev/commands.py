@@ -40,12 +40,26 @@ def _fail(exc: DevClusterError) -> None:
     help="Also start a real node of this name (repeat for more): kube-scheduler, containerd + runc and a "
     "kubelet, with Coroner's images built and imported (needs root and cgroup v1; minutes the first time).",
 )
-def dev_cluster_up(directory: pathlib.Path, no_controller_manager: bool, nodes: tuple[str, ...]) -> None:
+@click.option(
+    "--karpenter",
+    "with_karpenter",
+    is_flag=True,
+    help="Also run Karpenter (built with the dev cloud provider, cached), its CRDs and its chart's RBAC: "
+    "its NodeClaims become real dev nodes (needs --node; docs/autoscaling.md).",
+)
+def dev_cluster_up(
+    directory: pathlib.Path, no_controller_manager: bool, nodes: tuple[str, ...], with_karpenter: bool
+) -> None:
     """Build (cached) and start the control plane; idempotent; returns once the API is ready."""
     from coroner_dev.devcluster import cluster
 
     try:
         started = cluster.up(directory, controller_manager=not no_controller_manager, nodes=nodes, progress=click.echo)
+        if with_karpenter:
+            from coroner_dev.devcluster import karpenter
+
+            started = karpenter.start(started, progress=click.echo)
+            click.echo(f"Karpenter running; its NodePools name DevNodeClass {karpenter.NODE_CLASS!r}")
     except DevClusterError as exc:
         _fail(exc)
         return
@@ -59,13 +73,18 @@ def dev_cluster_up(directory: pathlib.Path, no_controller_manager: bool, nodes: 
     is_flag=True,
     help="Also the real node's binaries (kubelet, kube-scheduler, containerd, runc, crictl) and Coroner's images.",
 )
-def dev_cluster_build(node: bool) -> None:
+@click.option("--karpenter", "with_karpenter", is_flag=True, help="Also Karpenter with the dev cloud provider.")
+def dev_cluster_build(node: bool, with_karpenter: bool) -> None:
     """Build (or find cached, or take from KUBEBUILDER_ASSETS) the control plane binaries."""
     from coroner_dev.devcluster.binaries import ensure_binaries
 
     try:
         binaries = ensure_binaries(progress=click.echo)
         click.echo(f"control plane binaries ({binaries.source}): {binaries.directory}")
+        if with_karpenter:
+            from coroner_dev.devcluster.karpenter import ensure_karpenter
+
+            click.echo(f"Karpenter: {ensure_karpenter(progress=click.echo)}")
         if node:
             from coroner_dev.devcluster.images import ensure_images
             from coroner_dev.devcluster.nodebinaries import ensure_node_binaries

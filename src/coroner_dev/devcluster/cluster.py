@@ -108,6 +108,11 @@ class Cluster:
             ) from exc
 
 
+def save(cluster: Cluster) -> None:
+    """Writes CLUSTER's state file: what `down` stops."""
+    (cluster.directory / STATE_FILE).write_text(json.dumps(cluster.to_json(), indent=2) + "\n")
+
+
 def _start_time(pid: int) -> int | None:
     """The start time of `pid`, or None once it is gone (or a zombie: exited, not yet reaped)."""
     try:
@@ -389,7 +394,7 @@ def up(
                 started.extend(node_processes)
                 cgroups.extend(created)
                 cluster = dataclasses.replace(cluster, processes=tuple(started), node_cgroups=tuple(cgroups))
-        (directory / STATE_FILE).write_text(json.dumps(cluster.to_json(), indent=2) + "\n")
+        save(cluster)
         return cluster
     except BaseException:
         # Never leave half-started processes behind (nor a started node's containers and cgroups).
@@ -427,7 +432,7 @@ def restart_kubelet(directory: pathlib.Path, name: str) -> Cluster:
     )
     processes = (*(p for p in cluster.processes if p.name != kubelet.name), kubelet)
     cluster = dataclasses.replace(cluster, processes=processes)
-    (cluster.directory / STATE_FILE).write_text(json.dumps(cluster.to_json(), indent=2) + "\n")
+    save(cluster)
     return cluster
 
 
@@ -446,6 +451,11 @@ def down(directory: pathlib.Path) -> list[str]:
         return []
     stopped = [p.name for p in reversed(cluster.processes) if p.alive()]
     if cluster.nodes:
+        from coroner_dev.devcluster import karpenter
+
+        # Karpenter first, then its instances: nothing launches one again while the rest stops.
+        stopped += karpenter.stop(directory)
+        cluster = Cluster.load(directory) or cluster
         from coroner_dev.devcluster import node as node_mod
         from coroner_dev.devcluster.nodebinaries import ensure_node_binaries
 

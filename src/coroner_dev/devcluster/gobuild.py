@@ -67,14 +67,22 @@ class GoBuild:
     """Build with cgo (runc links libseccomp); everything else is static, as Kubernetes releases it."""
     renames: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """Name go build gives a binary -> its name here (etcd's main package builds as "server")."""
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """Added to the build's environment (a module that needs a newer toolchain: GOTOOLCHAIN)."""
+    sources: tuple[str, ...] = ()
+    """Globs, relative to `module`, of the module's own sources: they enter the cache key, so an
+    edit rebuilds (the pinned modules' helper modules have none)."""
 
     def cache_key(self) -> str:
-        """Versions plus a digest of go.mod/go.sum: a moved pin is a new key, a rerun is not."""
+        """Versions plus a digest of go.mod/go.sum (and `sources`, each by path and bytes): a moved
+        pin or an edited source is a new key, a rerun is not."""
         digest = hashlib.sha256()
         for name in ("go.mod", "go.sum"):
             file = self.module / name
             if file.exists():
                 digest.update(file.read_bytes())
+        for file in sorted({path for pattern in self.sources for path in self.module.glob(pattern)}):
+            digest.update(str(file.relative_to(self.module)).encode() + b"\0" + file.read_bytes())
         return f"{self.versions}-{digest.hexdigest()[:12]}"
 
 
@@ -152,7 +160,7 @@ def _build(build: GoBuild, *, target: pathlib.Path, say: Callable[[str], None]) 
     log_path = target.parent / f"build-{target.name}.log"
     say(f"{build.announce} (log: {log_path})")
     started = time.monotonic()
-    env = {**os.environ, "CGO_ENABLED": "1" if build.cgo else "0", "GOFLAGS": "-mod=mod"}
+    env = {**os.environ, "CGO_ENABLED": "1" if build.cgo else "0", "GOFLAGS": "-mod=mod", **build.env}
     tags = ["-tags", build.tags] if build.tags else []
     command = [
         go,

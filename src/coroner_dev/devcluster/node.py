@@ -230,9 +230,12 @@ def start(
     sandbox_image: str,
     spawn: Spawn,
     say: Callable[[str], None],
+    kubelet_settings: dict[str, Any] | None = None,
 ) -> tuple[list[Started], list[str]]:
     """Starts containerd and the kubelet of node NAME for `cluster`, imports `images`, and waits for
-    the Node to be Ready. Returns the processes started (containerd, kubelet) and the cgroups created."""
+    the Node to be Ready. Returns the processes started (containerd, kubelet) and the cgroups created.
+    `kubelet_settings` are added to its KubeletConfiguration (a cloud's node: its providerID and the
+    taints it registers with)."""
     layout = NodeLayout(directory=cluster.directory, name=name)
     for path in (layout.root / "containerd", layout.run_dir, layout.cni_conf_dir, layout.cni_bin_dir):
         path.mkdir(parents=True, exist_ok=True)
@@ -265,7 +268,10 @@ def start(
             say(f"imported {reference} into {name}")
         kubelet_log = logs / f"{name}-kubelet.log"
         kubelet = spawn(
-            process_name("kubelet", name), kubelet_argv(cluster, layout, binaries, cgroup_root), kubelet_log, env
+            process_name("kubelet", name),
+            kubelet_argv(cluster, layout, binaries, cgroup_root, settings=kubelet_settings),
+            kubelet_log,
+            env,
         )
         started.append(kubelet)
         wait_ready(
@@ -282,7 +288,14 @@ def start(
     return started, created
 
 
-def kubelet_argv(cluster: Cluster, layout: NodeLayout, binaries: NodeBinaries, cgroup_root: str) -> list[str]:
+def kubelet_argv(
+    cluster: Cluster,
+    layout: NodeLayout,
+    binaries: NodeBinaries,
+    cgroup_root: str,
+    *,
+    settings: dict[str, Any] | None = None,
+) -> list[str]:
     pki = cluster.pki
     cert, key = pki_mod.ensure_client_cert(pki, user=f"system:node:{layout.name}", groups=("system:nodes",))
     kubeconfig = write_kubeconfig(
@@ -294,13 +307,8 @@ def kubelet_argv(cluster: Cluster, layout: NodeLayout, binaries: NodeBinaries, c
         key=key,
     )
     config = layout.root / "kubelet.json"
-    config.write_text(
-        json.dumps(
-            kubelet_config(layout, pki=pki, cgroup_root=cgroup_root, port=free_port(), healthz_port=free_port()),
-            indent=2,
-        )
-        + "\n"
-    )
+    configuration = kubelet_config(layout, pki=pki, cgroup_root=cgroup_root, port=free_port(), healthz_port=free_port())
+    config.write_text(json.dumps({**configuration, **(settings or {})}, indent=2) + "\n")
     layout.kubelet_root.mkdir(parents=True, exist_ok=True)
     layout.shared_seccomp_root.mkdir(exist_ok=True)
     if not layout.seccomp_root.is_symlink():
@@ -403,9 +411,8 @@ def kill_node(layout: NodeLayout) -> None:
         for pid in pids:
             _kill_exactly(pid, lambda pid: f":{root}/" in _read_text(f"/proc/{pid}/cgroup"))
         time.sleep(0.3)
-    needle = str(layout.containerd_socket).encode()
-    for pid in _shim_pids(layout):
-        _kill_exactly(pid, lambda pid: needle in _read_bytes(f"/proc/{pid}/cmdline"))
+    for pid in _node_pids(layout):
+        _kill_exactly(pid, lambda pid: _names_node(layout, _read_bytes(f"/proc/{pid}/cmdline")))
 
 
 def _kill_exactly(pid: int, still_ours: Callable[[int], bool]) -> None:
@@ -444,16 +451,23 @@ def _read_pids(path: pathlib.Path) -> list[str]:
         return []
 
 
-def _shim_pids(layout: NodeLayout) -> list[int]:
-    """containerd-shim-runc-v2 processes started for this node's containerd (their command line names
-    its socket): they run outside the node's cgroups, next to containerd."""
-    needle = str(layout.containerd_socket).encode()
+def _names_node(layout: NodeLayout, cmdline: bytes) -> bool:
+    """A shim of this node's containerd (its command line names the socket), or the node's containerd
+    or kubelet (theirs name the node's directory)."""
+    shim = b"containerd-shim-runc-v2" in cmdline and str(layout.containerd_socket).encode() in cmdline
+    argv = cmdline.split(b"\0")
+    ours = (f"--config={layout.root}/containerd.toml".encode(), f"--config={layout.root}/kubelet.json".encode())
+    return shim or (os.path.basename(argv[0]) in (b"containerd", b"kubelet") and any(a in ours for a in argv))
+
+
+def _node_pids(layout: NodeLayout) -> list[int]:
+    """The processes of the node outside its cgroups: its containerd's shims (they run next to
+    containerd), and its containerd and kubelet themselves even where no record names them (a node
+    terminated while it boots may have spawned one a moment before)."""
     return [
         int(entry.name)
         for entry in pathlib.Path("/proc").iterdir()
-        if entry.name.isdigit()
-        and b"containerd-shim-runc-v2" in (cmdline := _read_bytes(f"/proc/{entry.name}/cmdline"))
-        and needle in cmdline
+        if entry.name.isdigit() and _names_node(layout, _read_bytes(f"/proc/{entry.name}/cmdline"))
     ]
 
 
@@ -476,8 +490,9 @@ def unmount_under(roots: list[pathlib.Path]) -> list[str]:
 
 def lose(cluster: Cluster, name: str) -> None:
     """Node NAME lost abruptly, as by a power cut: SIGKILL to its kubelet, its containerd, every shim
-    and every container process at once. Nothing is cleaned (the cluster's `down` does that)."""
-    ours = (process_name("kubelet", name), process_name("containerd", name))
+    and every container process at once (and to the process booting it, if it is still booting).
+    Nothing is cleaned (the cluster's `down` does that)."""
+    ours = tuple(process_name(component, name) for component in ("boot", "kubelet", "containerd"))
     for process in [p for p in cluster.processes if p.name in ours and p.alive()]:
         _kill_exactly(process.pid, lambda _pid: process.alive())  # noqa: B023 -- called at once
     kill_node(NodeLayout(directory=cluster.directory, name=name))
