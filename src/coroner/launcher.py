@@ -18,10 +18,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import errno
 import logging
 import os
 import pathlib
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -34,6 +36,7 @@ from typing import Any, TypeVar
 import urllib3
 import yaml
 
+from coroner import pidfs
 from coroner.client.rest import ApiError, Rest, registrations_path, warming_up
 from coroner.core import api, kubewire, model, procfs, wire
 
@@ -60,15 +63,29 @@ def probe_incarnation(
     boot_id_file: str = "/proc/sys/kernel/random/boot_id",
     machine_id_file: str = "/etc/machine-id",
 ) -> procfs.ProcessIncarnation:
-    """The incarnation of `pid` (in this /proc's namespace) as the worker itself sees it."""
+    """The incarnation of `pid` (in this /proc's namespace) as the worker itself sees it, with its
+    pidfd inode where the kernel has one (`coroner.pidfs`) and `proc_root` numbers pids as this
+    process does."""
     root = pathlib.Path(proc_root) / str(pid)
+    try:
+        pidfd = os.pidfd_open(pid) if os.path.realpath(proc_root) == "/proc" else None
+    except OSError as exc:
+        raise RegistrationError(f"cannot open a pidfd for pid {pid} ({exc}); did it exit already?") from exc
     try:
         stat = (root / "stat").read_bytes()
         status = (root / "status").read_bytes()
         ns_link = os.readlink(root / "ns" / "pid")
         boot_id = pathlib.Path(boot_id_file).read_bytes()
+        # The pidfd pins what held the number before the reads; while it is not readable that
+        # process has not exited, so the number was not reused and the reads were of it.
+        if pidfd is not None and select.select([pidfd], [], [], 0)[0]:
+            raise OSError(errno.ESRCH, "it exited while its incarnation was read")
+        pidfd_inode = None if pidfd is None else pidfs.inode(pidfd)
     except OSError as exc:
         raise RegistrationError(f"cannot read the incarnation of pid {pid} ({exc}); did it exit already?") from exc
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
     try:
         machine_id: bytes | None = pathlib.Path(machine_id_file).read_bytes()
     except OSError:
@@ -81,6 +98,7 @@ def probe_incarnation(
             boot_id=boot_id,
             machine_id=machine_id,
             node_name=node_name,
+            pidfd_inode=pidfd_inode,
         )
     except procfs.ParseError as exc:
         raise RegistrationError(f"pid {pid}: unreadable incarnation ({exc})") from exc

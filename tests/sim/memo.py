@@ -107,15 +107,18 @@ def _recorded_incarnation(fn: Callable[..., Any]) -> Callable[..., Any]:
     cache: dict[tuple[object, ...], Any] = {}
     _CACHES.append(cache)
 
-    def memo(*, boot_id: Any, pid_namespace: Any, pid: Any, start_time: Any) -> Any:
+    def memo(*, boot_id: Any, pid_namespace: Any, pid: Any, start_time: Any, pidfd_inode: Any = None) -> Any:
+        fields = {
+            "boot_id": boot_id, "pid_namespace": pid_namespace, "pid": pid, "start_time": start_time,
+            "pidfd_inode": pidfd_inode,
+        }  # fmt: skip
         try:
-            key = (type(boot_id), boot_id, type(pid_namespace), pid_namespace, type(pid), pid, type(start_time),
-                   start_time)  # fmt: skip
+            key = tuple((type(value), value) for value in fields.values())
             hit = cache.get(key, _MISS)
         except TypeError:  # unhashable: not a question the memo answers
-            return fn(boot_id=boot_id, pid_namespace=pid_namespace, pid=pid, start_time=start_time)
+            return fn(**fields)
         if hit is _MISS:
-            hit = cache[key] = fn(boot_id=boot_id, pid_namespace=pid_namespace, pid=pid, start_time=start_time)
+            hit = cache[key] = fn(**fields)
         return hit
 
     return memo

@@ -18,5 +18,5 @@ def test_condition_paths(index: int) -> None:
 
 @pytest.mark.parametrize("prefix", ["spec.incarnation", "status.attestation.incarnation", "x.incarnation"])
 def test_incarnation_paths(prefix: str) -> None:
-    fields = ("pid", "bootId", "pidNamespace", "startTime", "hostId")
+    fields = ("pid", "bootId", "pidNamespace", "startTime", "hostId", "pidfdInode")
     assert parse._incarnation_paths(prefix) == tuple(f"{prefix}.{field}" for field in fields)

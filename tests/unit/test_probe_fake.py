@@ -101,6 +101,7 @@ class FakeProc:
         self.list_error: OSError | None = None
         self.mount_options: tuple[str, ...] | OSError = ("rw", "nosuid", "rw")
         self.agent_time_namespace = HOST_CLOCK
+        self.pidfs = True
         self._next_fd = itertools.count(100)
 
     # world changes
@@ -192,6 +193,13 @@ class FakeProc:
         assert fd in self.fds and fd not in self.closed, f"fd {fd} closed twice or never opened"
         self.closed.append(fd)
 
+    def pidfd_inode(self, fd: int) -> int | None:
+        # A process's generation stands for its pidfs inode: one per process, never reused.
+        task = self.fds[fd]
+        if task.host_pid in self.processes:
+            self._task("inode", task.host_pid)  # raises what a test queued for it
+        return task.generation if self.pidfs else None
+
     def proc_mount_options(self) -> tuple[str, ...]:
         if isinstance(self.mount_options, OSError):
             raise self.mount_options
@@ -210,8 +218,8 @@ def facts(**changes: Any) -> LocalNode:
     return LocalNode(**(values | changes))
 
 
-def key(*, pid: int = 4242, start: int = 500, ns: int = ROOT, boot: str = BOOT) -> IncarnationKey:
-    return IncarnationKey(boot_id=boot, pid_namespace=ns, pid=pid, start_time=start)
+def key(*, pid: int = 4242, start: int = 500, ns: int = ROOT, boot: str = BOOT, inode: int = 0) -> IncarnationKey:
+    return IncarnationKey(boot_id=boot, pid_namespace=ns, pid=pid, start_time=start, pidfd_inode=inode)
 
 
 @dataclasses.dataclass
@@ -256,6 +264,7 @@ class Recorded:
     pid_namespace: object = str(ROOT)
     pid: object = 4242
     start_time: object = "500"
+    pidfd_inode: object = None
 
 
 @pytest.mark.parametrize("registration_node", ["node-b", None, ""], ids=["other-node", "no-node", "empty"])
@@ -276,6 +285,9 @@ def test_a_registration_of_another_node_is_foreign(registration_node: str | None
         pytest.param(Recorded(pid=True), id="pid-true"),
         pytest.param(Recorded(start_time="5.0"), id="start-fraction"),
         pytest.param(Recorded(start_time=None), id="start-missing"),
+        pytest.param(Recorded(pidfd_inode="0"), id="pidfd-inode-zero"),
+        pytest.param(Recorded(pidfd_inode="x1"), id="pidfd-inode-not-digits"),
+        pytest.param(Recorded(pidfd_inode=2**64), id="pidfd-inode-too-large"),
     ],
 )
 def test_garbage_incarnation_fields_are_invalid(recorded: Recorded) -> None:
@@ -1100,7 +1112,7 @@ def worlds(draw: st.DrawFn) -> tuple[FakeProc, IncarnationKey, LocalNode]:
     proc = FakeProc(*processes.values())
     hides = draw(st.sampled_from([False, False, True, None]))
     for host_pid, process in processes.items():
-        for op in draw(st.lists(st.sampled_from(["stat", "status", "link", "open", "time"]), max_size=2)):
+        for op in draw(st.lists(st.sampled_from(["stat", "status", "link", "open", "time", "inode"]), max_size=2)):
             codes = [errno.EACCES, errno.ESRCH, errno.EMFILE]
             # The kernel answers ENOENT for a process that still runs only where /proc hides it.
             if hides is not False or process.exited:
@@ -1113,9 +1125,19 @@ def worlds(draw: st.DrawFn) -> tuple[FakeProc, IncarnationKey, LocalNode]:
         pid = target.nspid[-1]
     else:
         pid = draw(st.integers(2, 60)) if namespace == ROOT else draw(st.integers(1, 8))
+    # Its pidfd inode recorded or not; if recorded, of the target or of a process gone since.
+    recorded_inode = draw(st.sampled_from(["none", "target", "gone"]))
+    inode = 0 if recorded_inode == "none" else 999_999
+    if recorded_inode == "target" and target is not None:
+        inode = target.generation
     incarnation = key(
-        boot=draw(st.sampled_from([BOOT, OTHER_BOOT])), ns=namespace, pid=pid, start=draw(st.integers(0, 3))
+        boot=draw(st.sampled_from([BOOT, OTHER_BOOT])),
+        ns=namespace,
+        pid=pid,
+        start=draw(st.integers(0, 3)),
+        inode=inode,
     )
+    proc.pidfs = draw(st.sampled_from([True, True, False]))
     node = facts(
         agent_pid_namespace=draw(st.sampled_from([ROOT, ROOT, CHILD, None])),
         proc_pid_namespace=draw(st.sampled_from([ROOT, ROOT, None])),
@@ -1126,7 +1148,10 @@ def worlds(draw: st.DrawFn) -> tuple[FakeProc, IncarnationKey, LocalNode]:
 
 def _may_be(process: FakeProcess, incarnation: IncarnationKey) -> bool:
     """`process` may be the recorded incarnation: its number, and its start time on the recording clock
-    (a launcher on another clock saw it shifted by an offset the agent cannot know)."""
+    (a launcher on another clock saw it shifted by an offset the agent cannot know); on the same
+    boot, a recorded pidfd inode names exactly one process."""
+    if incarnation.pidfd_inode and incarnation.boot_id == BOOT:
+        return process.generation == incarnation.pidfd_inode
     number = (process.pid_namespace, process.nspid[-1]) == (incarnation.pid_namespace, incarnation.pid)
     return number and (process.time_namespace != HOST_CLOCK or process.start_time == incarnation.start_time)
 
@@ -1152,6 +1177,85 @@ def test_a_live_incarnation_is_never_dead(world: tuple[FakeProc, IncarnationKey,
     if result.verdict is Verdict.ALIVE:
         exact = [p for p in live if p.start_time == incarnation.start_time]
         assert exact and result.host_pid == exact[0].host_pid and incarnation.boot_id == BOOT
+        if incarnation.pidfd_inode:
+            assert exact[0].generation == incarnation.pidfd_inode and proc.pidfs
     # Every fd is either held by the table or closed.
     held = {pinned.fd for k in agent.pidfds.incarnations() if (pinned := agent.pidfds.get(k))}
     assert proc.open_fds == held
+
+
+# --- by pidfd inode: what an agent without ptrace access can establish ----------------------------
+
+
+def in_child(**changes: Any) -> FakeProcess:
+    """pid 1 of a child pid namespace, whose ns/pid link this agent may not read."""
+    return FakeProcess(**({"host_pid": 4242, "start_time": 500, "pid_namespace": CHILD, "nspid": (4242, 1)} | changes))
+
+
+def by_inode(process: FakeProcess, **changes: Any) -> IncarnationKey:
+    fields = {"pid": process.nspid[-1], "start": process.start_time, "ns": process.pid_namespace} | changes
+    return key(inode=process.generation, **fields)
+
+
+def test_a_worker_whose_namespace_link_is_refused_is_alive_by_its_pidfd_inode_then_dead() -> None:
+    worker = in_child()
+    proc = FakeProc(worker, FakeProcess(host_pid=77, start_time=3, pid_namespace=OTHER_CHILD, nspid=(77, 1)))
+    for pid in (4242, 77):
+        proc.fault("link", pid, *[oserror(errno.EACCES)] * 10)
+    agent = Agent(proc)
+    expect(agent.probe(by_inode(worker)), Verdict.ALIVE, Evidence.PIDFD_PINNED)
+    worker.exited = True
+    expect(agent.probe(by_inode(worker)), Verdict.DEAD, Evidence.PIDFD_EXITED)
+
+
+def test_a_recorded_inode_no_process_has_is_absent_on_the_same_boot() -> None:
+    gone = in_child()
+    proc = FakeProc(in_child(start_time=900))  # the restarted container: same number, another process
+    expect(Agent(proc).probe(by_inode(gone)), Verdict.DEAD, Evidence.PROC_ABSENT)
+
+
+@pytest.mark.parametrize("error", [errno.EMFILE, errno.EACCES, errno.EPERM])
+def test_absence_by_inode_needs_every_process_read(error: int) -> None:
+    gone = in_child()
+    proc = FakeProc(FakeProcess(host_pid=77, start_time=3))
+    proc.fault("open", 77, oserror(error))
+    expect(Agent(proc).probe(by_inode(gone)), Verdict.UNKNOWN, Evidence.PROC_UNREADABLE)
+
+
+def test_without_pidfs_no_inode_names_a_process_and_absence_is_unknown() -> None:
+    proc = FakeProc(FakeProcess(host_pid=77, start_time=3))
+    proc.pidfs = False
+    expect(Agent(proc).probe(by_inode(in_child())), Verdict.UNKNOWN, Evidence.PROC_UNREADABLE)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{"start": 499}, {"pid": 2}, {"ns": OTHER_CHILD}],
+    ids=["another-start-time", "another-pid", "another-namespace"],
+)
+def test_the_process_of_the_inode_must_be_the_recorded_one(changes: dict[str, int]) -> None:
+    worker = in_child()
+    agent = Agent(FakeProc(worker))
+    expect(agent.probe(by_inode(worker, **changes)), Verdict.UNKNOWN, Evidence.INCARNATION_CONTRADICTED)
+    assert not agent.pidfds.incarnations() and agent.proc.open_fds == set()
+
+
+def test_a_number_that_changed_hands_since_the_listing_is_looked_up_again() -> None:
+    worker = in_child()
+    proc = FakeProc(worker)
+    agent = Agent(proc)
+    agent.index.refresh(reader=proc, proc_pid_namespace=ROOT, with_inodes=True)
+    proc.reap(4242)
+    proc.add(in_child(start_time=900))  # the number, now another process's
+    expect(agent.probe(by_inode(worker)), Verdict.DEAD, Evidence.PROC_ABSENT)
+
+
+def test_an_agent_in_another_pid_namespace_than_its_proc_cannot_look_up_an_inode() -> None:
+    worker = in_child()
+    agent = Agent(FakeProc(worker), node=facts(agent_pid_namespace=CHILD))
+    expect(agent.probe(by_inode(worker)), Verdict.UNKNOWN, Evidence.PIDFD_UNAVAILABLE)
+
+
+def test_on_another_boot_the_inode_is_not_used() -> None:
+    worker = in_child()
+    expect(Agent(FakeProc()).probe(by_inode(worker, boot=OTHER_BOOT)), Verdict.DEAD, Evidence.BOOT_BOUNDARY)

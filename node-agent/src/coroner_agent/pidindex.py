@@ -7,6 +7,7 @@ incrementally, read through the probe's `ProcReader`.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import threading
 from typing import Final
 
@@ -22,8 +23,11 @@ _NO_GENERATION: Final = 1
 class IndexedProcess:
     host_pid: int
     generation: int
-    pid_namespace: int
+    pid_namespace: int | None
+    """None: its ns/pid link could not be read (an agent without ptrace access to it)."""
     namespaced_pid: int
+    pidfd_inode: int | None = None
+    """Its pidfd inode, once a refresh `with_inodes` read it."""
 
 
 class PidIndex:
@@ -44,12 +48,20 @@ class PidIndex:
     32-bit counter shared by all pseudo-filesystems) do not wrap between two refreshes.
     Processes whose entries cannot be read are counted in `unclassified`; while any are, absence
     proves nothing (one of them could be the incarnation) and the probe says Unknown.
+
+    The same listing also indexes processes by pidfd inode (`coroner.pidfs`), for incarnations that
+    recorded one: a refresh `with_inodes` opens a pidfd for each process not read that way yet and
+    keeps its inode (one open, fstat and close; no ptrace access needed). Its own count of what
+    could not be read, `inodes_unclassified`, guards absence by inode as `unclassified` does the
+    other. Refreshes without it (no registration recorded an inode) open nothing.
     """
 
     def __init__(self) -> None:
         self._by_host: dict[int, IndexedProcess] = {}
         self._by_key: dict[tuple[int, int], int] = {}
+        self._by_inode: dict[int, int] = {}
         self._unclassified: set[int] = set()
+        self._inodes_unclassified: set[int] = set()
         self._lock = threading.Lock()
         self.refreshes = 0
         self.reads = 0
@@ -62,9 +74,17 @@ class PidIndex:
     def unclassified(self) -> int:
         return len(self._unclassified)
 
+    @property
+    def inodes_unclassified(self) -> int:
+        return len(self._inodes_unclassified)
+
     def lookup(self, *, pid_namespace: int, namespaced_pid: int) -> int | None:
         with self._lock:
             return self._by_key.get((pid_namespace, namespaced_pid))
+
+    def lookup_inode(self, pidfd_inode: int) -> int | None:
+        with self._lock:
+            return self._by_inode.get(pidfd_inode)
 
     def forget(self, host_pid: int) -> None:
         """Drop an entry the caller found stale, so the next refresh re-reads that pid."""
@@ -74,58 +94,114 @@ class PidIndex:
     def _drop(self, host_pid: int) -> None:
         entry = self._by_host.pop(host_pid, None)
         if entry is not None:
-            key = (entry.pid_namespace, entry.namespaced_pid)
-            if self._by_key.get(key) == host_pid:
-                del self._by_key[key]
+            if entry.pid_namespace is not None:
+                key = (entry.pid_namespace, entry.namespaced_pid)
+                if self._by_key.get(key) == host_pid:
+                    del self._by_key[key]
+            if entry.pidfd_inode is not None and self._by_inode.get(entry.pidfd_inode) == host_pid:
+                del self._by_inode[entry.pidfd_inode]
         self._unclassified.discard(host_pid)
+        self._inodes_unclassified.discard(host_pid)
 
-    def refresh(self, *, reader: ProcReader, proc_pid_namespace: int | None = None) -> None:
+    def refresh(self, *, reader: ProcReader, proc_pid_namespace: int | None = None, with_inodes: bool = False) -> None:
         """List the proc root and re-read what is new or changed. OSError: the listing failed.
 
         `proc_pid_namespace` (LocalNode's) lets processes of the proc root's own namespace be
-        classified without their ns/pid link (see `procfs.pid_namespace_of`).
+        classified without their ns/pid link (see `procfs.pid_namespace_of`). `with_inodes` also
+        reads the pidfd inode of every process not read that way yet: the caller must have checked
+        that pidfd_open numbers pids as the proc root does (the agent and its /proc share a pid
+        namespace), or the inodes would be of other processes.
         """
         listing = dict(reader.list_pids())
         with self._lock:
             self.refreshes += 1
             for host_pid in [pid for pid in self._by_host if pid not in listing]:
                 self._drop(host_pid)
-            for host_pid in [pid for pid in self._unclassified if pid not in listing]:
-                self._unclassified.discard(host_pid)
+            for unread in (self._unclassified, self._inodes_unclassified):
+                for host_pid in [pid for pid in unread if pid not in listing]:
+                    unread.discard(host_pid)
             for host_pid, generation in listing.items():
                 cached = self._by_host.get(host_pid)
                 if cached is not None and cached.generation == generation and generation > _NO_GENERATION:
+                    if with_inodes and cached.pidfd_inode is None:
+                        self._read_inode(reader=reader, entry=cached)
                     continue
                 self._drop(host_pid)
-                self._classify(
+                entry = self._classify(
                     reader=reader, host_pid=host_pid, generation=generation, proc_pid_namespace=proc_pid_namespace
                 )
+                if entry is not None and with_inodes:
+                    self._read_inode(reader=reader, entry=entry)
 
-    def _classify(self, *, reader: ProcReader, host_pid: int, generation: int, proc_pid_namespace: int | None) -> None:
+    def _classify(
+        self, *, reader: ProcReader, host_pid: int, generation: int, proc_pid_namespace: int | None
+    ) -> IndexedProcess | None:
         self.reads += 1
+        pid_namespace: int | None = None
         try:
             status = procfs.parse_status(reader.read_status(host_pid))
-            link = None
             if len(status.nspid) > 1 or proc_pid_namespace is None:
-                link = reader.read_pid_namespace_link(host_pid)
-            pid_namespace = procfs.pid_namespace_of(
-                status=status, pid_namespace_link=link, proc_pid_namespace=proc_pid_namespace
-            )
+                try:
+                    link: str | None = reader.read_pid_namespace_link(host_pid)
+                except OSError as exc:
+                    if exc.errno not in (errno.EACCES, errno.EPERM):
+                        raise
+                    # No ptrace access to it: it can still be found by its pidfd inode, but not
+                    # by namespace, so absence by namespace proves nothing while it is listed.
+                    link = None
+                    self._unclassified.add(host_pid)
+            else:
+                link = None
+            if link is not None or len(status.nspid) == 1:
+                pid_namespace = procfs.pid_namespace_of(
+                    status=status, pid_namespace_link=link, proc_pid_namespace=proc_pid_namespace
+                )
         except OSError as exc:
             if exc.errno in VANISHED and self._gone(reader=reader, host_pid=host_pid, generation=generation):
-                return  # exited since the listing: it holds nothing any more
+                return None  # exited since the listing: it holds nothing any more
             self._unclassified.add(host_pid)
-            return
+            self._inodes_unclassified.add(host_pid)
+            return None
         except ParseError:
             self._unclassified.add(host_pid)
-            return
+            self._inodes_unclassified.add(host_pid)
+            return None
         entry = IndexedProcess(
             host_pid=host_pid, generation=generation, pid_namespace=pid_namespace, namespaced_pid=status.namespaced_pid
         )
         self._by_host[host_pid] = entry
         # The two reads are not atomic with the listing: on a (transient) clash the newest read
         # wins, and the probe verifies every candidate before relying on it.
-        self._by_key[(pid_namespace, status.namespaced_pid)] = host_pid
+        if pid_namespace is not None:
+            self._by_key[(pid_namespace, status.namespaced_pid)] = host_pid
+        return entry
+
+    def _read_inode(self, *, reader: ProcReader, entry: IndexedProcess) -> None:
+        """Adds `entry`'s pidfd inode; on failure counts it in `inodes_unclassified` (or drops it,
+        when it exited since the listing)."""
+        host_pid = entry.host_pid
+        try:
+            fd = reader.open_pidfd(host_pid)
+            try:
+                inode = reader.pidfd_inode(fd)
+            finally:
+                reader.close_pidfd(fd)
+        except OSError as exc:
+            if exc.errno in VANISHED and self._gone(reader=reader, host_pid=host_pid, generation=entry.generation):
+                self._drop(host_pid)
+                return
+            self._inodes_unclassified.add(host_pid)
+            return
+        if inode is None:
+            self._inodes_unclassified.add(host_pid)  # no pidfs here: no inode names a process
+            return
+        # The pidfd was opened after the listing: if the number changed hands in between, this is
+        # another process's inode under this entry. The probe verifies every candidate (it opens
+        # its own pidfd and compares the inode), and a live process was listed under its own
+        # number, so a wrong entry can hide nothing: its real owner was listed too.
+        self._inodes_unclassified.discard(host_pid)
+        self._by_host[host_pid] = dataclasses.replace(entry, pidfd_inode=inode)
+        self._by_inode[inode] = host_pid
 
     @staticmethod
     def _gone(*, reader: ProcReader, host_pid: int, generation: int) -> bool:

@@ -80,6 +80,8 @@ def _from_held_pidfd(*, key: IncarnationKey, held: PinnedPidfd, reader: ProcRead
 def _resolve(
     *, key: IncarnationKey, same_boot: bool, node: LocalNode, reader: ProcReader, index: PidIndex, pidfds: PidfdTable
 ) -> ProbeResult:
+    if key.pidfd_inode and same_boot:
+        return _resolve_by_inode(key=key, node=node, reader=reader, index=index, pidfds=pidfds)
     view = _find(key=key, proc_pid_namespace=node.proc_pid_namespace, reader=reader, index=index)
     if view is None:
         return verdict.absent(
@@ -109,6 +111,85 @@ def _resolve(
     if contradicted is not None:
         return contradicted
     return _pin(key=key, view=view, proc_pid_namespace=node.proc_pid_namespace, reader=reader, pidfds=pidfds)
+
+
+def _resolve_by_inode(
+    *, key: IncarnationKey, node: LocalNode, reader: ProcReader, index: PidIndex, pidfds: PidfdTable
+) -> ProbeResult:
+    """The incarnation found by its pidfd inode, which names one process of this boot: no pid
+    namespace link is read, so this works for an agent without ptrace access to the process."""
+    if node.agent_pid_namespace is None or node.agent_pid_namespace != node.proc_pid_namespace:
+        return verdict.unknown(
+            Evidence.PIDFD_UNAVAILABLE,
+            f"pidfd_open numbers pids in this agent's pid namespace ({node.agent_pid_namespace}), its /proc in "
+            f"another ({node.proc_pid_namespace}): the process of pidfd inode {key.pidfd_inode} cannot be looked up",
+        )
+    host_pid = index.lookup_inode(key.pidfd_inode)
+    if host_pid is None:
+        # As by namespace: a miss proves nothing until /proc was listed after the incarnation started.
+        try:
+            index.refresh(reader=reader, proc_pid_namespace=node.proc_pid_namespace, with_inodes=True)
+        except OSError as exc:
+            raise Unestablished(Evidence.PROC_UNREADABLE, f"cannot list the proc root: {exc}") from exc
+        host_pid = index.lookup_inode(key.pidfd_inode)
+    if host_pid is None:
+        if index.inodes_unclassified:
+            raise Unestablished(
+                Evidence.PROC_UNREADABLE,
+                f"the pidfd inodes of {index.inodes_unclassified} processes could not be read; any of them could "
+                f"be the process of pidfd inode {key.pidfd_inode}",
+            )
+        return verdict.absent(
+            key=key,
+            same_boot=True,
+            boot_id=node.boot_id,
+            sees_every_process=node.sees_every_process,
+            agent_pid_namespace=node.agent_pid_namespace,
+            proc_pid_namespace=node.proc_pid_namespace,
+            proc_hides_processes=node.proc_hides_processes,
+        )
+    return _pin_by_inode(key=key, host_pid=host_pid, node=node, reader=reader, index=index, pidfds=pidfds)
+
+
+def _pin_by_inode(
+    *, key: IncarnationKey, host_pid: int, node: LocalNode, reader: ProcReader, index: PidIndex, pidfds: PidfdTable
+) -> ProbeResult:
+    """Opens a pidfd for the host pid the index named and keeps it if its inode is the recorded
+    one: then it pins exactly the recorded process, whatever holds its number later."""
+    try:
+        fd = reader.open_pidfd(host_pid)
+    except OSError as exc:
+        if exc.errno in VANISHED:
+            index.forget(host_pid)
+            raise Changed from exc
+        pidfds.note_unpinned(key)
+        return verdict.unknown(Evidence.PIDFD_UNAVAILABLE, f"pidfd_open({host_pid}) failed: {exc}; left to resync")
+    try:
+        try:
+            inode = reader.pidfd_inode(fd)
+            mapped = reader.pidfd_pid(fd)
+        except OSError as exc:
+            pidfds.note_unpinned(key)
+            raise Unestablished(Evidence.PIDFD_UNAVAILABLE, f"cannot examine the pidfd of {host_pid}: {exc}") from exc
+        if inode != key.pidfd_inode or mapped != host_pid:
+            index.forget(host_pid)  # the number changed hands since the listing (or was reaped)
+            raise Changed
+        view = read_view(
+            reader=reader, host_pid=host_pid, proc_pid_namespace=node.proc_pid_namespace, namespace_required=False
+        )
+        # Still not reaped after the read, so the number was not reused under it: the view is of
+        # the pinned process.
+        if view is None or reader.pidfd_pid(fd) != host_pid:
+            raise Changed
+        contradicted = verdict.inode_contradiction(key=key, view=view)
+        if contradicted is not None:
+            reader.close_pidfd(fd)
+            return contradicted
+        exited = reader.pidfd_exited(fd)
+    except BaseException:
+        reader.close_pidfd(fd)
+        raise
+    return _keep(key=key, fd=fd, host_pid=host_pid, view=view, exited=exited, reader=reader, pidfds=pidfds)
 
 
 def _find(
@@ -224,15 +305,29 @@ def _pin(
     except BaseException:
         reader.close_pidfd(fd)
         raise
+    return _keep(key=key, fd=fd, host_pid=host_pid, view=after, exited=exited, reader=reader, pidfds=pidfds)
+
+
+def _keep(
+    *,
+    key: IncarnationKey,
+    fd: int,
+    host_pid: int,
+    view: ProcessView,
+    exited: bool,
+    reader: ProcReader,
+    pidfds: PidfdTable,
+) -> ProbeResult:
+    """The verdict of a verified pidfd, which the table keeps (or closes, if it has one already)."""
     if exited:
         if not pidfds.adopt(key, fd=fd, host_pid=host_pid, exited=True):
             reader.close_pidfd(fd)
-        return verdict.exited(host_pid=host_pid, state=after.state)
+        return verdict.exited(host_pid=host_pid, state=view.state)
     kept = pidfds.adopt(key, fd=fd, host_pid=host_pid)
     if not kept:
         reader.close_pidfd(fd)  # a concurrent probe may have pinned it first: one fd per incarnation is enough
         kept = pidfds.get(key) is not None
-    return verdict.checked(host_pid=host_pid, view=after, kept=kept, pinned=len(pidfds), limit=pidfds.max_pinned)
+    return verdict.checked(host_pid=host_pid, view=view, kept=kept, pinned=len(pidfds), limit=pidfds.max_pinned)
 
 
 def _watch_reuser(

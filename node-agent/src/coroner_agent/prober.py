@@ -162,6 +162,7 @@ class ProcProber:
                 pid_namespace=incarnation.pid_namespace,
                 pid=incarnation.pid,
                 start_time=incarnation.start_time,
+                pidfd_inode=incarnation.pidfd_inode,
             )
         except ParseError:
             return

@@ -17,6 +17,7 @@ import select
 from collections.abc import Iterable
 from typing import Final, Protocol
 
+from coroner import pidfs
 from coroner.core import api, procfs
 from coroner.core.procfs import ParseError, ProcessView
 from coroner.core.reasons import Evidence
@@ -67,6 +68,11 @@ class ProcReader(Protocol):
         ...
 
     def close_pidfd(self, fd: int) -> None: ...
+
+    def pidfd_inode(self, fd: int) -> int | None:
+        """The pidfd's inode (`coroner.pidfs.inode`): one per process on this boot; None where the
+        kernel gives no such number."""
+        ...
 
     def proc_mount_options(self) -> tuple[str, ...]:
         """The options of the proc mount that serves the proc root (`procfs.parse_proc_mount_options`)."""
@@ -135,6 +141,9 @@ class HostProcReader:
 
     def close_pidfd(self, fd: int) -> None:
         os.close(fd)
+
+    def pidfd_inode(self, fd: int) -> int | None:
+        return pidfs.inode(fd)
 
     def proc_mount_options(self) -> tuple[str, ...]:
         try:
@@ -238,8 +247,13 @@ class Unestablished(Exception):
         self.detail = detail
 
 
-def read_view(*, reader: ProcReader, host_pid: int, proc_pid_namespace: int | None) -> ProcessView | None:
-    """stat, status, (ns link), stat again; None if the pid resolves to no task at the first read."""
+def read_view(
+    *, reader: ProcReader, host_pid: int, proc_pid_namespace: int | None, namespace_required: bool = True
+) -> ProcessView | None:
+    """stat, status, (ns link), stat again; None if the pid resolves to no task at the first read.
+
+    Without `namespace_required` (a process found by its pidfd inode), a pid namespace link the
+    agent may not read leaves `pid_namespace` 0 instead of Unestablished."""
     try:
         first = reader.read_stat(host_pid)
     except OSError as exc:
@@ -253,7 +267,7 @@ def read_view(*, reader: ProcReader, host_pid: int, proc_pid_namespace: int | No
         status = procfs.parse_status(status_text)
         link = None
         if len(status.nspid) > 1 or proc_pid_namespace is None:
-            link = _read_link(reader=reader, host_pid=host_pid)
+            link = _read_link(reader=reader, host_pid=host_pid, required=namespace_required)
         second = reader.read_stat(host_pid)
     except OSError as exc:
         if exc.errno in VANISHED:
@@ -270,13 +284,17 @@ def read_view(*, reader: ProcReader, host_pid: int, proc_pid_namespace: int | No
         raise Changed
     try:
         return procfs.process_view(
-            stat=second, status=status_text, pid_namespace_link=link, proc_pid_namespace=proc_pid_namespace
+            stat=second,
+            status=status_text,
+            pid_namespace_link=link,
+            proc_pid_namespace=proc_pid_namespace,
+            namespace_required=namespace_required,
         )
     except ParseError as exc:
         raise Unestablished(Evidence.PROC_UNREADABLE, f"/proc/{host_pid}: {exc}") from exc
 
 
-def _read_link(*, reader: ProcReader, host_pid: int) -> str:
+def _read_link(*, reader: ProcReader, host_pid: int, required: bool = True) -> str | None:
     try:
         return reader.read_pid_namespace_link(host_pid)
     except OSError as exc:
@@ -285,6 +303,8 @@ def _read_link(*, reader: ProcReader, host_pid: int) -> str:
         # The kernel answers EACCES both when ptrace access is denied and when the task was
         # released after the path lookup; stat tells which (vanished -> ENOENT/ESRCH -> Changed).
         reader.read_stat(host_pid)
+        if not required:
+            return None
         raise Unestablished(
             Evidence.PID_NAMESPACE_NOT_VISIBLE, f"the pid namespace of host pid {host_pid} cannot be read: {exc}"
         ) from exc

@@ -12,6 +12,9 @@ everything else is `Alive`, `Reused` or `Unknown`:
   root pid namespace), and a listing of /proc taken *during this probe* has no process whose pid
   namespace and namespaced pid are the recorded ones. A process can neither leave its pid
   namespace nor change its pid, so a live incarnation would be in that listing.
+  An incarnation that recorded its pidfd inode (`coroner.pidfs`: one per process, never reused
+  within a boot) is looked up by that instead, on the same boot: absent when no listed process
+  has it. No ns/pid link is read, so an agent without ptrace access over the worker can say it.
 - `PidNamespaceRecreated`: same boot, the recorded (pid namespace, pid) is held by a process with
   another start time, and the namespace that now has the recorded inode number has a pid 1 that
   started after the incarnation did. A pid namespace's pid 1 is its first process (the kernel
@@ -62,6 +65,8 @@ class RecordedIncarnation(Protocol):
     def pid(self) -> object: ...
     @property
     def start_time(self) -> object: ...
+    @property
+    def pidfd_inode(self) -> object: ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -112,6 +117,7 @@ def recorded(
             pid_namespace=incarnation.pid_namespace,
             pid=incarnation.pid,
             start_time=incarnation.start_time,
+            pidfd_inode=incarnation.pidfd_inode,
         )
     except ParseError as exc:
         return unknown(Evidence.INVALID_INCARNATION, f"the recorded incarnation is invalid: {exc}")
@@ -135,8 +141,11 @@ def absent(
     proc_pid_namespace: int | None,
     proc_hides_processes: bool | None,
 ) -> ProbeResult:
-    """No process holds the recorded (pid namespace, pid) in a listing taken during this probe."""
+    """No process holds the recorded (pid namespace, pid), or has the recorded pidfd inode, in a
+    listing taken during this probe."""
     where = f"pid {key.pid} in pid namespace {key.pid_namespace}"
+    if key.pidfd_inode and same_boot:
+        where = f"pidfd inode {key.pidfd_inode} (pid {key.pid} in pid namespace {key.pid_namespace})"
     in_root = api.ROOT_PID_NAMESPACE_INODE == agent_pid_namespace == proc_pid_namespace
     if not sees_every_process and not in_root:
         return unknown(
@@ -152,8 +161,9 @@ def absent(
             "every process: mount it without hidepid",
         )
     if same_boot:
+        held = "has" if key.pidfd_inode else "holds"
         return ProbeResult(
-            verdict=Verdict.DEAD, evidence=Evidence.PROC_ABSENT, detail=f"no process holds {where} on this boot"
+            verdict=Verdict.DEAD, evidence=Evidence.PROC_ABSENT, detail=f"no process {held} {where} on this boot"
         )
     return ProbeResult(
         verdict=Verdict.DEAD,
@@ -235,6 +245,27 @@ def contradiction(
             view.host_pid,
         )
     return None
+
+
+def inode_contradiction(*, key: IncarnationKey, view: ProcessView) -> ProbeResult | None:
+    """Unknown when the process with the recorded pidfd inode is not numbered, or did not start, as
+    the registration records (another clock, or a record that names two processes); None when it
+    agrees, to be judged by its pidfd. Its pid namespace is compared where it could be read."""
+    if (
+        view.is_thread_group_leader
+        and view.namespaced_pid == key.pid
+        and view.start_time == key.start_time
+        and view.pid_namespace in (0, key.pid_namespace)
+    ):
+        return None
+    shown = "unreadable" if view.pid_namespace == 0 else str(view.pid_namespace)
+    return unknown(
+        Evidence.INCARNATION_CONTRADICTED,
+        f"the process of pidfd inode {key.pidfd_inode} is {_holder(view)}, pid {view.namespaced_pid} in pid "
+        f"namespace {shown}; the registration records pid {key.pid} in pid namespace {key.pid_namespace} with "
+        f"start time {key.start_time}",
+        view.host_pid,
+    )
 
 
 def exited(*, host_pid: int, state: str | None = None) -> ProbeResult:

@@ -104,9 +104,13 @@ class IncarnationKey:
     pid: int
     """The namespaced pid (the last `NSpid` entry), as in `spec.incarnation.pid`."""
     start_time: int
+    pidfd_inode: int = 0
+    """The process's pidfd inode (`coroner.pidfs`), unique on its boot; 0: not recorded. When
+    recorded, the agent finds the process by it, which needs no ptrace access."""
 
     def __str__(self) -> str:
-        return f"boot={self.boot_id} pidns={self.pid_namespace} pid={self.pid} start={self.start_time}"
+        shown = f"boot={self.boot_id} pidns={self.pid_namespace} pid={self.pid} start={self.start_time}"
+        return f"{shown} pidfd-inode={self.pidfd_inode}" if self.pidfd_inode else shown
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -116,6 +120,8 @@ class ProcessView:
     host_pid: int
     """The pid in the reading /proc's namespace (the host pid when that is the root namespace)."""
     pid_namespace: int
+    """0 where it was not needed and could not be read: a process of a child namespace read by a
+    reader without ptrace access to it, found by its pidfd inode instead (`process_view`)."""
     namespaced_pid: int
     start_time: int
     state: str
@@ -137,22 +143,31 @@ class ProcessIncarnation:
     pid: int
     start_time: int
     host_id: str
+    pidfd_inode: int | None = None
+    """`coroner.pidfs.inode` of the process; None where the kernel gives no such number."""
 
     @property
     def key(self) -> IncarnationKey:
         return IncarnationKey(
-            boot_id=self.boot_id, pid_namespace=self.pid_namespace, pid=self.pid, start_time=self.start_time
+            boot_id=self.boot_id,
+            pid_namespace=self.pid_namespace,
+            pid=self.pid,
+            start_time=self.start_time,
+            pidfd_inode=self.pidfd_inode or 0,
         )
 
     def spec(self) -> dict[str, str | int]:
         """`spec.incarnation` as docs/api.md spells it (digits as strings, pid as an integer)."""
-        return {
+        spec: dict[str, str | int] = {
             "bootId": self.boot_id,
             "pidNamespace": str(self.pid_namespace),
             "pid": self.pid,
             "startTime": str(self.start_time),
             "hostId": self.host_id,
         }
+        if self.pidfd_inode is not None:
+            spec["pidfdInode"] = str(self.pidfd_inode)
+        return spec
 
 
 def _text(raw: str | bytes, *, what: str) -> str:
@@ -300,8 +315,11 @@ def _recorded_integer(value: object, *, what: str, minimum: int, maximum: int) -
     raise ParseError(f"{what}: {type(value).__name__} is not a number")
 
 
-def recorded_incarnation(*, boot_id: object, pid_namespace: object, pid: object, start_time: object) -> IncarnationKey:
-    """Validate the incarnation fields a registration carries (strings of digits or integers)."""
+def recorded_incarnation(
+    *, boot_id: object, pid_namespace: object, pid: object, start_time: object, pidfd_inode: object = None
+) -> IncarnationKey:
+    """Validate the incarnation fields a registration carries (strings of digits or integers);
+    `pidfd_inode` None (or an IncarnationKey's 0) is not recorded: it is optional."""
     if not isinstance(boot_id, str) or not _BOOT_ID.fullmatch(boot_id):
         raise ParseError(f"bootId: {str(boot_id)[:60]!r} is not a lowercase UUID")
     return IncarnationKey(
@@ -309,6 +327,9 @@ def recorded_incarnation(*, boot_id: object, pid_namespace: object, pid: object,
         pid_namespace=_recorded_integer(pid_namespace, what="pidNamespace", minimum=1, maximum=U64_MAX),
         pid=_recorded_integer(pid, what="pid", minimum=1, maximum=api.PID_MAX_LIMIT),
         start_time=_recorded_integer(start_time, what="startTime", minimum=0, maximum=U64_MAX),
+        pidfd_inode=0
+        if pidfd_inode is None or (type(pidfd_inode) is int and pidfd_inode == 0)
+        else _recorded_integer(pidfd_inode, what="pidfdInode", minimum=1, maximum=U64_MAX),
     )
 
 
@@ -337,17 +358,24 @@ def process_view(
     status: str | bytes,
     pid_namespace_link: str | bytes | None,
     proc_pid_namespace: int | None = None,
+    namespace_required: bool = True,
 ) -> ProcessView:
-    """One process from its texts, which must describe the same task (see `pid_namespace_of`)."""
+    """One process from its texts, which must describe the same task (see `pid_namespace_of`).
+
+    Without `namespace_required`, a process of a child namespace whose link is None gets
+    `pid_namespace` 0 instead of a ParseError."""
     parsed_stat = parse_stat(stat)
     parsed_status = parse_status(status)
     # The texts are read one after another; a pid reused in between would pair one task's start
     # time with another's namespace. The pids must agree (the caller re-reads stat to close the rest).
     if parsed_stat.pid != parsed_status.pid:
         raise ParseError(f"stat is pid {parsed_stat.pid}, status is pid {parsed_status.pid}")
+    unread = not namespace_required and pid_namespace_link is None and len(parsed_status.nspid) > 1
     return ProcessView(
         host_pid=parsed_stat.pid,
-        pid_namespace=pid_namespace_of(
+        pid_namespace=0
+        if unread
+        else pid_namespace_of(
             status=parsed_status, pid_namespace_link=pid_namespace_link, proc_pid_namespace=proc_pid_namespace
         ),
         namespaced_pid=parsed_status.namespaced_pid,
@@ -381,6 +409,7 @@ def incarnation_from(
     boot_id: str | bytes,
     machine_id: str | bytes | None,
     node_name: str,
+    pidfd_inode: int | None = None,
 ) -> ProcessIncarnation:
     """The incarnation a launcher records for a process it started (and still holds unreaped).
 
@@ -403,6 +432,7 @@ def incarnation_from(
         pid=view.namespaced_pid,
         start_time=view.start_time,
         host_id=host_id,
+        pidfd_inode=pidfd_inode,
     )
 
 

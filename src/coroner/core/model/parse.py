@@ -117,7 +117,7 @@ class _Reader:
     def incarnation(self, parent: Mapping[str, object] | None, path: str, *, required: bool) -> Incarnation:
         pid_value = None if parent is None else parent.get("pid")
         pid = parse_pid(pid_value)
-        pid_path, boot_id_path, pid_namespace_path, start_time_path, host_id_path = _incarnation_paths(path)
+        pid_path, boot_id_path, pid_namespace_path, start_time_path, host_id_path, inode_path = _incarnation_paths(path)
         if pid is None and (required or pid_value is not None):
             self.flag(pid_path, "missing" if pid_value is None else f"invalid pid {_shown(pid_value)}")
         return Incarnation(
@@ -126,11 +126,13 @@ class _Reader:
             pid=pid,
             start_time=self.string(parent, "startTime", start_time_path, required=required, pattern=DIGITS),
             host_id=self.string(parent, "hostId", host_id_path, required=required, empty_ok=False),
+            pidfd_inode=self.string(parent, "pidfdInode", inode_path, pattern=DIGITS),
         )
 
 
-def _spelled_incarnation_paths(path: str) -> tuple[str, str, str, str, str]:
-    return (f"{path}.pid", f"{path}.bootId", f"{path}.pidNamespace", f"{path}.startTime", f"{path}.hostId")
+def _spelled_incarnation_paths(path: str) -> tuple[str, str, str, str, str, str]:
+    fields = ("pid", "bootId", "pidNamespace", "startTime", "hostId", "pidfdInode")
+    return tuple(f"{path}.{field}" for field in fields)  # type: ignore[return-value]
 
 
 def _spelled_condition_paths(index: int) -> tuple[str, str, str, str, str, str, str]:
@@ -146,8 +148,9 @@ _INCARNATION_PATHS: Final = {
 _CONDITION_PATHS: Final = tuple(_spelled_condition_paths(index) for index in range(8))
 
 
-def _incarnation_paths(path: str) -> tuple[str, str, str, str, str]:
-    """The paths of an incarnation's fields under `path` (pid, bootId, pidNamespace, startTime, hostId)."""
+def _incarnation_paths(path: str) -> tuple[str, str, str, str, str, str]:
+    """The paths of an incarnation's fields under `path` (pid, bootId, pidNamespace, startTime, hostId,
+    pidfdInode)."""
     return _INCARNATION_PATHS.get(path) or _spelled_incarnation_paths(path)
 
 

@@ -36,6 +36,9 @@ class Incarnation:
     pid: int | None = None
     start_time: str | None = None
     host_id: str | None = None
+    pidfd_inode: str | None = None
+    """Optional: the process's pidfd inode (`coroner.pidfs`), which lets an agent without ptrace
+    access find it. Not part of `key`: the five fields above name the process; this locates it."""
 
     @property
     def key(self) -> tuple[str | None, str | None, int | None, str | None]:
@@ -170,6 +173,7 @@ def render_incarnation(incarnation: Incarnation) -> dict[str, Any]:
         ("pid", incarnation.pid),
         ("startTime", incarnation.start_time),
         ("hostId", incarnation.host_id),
+        ("pidfdInode", incarnation.pidfd_inode),
     )
     return {field: value for field, value in fields if value is not None}
 
