@@ -14,6 +14,11 @@ machine's node needs, each said where it is patched:
   node); the test overlay lets each take a free port (`--metrics-port=0`) and drops the port and
   its probes. Why the first node is labeled a control-plane node: `install`.
 
+The chart's `helm test` Pod (charts/coroner/templates/tests/doctor.yaml) is created by `helm test`
+itself, after any patch could be made: a MutatingAdmissionPolicy of the dev cluster's own
+(`helm_test_pods`, applied by `patch_installed`) gives it the same `hostNetwork` and API server address
+at admission.
+
 Workloads with the registrar injected (`coroner.core.inject`, `kubectl coroner inject`) get the same
 API server address in its container, and nothing else (`registrar_on_the_node`); their Pods need
 `hostNetwork` as every Pod here does.
@@ -147,7 +152,7 @@ def write_overlay(
 
 def patch_installed(cluster: Cluster) -> None:
     """Applies the test overlay's patches to an installation made some other way (`helm install`):
-    what a post-renderer would do, with `kubectl patch`."""
+    what a post-renderer would do, with `kubectl patch`; and the admission of its `helm test` Pod."""
     layout = NodeLayout(directory=cluster.directory, name=cluster.nodes[-1])
     agent, operator, metrics = overlay_patches(cluster, seccomp_root=layout.shared_seccomp_root)
     for kind, name, patch, kind_of_patch in (
@@ -156,6 +161,75 @@ def patch_installed(cluster: Cluster) -> None:
         ("deployment", "coroner-operator", metrics, "json"),
     ):
         kubectl(cluster, "-n", SYSTEM_NAMESPACE, "patch", kind, name, f"--type={kind_of_patch}", "-p", patch["patch"])
+    helm_test_pods(cluster)
+
+
+#: The dev cluster's own policy for the chart's `helm test` Pod (named without "coroner": it is no
+#: part of an install, and an uninstall's check for leftovers does not count it).
+HELM_TEST_POLICY = "dev-node-helm-test-pods"
+
+
+def helm_test_pods(cluster: Cluster, *, timeout: float = 60) -> None:
+    """A MutatingAdmissionPolicy (and binding) giving the chart's `helm test` Pods, labelled
+    app.kubernetes.io/name=coroner-doctor-test, `hostNetwork` and the API server's loopback address
+    as `overlay_patches` gives the workloads; returns once the API server enforces it (a policy is
+    loaded a moment after it is created: a server-side dry run of such a Pod says when)."""
+    env = ", ".join(
+        f'Object.spec.containers.env{{name: "{item["name"]}", value: "{item["value"]}"}}' for item in api_env(cluster)
+    )
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingAdmissionPolicy",
+        "metadata": {"name": HELM_TEST_POLICY},
+        "spec": {
+            "failurePolicy": "Fail",
+            "reinvocationPolicy": "Never",
+            "matchConstraints": {
+                "resourceRules": [
+                    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}
+                ],
+                "objectSelector": {"matchLabels": {"app.kubernetes.io/name": "coroner-doctor-test"}},
+            },
+            "mutations": [
+                {
+                    "patchType": "JSONPatch",
+                    "jsonPatch": {
+                        "expression": (
+                            '[JSONPatch{op: "add", path: "/spec/hostNetwork", value: true}, '
+                            f'JSONPatch{{op: "add", path: "/spec/containers/0/env", value: [{env}]}}]'
+                        )
+                    },
+                }
+            ],
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingAdmissionPolicyBinding",
+        "metadata": {"name": HELM_TEST_POLICY},
+        "spec": {"policyName": HELM_TEST_POLICY},
+    }
+    apply_objects(cluster, [policy, binding])
+    probe = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "helm-test-probe", "labels": {"app.kubernetes.io/name": "coroner-doctor-test"}},
+        "spec": {"containers": [{"name": "doctor", "image": WORKER_IMAGE}]},
+    }
+    deadline = time.monotonic() + timeout
+    while True:
+        made = kubectl(
+            cluster, "-n", SYSTEM_NAMESPACE, "create", "--dry-run=server", "-o", "json", "-f", "-",
+            stdin=json.dumps(probe),
+        )  # fmt: skip
+        if json.loads(made.stdout)["spec"].get("hostNetwork"):
+            return
+        if time.monotonic() > deadline:
+            raise DevClusterError(
+                f"the MutatingAdmissionPolicy {HELM_TEST_POLICY} was not enforced within {timeout:g} s",
+                fix=f"read the API server's log under {cluster.directory / 'logs'}",
+            )
+        time.sleep(0.5)
 
 
 def rolled_out(cluster: Cluster, *, timeout: float = 240) -> None:
