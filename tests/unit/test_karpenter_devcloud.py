@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pathlib
 
 import pytest
@@ -85,3 +86,20 @@ def test_a_nodes_own_processes_are_told_from_strangers_naming_its_directory(tmp_
     assert not node._names_node(layout, argv("/usr/bin/less", f"--config={layout.root}/kubelet.json"))
     other = node.NodeLayout(directory=tmp_path, name="pool-abc123")
     assert not node._names_node(layout, argv("/cache/kubelet", f"--config={other.root}/kubelet.json"))
+
+
+@pytest.mark.procs
+def test_a_spawned_cluster_process_keeps_none_of_the_callers_descriptors(tmp_path: pathlib.Path) -> None:
+    """`flock LOCK coroner dev-cluster up` must not leave LOCK held by the etcd it started."""
+    from coroner_dev.devcluster import cluster
+
+    held = os.open(tmp_path / "lock", os.O_CREAT | os.O_RDWR)
+    os.set_inheritable(held, True)
+    try:
+        spawned = cluster._spawn("probe", ["/bin/sleep", "30"], log=tmp_path / "probe.log")
+        try:
+            assert sorted(int(fd) for fd in os.listdir(f"/proc/{spawned.pid}/fd")) == [0, 1, 2]
+        finally:
+            cluster.stop_process(spawned)
+    finally:
+        os.close(held)

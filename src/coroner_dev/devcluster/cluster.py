@@ -136,6 +136,9 @@ def _spawn(name: str, argv: list[str], *, log: pathlib.Path, env: dict[str, str]
         (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
         (os.POSIX_SPAWN_OPEN, 1, str(log), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
         (os.POSIX_SPAWN_DUP2, 1, 2),
+        # Nothing else the caller holds: a process that outlives it must not keep, say, the lock file
+        # of `flock LOCK coroner dev-cluster up` open, which would hold that lock until `down`.
+        *((os.POSIX_SPAWN_CLOSE, fd) for fd in _inherited_fds()),
     ]
     pid = os.posix_spawn(argv[0], argv, dict(os.environ) if env is None else env, file_actions=actions, setsid=True)
     for _ in range(100):
@@ -145,6 +148,17 @@ def _spawn(name: str, argv: list[str], *, log: pathlib.Path, env: dict[str, str]
         time.sleep(0.01)
     _reap(pid)
     raise DevClusterError(f"{name} exited immediately; see {log}", fix=f"read {log}")
+
+
+def _inherited_fds() -> list[int]:
+    """This process's open descriptors above stderr that a spawned process would inherit."""
+    fds = []
+    for entry in os.listdir("/proc/self/fd"):
+        fd = int(entry)
+        with contextlib.suppress(OSError):  # the listing's own descriptor, closed by now
+            if fd > 2 and os.get_inheritable(fd):
+                fds.append(fd)
+    return fds
 
 
 def _reap(pid: int) -> None:
