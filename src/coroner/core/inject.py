@@ -40,12 +40,12 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, Final
 
-from coroner import __version__
+import coroner
 from coroner.core import api
 
 #: The version of the injection (and of the registrar image it names); recorded on every Pod
 #: template it changed, so what was injected by which release can be found.
-INJECTION_VERSION: Final = f"v{__version__}"
+INJECTION_VERSION: Final = f"v{coroner.__version__}"
 #: The registrar's image, pinned as the operator's and the agent's are (their references:
 #: manifests/base, coroner_dev.devcluster.imagerecipe); `--image` overrides it. Its entrypoint is
 #: `coroner`.
