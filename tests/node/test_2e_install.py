@@ -19,7 +19,7 @@ import pytest
 
 from coroner_dev import realnode
 from coroner_dev.devcluster.cluster import Cluster
-from support.nodes import NODE, kubectl, registrations, state, verdict, wait_for
+from support.nodes import alive_worker, kubectl, registrations, state, verdict, wait_for
 from support.plugin import kubectl_coroner
 
 pytestmark = pytest.mark.node
@@ -41,20 +41,6 @@ def can_retire(cluster: Cluster) -> str:
         cluster, "auth", "can-i", "retire", "workerregistrations.coroner.dev", f"--as={OPERATOR}", "-A", check=False
     )
     return str(result.stdout).strip()
-
-
-def live_worker(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
-    pod = realnode.worker_pod(name, namespace=namespace, node=NODE, cluster=cluster, command=["sleep", "3601"])
-    realnode.apply_objects(cluster, [pod])
-    found: dict[str, Any] = wait_for(
-        lambda: next(
-            (r for r in registrations(cluster, namespace) if r["spec"].get("role") == name and verdict(r) == "Alive"),
-            None,
-        ),
-        timeout=120,
-        what=f"the worker {name} attested Alive",
-    )
-    return found
 
 
 def reasons(registration: dict[str, Any]) -> set[str]:
@@ -85,7 +71,7 @@ def test_the_readmes_install_revoke_and_uninstall_as_a_user_runs_them(
         assert f"export KUBECONFIG={node_cluster.kubeconfig}" in installed.stdout
         assert can_retire(node_cluster) == "yes"
 
-        killed, survivor = (live_worker(node_cluster, worker_namespace, name) for name in ("killed", "survivor"))
+        killed, survivor = (alive_worker(node_cluster, worker_namespace, name) for name in ("killed", "survivor"))
         pid = realnode.incarnation_pid(killed)
         assert pid is not None
         os.kill(pid, signal.SIGKILL)

@@ -64,6 +64,21 @@ def verdict(registration: dict[str, Any]) -> str:
     return str(registration.get("status", {}).get("attestation", {}).get("verdict", ""))
 
 
+def alive_worker(cluster: Cluster, namespace: str, role: str) -> dict[str, Any]:
+    """A worker Pod on NODE (`coroner run -- sleep`, role ROLE), once its registration is attested Alive."""
+    pod = realnode.worker_pod(role, namespace=namespace, node=NODE, cluster=cluster, command=["sleep", "3601"])
+    realnode.apply_objects(cluster, [pod])
+    found: dict[str, Any] = wait_for(
+        lambda: next(
+            (r for r in registrations(cluster, namespace) if r["spec"].get("role") == role and verdict(r) == "Alive"),
+            None,
+        ),
+        timeout=120,
+        what=f"the worker {role} attested Alive",
+    )
+    return found
+
+
 def cmdline(pid: int) -> list[str]:
     try:
         raw = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes()
