@@ -14,10 +14,15 @@ waits until the agents and the operator run:
 - `chart`: `helm install coroner` of `charts/coroner` (or the release's packaged chart) into
   `coroner-system`, with the `--set` values given, then the same patches with `kubectl patch`
   (what a post-renderer would do).
+
+From a release, its image archives are imported into every node first and named by digest too
+(`repository@sha256:...`, the name a registry pull gives an image), since the release's manifests
+pin the images by digest and the dev nodes pull nothing.
 """
 
 from __future__ import annotations
 
+import json
 import pathlib
 import subprocess
 from collections.abc import Callable, Sequence
@@ -39,6 +44,21 @@ def release_file(release: pathlib.Path, pattern: str) -> pathlib.Path:
             fix="point --release at the directory `make release` wrote (dist/)",
         )
     return found[0]
+
+
+def import_release_images(cluster: Cluster, release: pathlib.Path) -> None:
+    """The release's images (images.json) in every node's containerd, under their tag and their digest."""
+    from coroner_dev.devcluster.node import NodeLayout, ctr
+    from coroner_dev.devcluster.nodebinaries import ensure_node_binaries
+
+    images = json.loads(release_file(release, "images.json").read_text())["images"]
+    binaries = ensure_node_binaries()
+    for node in cluster.nodes:
+        layout = NodeLayout(directory=cluster.directory, name=node)
+        for entry in images.values():
+            ctr(layout, binaries, "images", "import", "--local", str(release / entry["archive"]))
+            repository = entry["reference"].rsplit(":", 1)[0]
+            ctr(layout, binaries, "images", "tag", "--force", entry["reference"], f"{repository}@{entry['digest']}")
 
 
 def helm(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
@@ -77,6 +97,9 @@ def install(
         raise DevClusterError(f"cannot install {what!r}", fix=f"choose one of {', '.join(CHOICES)}")
     if values and what != "chart":
         raise DevClusterError("--set is for the chart only", fix=f"coroner dev-cluster install --dir {directory} chart")
+    if release is not None:
+        say(f"importing the images of {release} into the nodes {', '.join(running.nodes)}")
+        import_release_images(running, release)
     if what == "chart":
         chart = release_file(release, "coroner-*.tgz") if release else realnode.repository() / "charts" / "coroner"
         say(f"helm install {RELEASE_NAME} {chart} into {realnode.SYSTEM_NAMESPACE}, then the dev node's patches")
