@@ -12,6 +12,7 @@ import os
 import pathlib
 import subprocess
 import tarfile
+from collections.abc import Iterator
 
 import pytest
 import yaml
@@ -25,10 +26,13 @@ TAG = f"v{__version__}"
 
 
 @pytest.fixture(scope="module")
-def releases(tmp_path_factory: pytest.TempPathFactory) -> tuple[pathlib.Path, pathlib.Path]:
-    first = release.build(tmp_path_factory.mktemp("release-a") / "dist")
-    second = release.build(tmp_path_factory.mktemp("release-b") / "dist")
-    return first, second
+def releases(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[pathlib.Path, pathlib.Path]]:
+    # One tree, one time: a commit landing between the two builds (a shared checkout) would move it.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SOURCE_DATE_EPOCH", str(release.source_date_epoch()))
+        first = release.build(tmp_path_factory.mktemp("release-a") / "dist")
+        second = release.build(tmp_path_factory.mktemp("release-b") / "dist")
+    yield first, second
 
 
 def sums(dist: pathlib.Path) -> dict[str, str]:
