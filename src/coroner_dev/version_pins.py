@@ -104,9 +104,61 @@ def mismatches(repo: pathlib.Path, *, version: str = __version__) -> list[Mismat
     return found
 
 
-def main() -> int:
-    """`python -m coroner_dev.version_pins`: every place that disagrees with coroner.__version__."""
+#: The lines that carry the version without an image reference: file -> (pattern, its replacement
+#: for a version V, as a format string of `version` and `tag`).
+FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
+    "src/coroner/__init__.py": ((r'^__version__ = "[^"]*"$', '__version__ = "{version}"'),),
+    "charts/coroner/Chart.yaml": ((r"^version: .*$", "version: {version}"), (r"^appVersion: .*$", "appVersion: {tag}")),
+    "plugins/coroner.yaml": ((r"^  version: v.*$", "  version: {tag}"),),
+    "manifests/overlays/plan-only/kustomization.yaml": ((r"newTag: v.*$", "newTag: {tag}"),),
+    "manifests/overlays/production/kustomization.yaml": ((r"newTag: v.*$", "newTag: {tag}"),),
+}
+
+
+def bump(repo: pathlib.Path, *, old: str, new: str) -> list[str]:
+    """Writes NEW where OLD is spelled: the fields above, and every spelling PATTERNS find of OLD's tag
+    in the tracked files (the tests' too; CHANGELOG.md, which names past versions, is not touched).
+    Returns the files changed."""
+    changed = set()
+    for name, fields in FIELDS.items():
+        path = repo / name
+        text = path.read_text()
+        for pattern, replacement in fields:
+            text = re.sub(pattern, replacement.format(version=new, tag=f"v{new}"), text, flags=re.MULTILINE)
+        if text != path.read_text():
+            path.write_text(text)
+            changed.add(name)
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=repo, capture_output=True, check=True).stdout.decode()
+    for name in sorted(n for n in listed.split("\0") if n and n not in EXCLUDED and (repo / n).is_file()):
+        path = repo / name
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            continue
+        updated = text
+        for spelling in PATTERNS:
+            updated = spelling.sub(
+                lambda m: m.group(0).replace(m["tag"], f"v{new}") if m["tag"] == f"v{old}" else m.group(0), updated
+            )
+        if updated != text:
+            path.write_text(updated)
+            changed.add(name)
+    return sorted(changed)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m coroner_dev.version_pins`: every place that disagrees with coroner.__version__;
+    `--bump NEW`: write NEW everywhere the current version is spelled (then check again)."""
+    arguments = sys.argv[1:] if argv is None else argv
     repo = pathlib.Path(__file__).resolve().parents[2]
+    if arguments[:1] == ["--bump"] and len(arguments) == 2:
+        for name in bump(repo, old=__version__, new=arguments[1]):
+            print(f"changed {name}")
+        print("regenerate what is generated from them: python -m coroner_dev.chart", file=sys.stderr)
+        return 0
+    if arguments:
+        print("usage: python -m coroner_dev.version_pins [--bump NEW]", file=sys.stderr)
+        return 2
     found = mismatches(repo)
     for mismatch in found:
         print(mismatch)

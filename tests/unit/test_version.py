@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import pathlib
+import subprocess
 import tomllib
 
 import pytest
@@ -69,3 +70,13 @@ def test_a_new_version_is_found_missing_at_every_pin() -> None:
 )
 def test_the_scan_finds_each_spelling(text: str, found: list[str]) -> None:
     assert [m.found for m in version_pins.text_mismatches("f", text, expected="v9.9.9")] == found
+
+
+def test_a_bump_writes_the_new_version_everywhere_it_is_spelled(tmp_path: pathlib.Path) -> None:
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "--quiet", "--local", "--no-hardlinks", str(ROOT), str(clone)], check=True)
+    changed = version_pins.bump(clone, old=__version__, new="9.9.9")
+    assert {"src/coroner/__init__.py", "charts/coroner/Chart.yaml", "plugins/coroner.yaml"} <= set(changed)
+    assert [str(m) for m in version_pins.mismatches(clone, version="9.9.9")] == []
+    assert '__version__ = "9.9.9"' in (clone / "src/coroner/__init__.py").read_text()
+    assert (clone / "CHANGELOG.md").read_text() == (ROOT / "CHANGELOG.md").read_text()
