@@ -160,6 +160,36 @@ def doctor_command(
             world = planning.build_world(listing)
             plan = fingerprint.decide_all(world=world, policy=choice.policy, now=utcnow(), keep_evidence=False)
 
+    rbac_api = k8s.RbacAuthorizationV1Api(session.client)
+    rbac_lists: dict[str, list[dict[str, Any]]] = {}
+    rbac: diagnosis.Rbac | planning.Unreadable | None = None
+    for field, call in (
+        ("cluster_roles", rbac_api.list_cluster_role),
+        ("cluster_role_bindings", rbac_api.list_cluster_role_binding),
+        ("roles", rbac_api.list_role_for_all_namespaces),
+        ("role_bindings", rbac_api.list_role_binding_for_all_namespaces),
+    ):
+        items = session.read_list(call, what=f"list {field.replace('_', '')}")
+        if isinstance(items, planning.Unreadable):
+            rbac = items
+            break
+        rbac_lists[field] = items
+    if rbac is None:
+        rbac = diagnosis.Rbac(**rbac_lists)
+
+    mutating_webhooks = session.read_list(
+        admission.list_mutating_webhook_configuration, what="list mutatingwebhookconfigurations"
+    )
+    apps = k8s.AppsV1Api(session.client)
+    system_daemonsets = session.read_list(
+        apps.list_namespaced_daemon_set, system_namespace, what=f"list daemonsets in namespace {system_namespace}"
+    )
+    system_configmaps = session.read_list(
+        k8s.CoreV1Api(session.client).list_namespaced_config_map,
+        system_namespace,
+        what=f"list configmaps in namespace {system_namespace}",
+    )
+
     now = utcnow()
     checks = diagnosis.run_checks(
         diagnosis.Findings(
@@ -181,6 +211,10 @@ def doctor_command(
             now=now,
             operator_pods=operator_pods,
             operator_metrics=_operator_metrics(session, operator_pods, system_namespace=system_namespace),
+            rbac=rbac,
+            mutating_webhooks=mutating_webhooks,
+            system_daemonsets=system_daemonsets,
+            system_configmaps=system_configmaps,
         )
     )
     render.emit(

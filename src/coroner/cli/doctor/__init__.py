@@ -19,6 +19,11 @@ import datetime
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
+from coroner.cli.doctor.access import (
+    check_node_taint_access,
+    check_system_namespace_access,
+    check_worker_namespace_access,
+)
 from coroner.cli.doctor.agents import check_agents
 from coroner.cli.doctor.grant import check_retire_grant, operator_identity
 from coroner.cli.doctor.install import (
@@ -30,11 +35,14 @@ from coroner.cli.doctor.install import (
     check_crd,
     plural_of,
 )
+from coroner.cli.doctor.mutation import check_admission_mutation
 from coroner.cli.doctor.node_loss import check_node_loss
 from coroner.cli.doctor.operator_lease import LAST_SWEEP_ANNOTATION, check_last_sweep, check_operator_alive
 from coroner.cli.doctor.operator_memory import check_operator_memory
 from coroner.cli.doctor.outcome import Check, CheckStatus, doctor_exit_code, failed, passed, warned
+from coroner.cli.doctor.rbac import Rbac
 from coroner.cli.doctor.registrations import check_blocked, check_held, check_squatting, check_unattested
+from coroner.cli.doctor.seccomp import check_agent_seccomp
 from coroner.cli.plan import PolicyChoice, Unreadable
 from coroner.core.fingerprint import Plan
 from coroner.core.held import HELD_GRACE_SECONDS
@@ -49,20 +57,26 @@ __all__ = [
     "Check",
     "CheckStatus",
     "Findings",
+    "Rbac",
     "Unreadable",
     "check_admission_content",
+    "check_admission_mutation",
     "check_admission_policies",
+    "check_agent_seccomp",
     "check_agents",
     "check_blocked",
     "check_crd",
     "check_held",
     "check_last_sweep",
     "check_node_loss",
+    "check_node_taint_access",
     "check_operator_alive",
     "check_operator_memory",
     "check_retire_grant",
     "check_squatting",
+    "check_system_namespace_access",
     "check_unattested",
+    "check_worker_namespace_access",
     "doctor_exit_code",
     "failed",
     "operator_identity",
@@ -71,6 +85,10 @@ __all__ = [
     "run_checks",
     "warned",
 ]
+
+
+#: A fact this doctor run did not read (a `Findings` field's default where callers may leave it out).
+NOT_READ: Final = Unreadable(reason="not read")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -108,6 +126,13 @@ class Findings:
     """The operator's Pods in the system namespace (`operator_memory.OPERATOR_POD_SELECTOR`)."""
     operator_metrics: Mapping[str, str | Unreadable] = dataclasses.field(default_factory=dict)
     """Each Running operator Pod's /metrics text, by Pod name, as read through the API server."""
+    rbac: Rbac | Unreadable = NOT_READ
+    """The cluster's roles and bindings (`access`: who can act as the agents or a worker's Pod)."""
+    mutating_webhooks: Sequence[Mapping[str, Any]] | Unreadable = NOT_READ
+    """The MutatingWebhookConfigurations (`admission-mutation`, with the admission's mutating policies)."""
+    system_daemonsets: Sequence[Mapping[str, Any]] | Unreadable = NOT_READ
+    system_configmaps: Sequence[Mapping[str, Any]] | Unreadable = NOT_READ
+    """The DaemonSets and ConfigMaps of the system namespace (`agent-seccomp`)."""
 
 
 #: The checks, in the order doctor shows them. A new check is one pure function of `Findings`
@@ -151,6 +176,17 @@ CHECKS: Final[tuple[Callable[[Findings], Check], ...]] = (
         plan=f.plan, expect_plan_only=f.expect_plan_only, permission_known=f.cluster_wide is not None
     ),
     lambda f: check_squatting(plan=f.plan),
+    lambda f: check_system_namespace_access(rbac=f.rbac, system_namespace=f.system_namespace),
+    lambda f: check_worker_namespace_access(rbac=f.rbac, world=f.world),
+    lambda f: check_node_taint_access(
+        rbac=f.rbac, out_of_service_evidence=f.policy.policy.node_out_of_service_evidence
+    ),
+    lambda f: check_admission_mutation(
+        webhooks=f.mutating_webhooks, policies=f.admission.get("MutatingAdmissionPolicy", NOT_READ)
+    ),
+    lambda f: check_agent_seccomp(
+        daemonsets=f.system_daemonsets, configmaps=f.system_configmaps, system_namespace=f.system_namespace
+    ),
 )
 
 

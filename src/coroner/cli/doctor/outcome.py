@@ -56,6 +56,9 @@ _GROUPS: Final = {
     "ValidatingAdmissionPolicyBinding": "admissionregistration.k8s.io",
     "MutatingAdmissionPolicy": "admissionregistration.k8s.io",
     "MutatingAdmissionPolicyBinding": "admissionregistration.k8s.io",
+    "MutatingWebhookConfiguration": "admissionregistration.k8s.io",
+    "ConfigMap": "",
+    "DaemonSet": "apps",
     api.KIND: api.GROUP,
 }
 
