@@ -71,7 +71,7 @@ EXPECTED: Final[Mapping[tuple[str, str], str]] = {
     (
         "CustomResourceDefinition",
         "workerregistrations.coroner.dev",
-    ): "5ecb7cf78492b0cd9f5190af44ff1df87b8824e4114ec19b26ec5b2a971a0444",
+    ): "7965bed802faabc5b2b3b791eabbc3309ecb2d7d0c5fba204d2f7d51b96652af",
     (
         "ValidatingAdmissionPolicy",
         "coroner-agent-attests-own-node-only",
