@@ -114,7 +114,9 @@ def render(chart_dir: pathlib.Path = CHART) -> str:
         "`<namePrefix>coroner-doctor-test`: the release's `coroner-planner` ClusterRole, and `get`/`list` "
         "Pods and `get pods/proxy` in the release namespace (the operator's memory), nothing else. It fails "
         "when doctor fails, and prints doctor's report then. After a success its objects are deleted; after "
-        "a failure they stay for `kubectl logs` until the next `helm test`.",
+        "a failure they stay for `kubectl logs` until the next `helm test` replaces them, and `helm uninstall` "
+        "leaves them: `kubectl delete pod,serviceaccount,role,rolebinding -n NAMESPACE "
+        "<namePrefix>coroner-doctor-test` and `kubectl delete clusterrolebinding <namePrefix>coroner-doctor-test`.",
         "",
         "## Values",
         "",
