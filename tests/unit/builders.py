@@ -364,6 +364,20 @@ def watched_texts(count: int, **overrides: Any) -> list[str]:
     return texts
 
 
+def with_junk(body: dict[str, Any], *, annotation_bytes: int = 200 * 1024, labels: int = 2000) -> dict[str, Any]:
+    """`body` carrying what its creator may add that Coroner never reads: annotations of
+    `annotation_bytes` (the API server allows 256 KiB), `labels` labels, finalizers, owner references
+    and managedFields, besides the node label and the registrant annotation."""
+    junk = json.loads(json.dumps(body))
+    meta = junk["metadata"]
+    meta["annotations"] = {**meta.get("annotations", {}), "junk.example/a": "x" * annotation_bytes}
+    meta["labels"] = {**meta.get("labels", {}), **{f"junk.example/l{i}": f"v{i}" for i in range(labels)}}
+    meta["finalizers"] = [f"junk.example/f{i}" for i in range(100)]
+    meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": f"p{i}", "uid": f"u{i}"} for i in range(100)]
+    meta["managedFields"] = [{"manager": "junk", "fieldsV1": {"f:metadata": {"f:annotations": {}}}}] * 10
+    return junk
+
+
 def traced_bytes_each(texts: Sequence[str], keep: Callable[[int, dict[str, Any]], None]) -> float:
     """Bytes of memory that `keep` holds on to per text it is given decoded (tracemalloc:
     deterministic for one interpreter): the median over five batches, as a batch that happens to

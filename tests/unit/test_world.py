@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from coroner.core import model
 from coroner.core.world import World, shared
-from unit.builders import NAMESPACE, make_registration, traced_bytes_each, watched_texts
+from unit.builders import NAMESPACE, REGISTRANT, make_registration, traced_bytes_each, watched_texts, with_junk
 
 pytestmark = pytest.mark.unit
 
@@ -54,6 +58,28 @@ def test_the_cache_keeps_a_registration_compactly() -> None:
     assert set(first) == {"metadata", "status"}, "the rest is in the parsed record"
     assert set(first["metadata"]) == {"namespace", "name", "resourceVersion"}
     assert next(iter(first["status"])) is next(iter(second["status"])), "keys are shared"
+
+
+def test_what_a_registration_carries_beyond_what_is_read_is_not_kept() -> None:
+    """Whatever metadata a registration's creator adds (256 KiB of annotations, labels without
+    number, finalizers, owner references), the operator keeps it at the size of any other: what is
+    read of the metadata is the node label and the registrant annotation."""
+    import sys
+
+    from coroner.core import api
+
+    texts = [json.dumps(with_junk(json.loads(text))) for text in watched_texts(100)]
+    world = World(system_namespace=api.SYSTEM_NAMESPACE, intern=sys.intern)
+    per_registration = traced_bytes_each(texts, lambda i, body: world.put_registration(body))
+    assert per_registration <= 4500, f"{per_registration:.0f} bytes per registration of {len(texts[0])} decoded"
+    whole = json.loads(texts[0])
+    record = world.parsed[(NAMESPACE, "w-0")]
+    assert record.labels == {api.NODE_LABEL: whole["spec"]["nodeName"]}
+    assert record.registered_by == REGISTRANT
+    assert record == dataclasses.replace(model.parse_registration(whole, raw_attestation=False), labels=record.labels)
+    reader = World()  # plan's and doctor's: no shared strings, no bodies kept
+    reader.put_registration(json.loads(texts[0]))
+    assert reader.parsed[(NAMESPACE, "w-0")] == record
 
 
 _JSON = st.recursive(

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from coroner.core.model import Key
-from coroner.core.world import shared, without_managed_fields
+from coroner.core.world import shared, trimmed
 from coroner_agent.effects import FirstLook
 
 
@@ -29,8 +29,9 @@ class AgentCache:
         """During the shutdown wait: the keys changed since it last looked (None: not waiting)."""
 
     def observe(self, key: Key, body: dict[str, Any]) -> None:
-        # Built from shared strings: ~4 KB a body instead of ~10 KB as decoded (1,000 workers: ~6 MB).
-        self.bodies[key] = cast(dict[str, Any], shared(without_managed_fields(body), sys.intern))
+        # Only what is read (`trimmed`: whatever a registration carries, a cached one costs a few KB),
+        # built from shared strings: ~4 KB a body instead of ~10 KB as decoded (1,000 workers: ~6 MB).
+        self.bodies[key] = cast(dict[str, Any], shared(trimmed(body), sys.intern))
         self.touched(key)
 
     def forget(self, key: Key) -> None:

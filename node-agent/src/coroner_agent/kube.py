@@ -19,6 +19,7 @@ from typing import Any
 from coroner.client.rest import ApiError, Rest, busy_or_unavailable, registrations_path, upsert_lease
 from coroner.core import api, kubewire
 from coroner.core.wire import JSON_PATCH
+from coroner.core.world import trimmed
 from coroner.runtime.blocking import Blocking
 from coroner.runtime.watch import Handoff, reflect
 
@@ -121,7 +122,8 @@ class AgentApi:
     ) -> None:
         """List-then-watch this node's registrations forever in this (worker) thread
         (`coroner.runtime.watch.reflect`). Events are handed to the event loop, never called here; a
-        relist is handed over whole once its last page is read (one node's registrations)."""
+        relist is handed over whole once its last page is read (one node's registrations), each
+        registration as the cache keeps it (`trimmed`, as soon as it is decoded)."""
         handoff = Handoff(loop, stop=stop)
         listed: list[dict[str, Any]] = []
 
@@ -135,7 +137,7 @@ class AgentApi:
         reflect(
             self.rest, registrations_path(), query={"labelSelector": self.selector}, stop=stop,
             on_page=on_page, on_event=lambda event_type, obj: handoff(on_event, event_type, obj),
-            on_error=on_error, rng=rng, timeout_seconds=timeout_seconds, what=f"node={self.node_name}",
+            on_error=on_error, rng=rng, timeout_seconds=timeout_seconds, what=f"node={self.node_name}", keep=trimmed,
         )  # fmt: skip
 
 

@@ -31,7 +31,7 @@ from coroner.client.rest import Rest, registrations_path
 from coroner.core import admission_digest, api, model
 from coroner.core.decision import Policy
 from coroner.core.model import Key
-from coroner.core.world import World
+from coroner.core.world import World, trimmed
 from coroner.runtime.controller import Controller, Result, utcnow
 from coroner.runtime.leader import LeaderElector
 from coroner.runtime.watch import Handoff, reflect
@@ -259,7 +259,7 @@ class Operator:
             try:
                 reflect(
                     rest, registrations_path(namespace), stop=stop, on_page=on_page, on_event=on_event,
-                    what=f"registrations in {namespace}" if namespace else "registrations",
+                    what=f"registrations in {namespace}" if namespace else "registrations", keep=trimmed,
                 )  # fmt: skip
             except BaseException as exc:  # a bug: the loop's failure stops the operator
                 error = exc

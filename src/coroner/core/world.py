@@ -26,13 +26,39 @@ from coroner.core.model import Key, key_of, parse_time
 _SHARED_STRING_MAX = 128
 
 
-def without_managed_fields(body: dict[str, Any]) -> dict[str, Any]:
-    """`body` without metadata.managedFields: never read by Coroner, and the bulk of an object
-    touched by launcher, agent and operator (three managers' field sets)."""
+#: What is read of a registration (`model.parse_registration`, the writes' preconditions), besides
+#: its metadata: its spec and status, which the CRD's schema bounds (every string has a maxLength,
+#: every list a maxItems, unknown fields are pruned), and its kind.
+_READ_FIELDS = ("apiVersion", "kind", "spec", "status")
+#: What is read of its metadata: the rest (managedFields, finalizers, owner references, every other
+#: label and annotation) is never read, and whoever creates a registration may fill it.
+_READ_METADATA = ("namespace", "name", "uid", "resourceVersion", "generation", "creationTimestamp")
+_READ_LABELS = (api.NODE_LABEL,)
+_READ_ANNOTATIONS = (api.REGISTERED_BY_ANNOTATION,)
+
+
+def trimmed(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A registration as the agent and the operator keep it, whatever it carries: only what is read.
+
+    Its metadata is what a creator may fill past any bound the CRD sets (256 KiB of annotations,
+    labels without a count, managedFields besides): kept whole, a few hundred registrations aimed at
+    one node would take its agent past its memory limit. Applied as each object is decoded from the
+    watch (`coroner.runtime.watch.reflect`'s `keep`), and again by every cache that stores one."""
+    kept = {field: body[field] for field in _READ_FIELDS if field in body}
     meta = body.get("metadata")
-    if isinstance(meta, dict) and "managedFields" in meta:
-        return {**body, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
-    return body
+    if not isinstance(meta, Mapping):  # the parser says what is wrong with it
+        if "metadata" in body:
+            kept["metadata"] = meta
+        return kept
+    metadata = {field: meta[field] for field in _READ_METADATA if field in meta}
+    for field, read in (("labels", _READ_LABELS), ("annotations", _READ_ANNOTATIONS)):
+        values = meta.get(field)
+        if isinstance(values, Mapping):
+            metadata[field] = {name: values[name] for name in read if name in values}
+        elif field in meta:  # not a mapping (never from the API server): the parser flags it
+            metadata[field] = values
+    kept["metadata"] = metadata
+    return kept
 
 
 #: What the cache keeps of a registration's metadata besides its parsed record: its key and version.
@@ -196,8 +222,9 @@ class World:
     def put_registration(self, body: dict[str, Any]) -> Key:
         key = key_of(body)
         self.forget_registration(key)
+        body = trimmed(body)  # the record keeps labels: only the one that is read
         if self.intern is not None:  # parsed from shared strings, so that the record shares them too
-            body = cast(dict[str, Any], shared(without_managed_fields(body), self.intern))
+            body = cast(dict[str, Any], shared(body, self.intern))
         registration = model.parse_registration(body, raw_attestation=False)
         if self.keep_bodies:
             self.bodies[key] = slim(body)

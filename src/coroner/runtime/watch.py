@@ -33,6 +33,9 @@ PAGE_LIMIT = 500
 #: resourceVersion (the list's snapshot on the last page).
 OnPage = Callable[[list[dict[str, Any]], bool, bool, str], None]
 
+#: What is kept of each object as it is decoded, before any page or event holds it.
+Keep = Callable[[dict[str, Any]], dict[str, Any]]
+
 #: The annotation on the bookmark that ends a streaming list's initial events.
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 
@@ -50,16 +53,21 @@ def reflect(
     timeout_seconds: int = 300,
     page_limit: int = PAGE_LIMIT,
     what: str = "",
+    keep: Keep | None = None,
 ) -> None:
     """List-then-watch `path` until `stop` is set; call it in a thread of its own.
 
     `on_page(items, first, last, resource_version)` gets each page of a (re)list in order (`first`
     starts one, `last` ends it, with the snapshot's resourceVersion; a list that fails midway is
     started again from its first page); `on_event(type, object)` each ADDED, MODIFIED or DELETED
-    after it. A failed list or watch is reported to `on_error` ("list" or "watch", the error)."""
+    after it. A failed list or watch is reported to `on_error` ("list" or "watch", the error).
+    `keep(object)` is what both get of each object: only that is held once it is decoded (a page
+    holds up to `page_limit` objects; what a creator may add to each is not bounded by Coroner)."""
     rng = rng or random.Random()
     backoff: float | None = None
-    lister = _Lister(rest, path, query=query, page_limit=page_limit, timeout_seconds=timeout_seconds, what=what)
+    keep = keep or _whole
+    lister = _Lister(rest, path, query=query, page_limit=page_limit, timeout_seconds=timeout_seconds, what=what,
+                     keep=keep)  # fmt: skip
     while not stop.is_set():
         call = "list"
         try:
@@ -79,7 +87,7 @@ def reflect(
                     obj = _object(event)
                     resource_version = str((obj.get("metadata") or {}).get("resourceVersion") or resource_version)
                     if event.get("type") != "BOOKMARK":
-                        on_event(str(event.get("type")), obj)
+                        on_event(str(event.get("type")), keep(obj))
                 events = None
         except ApiError as exc:
             if exc.status == 410:  # the watch fell behind the server's history: list again at once
@@ -109,8 +117,9 @@ class _Lister:
         page_limit: int,
         timeout_seconds: int,
         what: str,
+        keep: Keep,
     ) -> None:
-        self.rest, self.path, self.query, self.what = rest, path, query, what
+        self.rest, self.path, self.query, self.what, self.keep = rest, path, query, what, keep
         self.page_limit, self.timeout_seconds = page_limit, timeout_seconds
         self.streaming = True
 
@@ -141,7 +150,8 @@ class _Lister:
                 return None
             metadata = page.get("metadata") or {}
             resource_version = str(metadata.get("resourceVersion") or "")
-            on_page(list(page.get("items") or []), first, not metadata.get("continue"), resource_version)
+            items = [self.keep(item) for item in page.get("items") or []]
+            on_page(items, first, not metadata.get("continue"), resource_version)
             first = False
         return resource_version
 
@@ -152,7 +162,7 @@ class _Lister:
             self.path, query={**(self.query or {}), **STREAMING_LIST}, timeout_seconds=self.timeout_seconds
         )
         first = True
-        for page, last, resource_version in initial_events(events, page_limit=self.page_limit):
+        for page, last, resource_version in initial_events(events, page_limit=self.page_limit, keep=self.keep):
             if stop.is_set():
                 return None
             on_page(page, first, last, resource_version)
@@ -173,7 +183,7 @@ STREAMING_LIST: Mapping[str, Any] = {
 
 
 def initial_events(
-    events: Iterator[dict[str, Any]], *, page_limit: int = PAGE_LIMIT
+    events: Iterator[dict[str, Any]], *, page_limit: int = PAGE_LIMIT, keep: Keep | None = None
 ) -> Iterator[tuple[list[dict[str, Any]], bool, str]]:
     """The objects of a streaming list (the events of a watch with `STREAMING_LIST`), as pages of
     `page_limit`: (objects, whether it is the last page, resourceVersion). It stops after the last
@@ -194,7 +204,7 @@ def initial_events(
             continue
         if event.get("type") != "ADDED":  # only ADDED comes before the end of the initial events
             raise ApiError(500, "UnexpectedEvent", f"{event.get('type')} before the end of a streaming list")
-        page.append(obj)
+        page.append(obj if keep is None else keep(obj))
         if len(page) == page_limit:
             yield page, False, resource_version
             page = []
@@ -242,3 +252,7 @@ class Handoff:
         except RuntimeError:  # the loop is closed: the process is stopping
             self._slots.release()
             self.stop.set()
+
+
+def _whole(obj: dict[str, Any]) -> dict[str, Any]:
+    return obj
