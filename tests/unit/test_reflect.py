@@ -127,6 +127,34 @@ def test_pages_then_events_then_a_watch_from_the_last_resource_version_seen() ->
     assert record.waits == []
 
 
+@pytest.mark.parametrize("streaming", [True, False], ids=["streaming-list", "paged-list"])
+def test_each_object_is_kept_as_keep_makes_it_before_any_page_or_event_holds_it(streaming: bool) -> None:
+    # What a creator adds to an object (annotations, here) is dropped as each is decoded, so that a
+    # page of them is never held whole.
+    kept: list[str] = []
+
+    def keep(body: dict[str, Any]) -> dict[str, Any]:
+        kept.append(body["metadata"]["name"])
+        return {"metadata": {k: v for k, v in body["metadata"].items() if k != "annotations"}}
+
+    stop = threading.Event()
+    junk = [{**o, "metadata": {**o["metadata"], "annotations": {"x": "y" * 1000}}} for o in (obj("a", 1), obj("b", 2))]
+    server = Server(junk, 10, [[{"type": "MODIFIED", "object": junk[0]}]], stop)
+    server.streaming = streaming
+    seen: list[dict[str, Any]] = []
+    reflect(
+        server,  # type: ignore[arg-type]
+        "/x", stop=stop, on_page=lambda items, *_: seen.extend(items), on_event=lambda _, body: seen.append(body),
+        page_limit=2, keep=keep,
+    )  # fmt: skip
+    assert kept == ["a", "b", "a"]
+    assert [body["metadata"] for body in seen] == [
+        obj("a", 1)["metadata"],
+        obj("b", 2)["metadata"],
+        obj("a", 1)["metadata"],
+    ]
+
+
 def test_a_410_relists_at_once_and_any_other_failure_after_a_backoff_reported_as_what_failed() -> None:
     record = Record()
     stop = RecordingStop(record)
