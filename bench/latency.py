@@ -12,8 +12,8 @@ registers them (`coroner.launcher.probe_incarnation` + `coroner.launcher.registe
 ServiceAccount bound to the ClusterRole coroner-worker). By default they do not heartbeat
 (liveness is the agent's pidfd and the agent's node Lease; no spec.heartbeat is written); with
 `--heartbeat` they carry a heartbeat spec and a benchmark thread heartbeats each every
-`--heartbeat-seconds` (TTL `--ttl`), as before workers stopped heartbeating by default. K of them are SIGKILLed at random moments
-spread over `--kill-window` seconds. Per kill, the figure is the time from just before `os.kill` to
+`--heartbeat-seconds` (TTL `--ttl`), for comparison. K of them are SIGKILLed at random moments spread
+over `--kill-window` seconds. Per kill, the figure is the time from just before `os.kill` to
 the moment the benchmark's own watch of workerregistrations delivers the object with
 `status.retirement` set.
 
@@ -36,18 +36,17 @@ Variants, run one after the other on the same cluster with N live workers each:
 from __future__ import annotations
 
 import argparse
-import contextlib
-import datetime
+import dataclasses
+import pathlib
 import random
 import sys
-import threading
 import time
 from typing import Any
 
 import harness as c
-from harness.floor import FloorCopy, FloorWriters, prepare_all
-
-from coroner.core import model, wire
+from harness.baseline import TtlReaper
+from harness.floor import FloorWriters, prepare_all
+from harness.floorprobe import FloorProbe
 
 NS = "bench"
 NS_TTL = "bench-ttl"
@@ -63,7 +62,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--heartbeat",
         action="store_true",
-        help="workers carry a heartbeat spec and heartbeat (the old default); default: no heartbeats",
+        help="workers carry a heartbeat spec and heartbeat for comparison; default: no heartbeats",
     )
     parser.add_argument(
         "--heartbeat-seconds", type=int, default=10, help="heartbeat interval (--heartbeat, and the baseline)"
@@ -86,189 +85,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs) afterwards")
     parser.add_argument("--name", default="latency", help="result name: bench/results/NAME.json")
     return parser.parse_args()
-
-
-class FloorProbe:
-    """The floors, sampled one write at a time at 4 Hz, on registrations nobody else touches.
-
-    - heartbeat: a status JSON patch by the admin (a heartbeat time) -> its event on the watch, on
-      one registration; the floor is twice that.
-    - two writes (once `arm` gave it copies): a death's two writes on a copy of a registration
-      Coroner retired (`harness.floor`), the agent's Dead attestation -> its event, then the
-      operator's retirement -> its event. Samples alternate between the two."""
-
-    def __init__(self, bench: c.Bench, tracker: c.Tracker, *, period: float = 0.25) -> None:
-        self.http = c.client(bench.cluster.kubeconfig)
-        self.period = period
-        self.samples: list[float] = []
-        self.round_trips: list[float] = []
-        self.pairs: list[tuple[float, float]] = []
-        """Two-write samples: (attestation -> its event, retirement -> its event)."""
-        self.pair_errors: dict[str, int] = {}
-        self._copies: list[FloorCopy] = []
-        self._writers: FloorWriters | None = None
-        self._arrivals: dict[str, float] = {}
-        self._cond = threading.Condition()
-        self._running = threading.Event()
-        self._stop = threading.Event()
-        body = {
-            "apiVersion": "coroner.dev/v1alpha1",
-            "kind": "WorkerRegistration",
-            "metadata": {
-                "name": "floor",
-                "labels": {"coroner.dev/node": "floor-node"},
-                "annotations": c.registrant_annotation(bench.admin),
-            },
-            "spec": {
-                "nodeName": "floor-node",
-                "incarnation": {
-                    "bootId": "00000000-0000-4000-8000-000000000000",
-                    "pidNamespace": "4026531836",
-                    "pid": 1,
-                    "startTime": "1",
-                    "hostId": "floor-node",
-                },
-                "clientInstanceId": "floor-probe",
-                "heartbeat": {"intervalSeconds": 10, "ttlSeconds": 30},
-            },
-        }
-        c.create_admitted(bench.admin, c.registrations_path(NS_FLOOR), body)
-        beat = {"status": {"lastHeartbeatTime": c.now_text()}}
-        patched = bench.admin.request(
-            "PATCH",
-            c.registrations_path(NS_FLOOR, "floor") + "/status",
-            body=beat,
-            content_type="application/merge-patch+json",
-        )
-        self.rv = patched["metadata"]["resourceVersion"]
-        tracker.hooks.append(self._hook)
-        self.thread = threading.Thread(target=self._run, name="floor", daemon=True)
-        self.thread.start()
-
-    def arm(self, writers: FloorWriters, copies: list[FloorCopy]) -> None:
-        """Alternate two-write samples on `copies` (each retires one) with the heartbeat ones."""
-        with self._cond:
-            self._writers = writers
-            self._copies = list(copies)
-            self._arrivals.clear()  # the copies' preparation: nobody waits for those
-
-    def _hook(self, kind: str, obj: dict[str, Any], arrived: float) -> None:
-        meta = obj.get("metadata") or {}
-        if meta.get("namespace") == NS_FLOOR and kind == "MODIFIED":
-            with self._cond:
-                self._arrivals[str(meta.get("resourceVersion"))] = arrived
-                self._cond.notify_all()
-
-    def _seen(self, rv: str) -> float | None:
-        """When the event of the write that made `rv` arrived on the watch (None: not in 10 s)."""
-        with self._cond:
-            self._cond.wait_for(lambda: rv in self._arrivals, timeout=10)
-            return self._arrivals.pop(rv, None)
-
-    def measure(self, on: bool) -> None:
-        (self._running.set if on else self._running.clear)()
-
-    def _run(self) -> None:
-        deadline = time.monotonic() + 4 * 3600
-        pair_next = False
-        while not self._stop.is_set() and time.monotonic() < deadline and len(self.samples) < 100_000:
-            if not self._running.wait(timeout=0.5):
-                continue
-            if pair_next and self._copies and self._writers is not None:
-                self._two_writes(self._writers, self._copies.pop())
-            else:
-                self._heartbeat()
-            pair_next = not pair_next
-            self._stop.wait(self.period)
-
-    def _heartbeat(self) -> None:
-        ops = [
-            {"op": "test", "path": "/metadata/resourceVersion", "value": self.rv},
-            {"op": "add", "path": "/status/lastHeartbeatTime", "value": c.now_text()},
-        ]
-        sent = time.monotonic()
-        try:
-            patched = self.http.request(
-                "PATCH", c.registrations_path(NS_FLOOR, "floor") + "/status", body=ops, content_type=wire.JSON_PATCH
-            )
-        except Exception:
-            return
-        answered = time.monotonic()
-        self.rv = str(patched["metadata"]["resourceVersion"])
-        arrived = self._seen(self.rv)
-        if arrived is not None:
-            self.samples.append(arrived - sent)
-            self.round_trips.append(answered - sent)
-
-    def _two_writes(self, writers: FloorWriters, floor: FloorCopy) -> None:
-        try:
-            sent = time.monotonic()
-            attested = writers.attest(floor)
-            attested_seen = self._seen(str(attested["metadata"]["resourceVersion"]))
-            if attested_seen is None:
-                return
-            retired = writers.retire(floor, attested)
-            retired_seen = self._seen(str(retired["metadata"]["resourceVersion"]))
-        except Exception as exc:
-            label = str(getattr(exc, "status", type(exc).__name__))
-            self.pair_errors[label] = self.pair_errors.get(label, 0) + 1
-            if self.pair_errors[label] == 1:
-                c.log(f"floor: a two-write sample failed: {exc}")
-            return
-        if retired_seen is not None:
-            self.pairs.append((attested_seen - sent, retired_seen - attested_seen))
-
-    def close(self) -> None:
-        self._stop.set()
-        self._running.set()
-        self.thread.join(timeout=15)
-        self.http.close()
-
-
-class TtlReaper:
-    """The naive baseline: every sweep, list the namespace and delete registrations silent >= TTL."""
-
-    def __init__(self, bench: c.Bench, *, namespace: str, ttl: float, sweep: float) -> None:
-        self.http = c.client(bench.cluster.kubeconfig, timeout=120)
-        self.namespace = namespace
-        self.ttl = ttl
-        self.sweep = sweep
-        self.sweeps = 0
-        self.deleted = 0
-        self._stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="ttl-reaper", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        deadline = time.monotonic() + 4 * 3600
-        # A random phase, as any cron-like reaper has relative to the deaths it finds.
-        self._stop.wait(random.uniform(0, self.sweep))
-        while not self._stop.is_set() and time.monotonic() < deadline:
-            started = time.monotonic()
-            with contextlib.suppress(Exception):
-                self._sweep_once()
-            self.sweeps += 1
-            self._stop.wait(max(0.0, self.sweep - (time.monotonic() - started)))
-
-    def _sweep_once(self) -> None:
-        items = self.http.request("GET", c.registrations_path(self.namespace))["items"]
-        now = datetime.datetime.now(datetime.UTC)
-        for item in items:
-            status = item.get("status") or {}
-            beat = model.parse_time(status.get("lastHeartbeatTime")) if status.get("lastHeartbeatTime") else None
-            if beat is None:
-                beat = model.parse_time(item["metadata"]["creationTimestamp"])
-            if beat is not None and (now - beat).total_seconds() >= self.ttl:
-                status_code, _ = self.http.send(
-                    "DELETE", c.registrations_path(self.namespace, item["metadata"]["name"])
-                )
-                if status_code in (200, 202):
-                    self.deleted += 1
-
-    def close(self) -> None:
-        self._stop.set()
-        self.thread.join(timeout=30)
-        self.http.close()
 
 
 class Fleet:
@@ -352,16 +168,6 @@ def floor_templates(fleet: Fleet, tracker: c.Tracker, *, count: int) -> list[tup
     return [(alive[k], admin.request("GET", c.registrations_path(*k))) for k in victims]
 
 
-def settle(tracker: c.Tracker, keys: list[tuple[str, str]], *, timeout: float, what: str) -> bool:
-    def done() -> bool:
-        return all(
-            (s := tracker.state.get(k)) is not None and s["verdict"] == "Alive" and s["reason"] == "PidAlive"
-            for k in keys
-        )
-
-    return tracker.wait_until(done, timeout=timeout, what=what)
-
-
 def collect(
     tracker: c.Tracker, killed: dict[tuple[str, str], float], *, deleted: bool = False
 ) -> tuple[list[float], dict[str, int], list[float]]:
@@ -380,314 +186,341 @@ def collect(
     return latencies, reasons, to_dead
 
 
+def parameters(args: argparse.Namespace, heartbeat_info: dict[str, Any], agent_extra: list[str]) -> dict[str, Any]:
+    return {
+        "workers": args.workers,
+        "kills_per_variant": args.kills,
+        "nodes": args.nodes,
+        "kill_window_seconds": args.kill_window,
+        "heartbeats": heartbeat_info,
+        "heartbeat_interval_seconds": args.heartbeat_seconds if args.heartbeat else None,
+        "heartbeat_ttl_seconds": args.ttl,
+        "baseline_heartbeat_interval_seconds": args.heartbeat_seconds,
+        "absence_confirm_seconds": args.absence_confirm_seconds,
+        "proc_absent_window_seconds": args.absence_confirm_seconds,
+        "proc_absent_window_how": "the agent's --absence-confirm-seconds (re-confirmation before it attests Dead)",
+        "agent_resync_seconds_proc_variant": args.resync_seconds,
+        "register_threads": args.register_threads,
+        "baseline_sweep_seconds": args.sweep_seconds,
+        "seed": args.seed,
+        "operator_flags": "defaults (--workers 8, --resync-seconds 60, --permission-refresh-seconds 5), "
+        f"--namespace {NS} --namespace coroner-system",
+        "agent_flags": f"defaults (--resync-seconds 30) {' '.join(agent_extra)} for coroner_pidfd; "
+        f"--no-pidfd --resync-seconds {args.resync_seconds:g} {' '.join(agent_extra)} for coroner_proc_resync",
+    }
+
+
 def main() -> int:
     args = parse_args()
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    if args.heartbeat:
-        args.spec_interval, args.spec_ttl, heartbeat_info = c.heartbeat_spec(args.heartbeat_seconds, args.ttl)
-    else:
-        args.spec_interval, args.spec_ttl, heartbeat_info = c.heartbeat_spec(None, None)
+    args.spec_interval, args.spec_ttl, heartbeat_info = c.heartbeat_spec(
+        args.heartbeat, args.heartbeat_seconds, args.ttl
+    )
     # The agent re-confirms a /proc absence (or a boot boundary) after this many seconds before it
     # attests Dead.
     agent_extra = [f"--absence-confirm-seconds={args.absence_confirm_seconds:g}"]
-    proc_window = args.absence_confirm_seconds
-    proc_window_how = "the agent's --absence-confirm-seconds (re-confirmation before it attests Dead)"
     rng = random.Random(args.seed)
     random.seed(args.seed)
     c.raise_nofile()
     started_wall = time.time()
-    result: dict[str, Any] = {
-        "benchmark": "latency",
-        "command": c.command_line(),
-        "machine": c.machine_info(),
-        "versions": c.versions(),
-        "parameters": {
-            "workers": args.workers,
-            "kills_per_variant": args.kills,
-            "nodes": args.nodes,
-            "kill_window_seconds": args.kill_window,
-            "heartbeats": heartbeat_info,
-            "heartbeat_interval_seconds": args.heartbeat_seconds if args.heartbeat else None,
-            "heartbeat_ttl_seconds": args.ttl,
-            "baseline_heartbeat_interval_seconds": args.heartbeat_seconds,
-            "absence_confirm_seconds": args.absence_confirm_seconds,
-            "proc_absent_window_seconds": proc_window,
-            "proc_absent_window_how": proc_window_how,
-            "agent_resync_seconds_proc_variant": args.resync_seconds,
-            "register_threads": args.register_threads,
-            "baseline_sweep_seconds": args.sweep_seconds,
-            "seed": args.seed,
-            "operator_flags": "defaults (--workers 8, --resync-seconds 60, --permission-refresh-seconds 5), "
-            f"--namespace {NS} --namespace coroner-system",
-            "agent_flags": f"defaults (--resync-seconds 30) {' '.join(agent_extra)} for coroner_pidfd; "
-            f"--no-pidfd --resync-seconds {args.resync_seconds:g} {' '.join(agent_extra)} for coroner_proc_resync",
-        },
-    }
+    result = c.new_result("latency", parameters(args, heartbeat_info, agent_extra))
     raw: dict[str, list[float]] = {}
     with c.Bench("latency", keep=args.keep) as bench:
-        for ns in (NS, NS_TTL, NS_FLOOR):
-            bench.namespace(ns)
-        kubeconfig = bench.worker_identity([NS, NS_TTL])
-        nodes = bench.nodes(args.nodes)
-        tracker = c.Tracker()
-        watch = c.Watch(bench.admin, tracker.on_event).start()
-        bench.on_close(watch.close)
-        hb = c.Heartbeater(kubeconfig, interval=args.heartbeat_seconds)
-        bench.on_close(hb.close)
-        floor = FloorProbe(bench, tracker)
-        bench.on_close(floor.close)
-        fleet = Fleet(bench, nodes, kubeconfig, hb, args)
-        coroner_variants = [v for v in variants if v in ("pidfd", "proc_resync")]
-        operator = None
-        port = 0
-        if coroner_variants:
-            port = c.free_port()
-            operator = bench.start_operator(f"--namespace={NS}", "--namespace=coroner-system", metrics_port=port)
-            for node in nodes:
-                bench.start_agent(node, *agent_extra)
-            c.log(f"registering {args.workers} workers on {args.nodes} nodes ({heartbeat_info['mode']})")
-            t0 = time.monotonic()
-            keys = fleet.grow(args.workers, namespace=NS)
-            result["parameters"]["registration_seconds"] = round(time.monotonic() - t0, 1)
-            if args.heartbeat:
-                hb.start(keys)
-        phase_info: dict[str, Any] = {}
-        profiles: dict[str, Any] = {}
-        for variant in coroner_variants:
-            name = f"coroner_{variant}"
+        run = setup(bench, args, variants, agent_extra, result)
+        profiles: dict[str, c.Profile | None] = {}
+        for variant in (v for v in variants if v in ("pidfd", "proc_resync")):
             if variant == "proc_resync":
-                c.log("restarting the agents with --no-pidfd")
-                for node in nodes:
-                    assert node.agent is not None
-                    bench.stop_component(node.agent)
-                for node in nodes:
-                    bench.start_agent(node, "--no-pidfd", f"--resync-seconds={args.resync_seconds:g}", *agent_extra)
-                refill = args.workers - sum(1 for k in fleet.live if k[0] == NS)
-                if refill > 0:
-                    grown = fleet.grow(refill, namespace=NS)
-                    if args.heartbeat:
-                        hb.add(grown)
-                # The restarted agents relist and re-probe; give them two resyncs to be in step.
-                time.sleep(2 * args.resync_seconds + 2)
-            live = [k for k in fleet.live if k[0] == NS]
-            t0 = time.monotonic()
-            settled = settle(tracker, live, timeout=300, what=f"{len(live)} registrations attested Alive ({name})")
-            c.log(
-                f"{name}: settled={settled} in {time.monotonic() - t0:.1f} s; killing {args.kills} over {args.kill_window:g} s"
-            )
-            if variant == "pidfd":
-                # The two-write floor's copies, of registrations Coroner retired just now.
-                writers = FloorWriters(bench, namespace=NS_FLOOR, nodes=2)
-                bench.on_close(writers.close)
-                copies = prepare_all(
-                    writers,
-                    floor_templates(fleet, tracker, count=2),
-                    count=int(args.kill_window / (2 * floor.period)) + 40,
-                    threads=8,
-                )
-                floor.arm(writers, copies)
-            if args.profile and variant == "pidfd":
-                assert operator is not None and nodes[0].agent is not None
-                profiles[f"{name}-operator"] = c.py_spy(
-                    bench, operator.pid, name=f"{args.name}-{name}-operator", seconds=args.kill_window
-                )
-                profiles[f"{name}-agent"] = c.py_spy(
-                    bench, nodes[0].agent.pid, name=f"{args.name}-{name}-agent", seconds=args.kill_window
-                )
-            writes_before = c.operator_status_writes(c.scrape_operator(port))
-            waits_before = c.cache_read_waits(bench.admin)
-            floor_start = len(floor.samples)
-            floor.measure(True)
-            silences: list[float] = []
-            t_kills = time.monotonic()
-            killed = run_kills(fleet, rng, count=args.kills, window=args.kill_window, namespace=NS, silences=silences)
-            tail = 60.0 if variant == "pidfd" else 2 * (proc_window or 0) + 4 * args.resync_seconds + 60
-            tracker.wait_until(
-                lambda killed=killed: all(k in tracker.retired_at for k in killed),
-                timeout=tail,
-                what=f"{len(killed)} retirements ({name})",
-            )
-            floor.measure(False)
-            writes_after = c.operator_status_writes(c.scrape_operator(port))
-            latencies, reasons, to_dead = collect(tracker, killed)
-            raw[name] = latencies
-            result[name] = {
-                **c.percentiles(latencies),
-                "killed": len(killed),
-                "not_retired": len(killed) - len(latencies),
-                "retired_by_reason": reasons,
-                "kill_to_dead_attestation": c.percentiles(to_dead),
-                "stages": c.stages(tracker, killed),
-                "operator_status_writes_during_kills": {
-                    kind: int(writes_after[kind] - writes_before[kind]) for kind in writes_after
-                },
-                "floor_during_kills": c.percentiles([2 * x for x in floor.samples[floor_start:]]),
-                # What the operator's consistent reads (the Lease fence, the admission policies)
-                # waited for before the API server served them.
-                "apiserver_watch_cache_read_wait": c.diff_cache_read_waits(
-                    c.cache_read_waits(bench.admin), waits_before, resources=c.RETIREMENT_READS
-                ),
-            }
-            if args.heartbeat:
-                result[name]["heartbeat_silence_at_kill"] = c.percentiles(silences)
-                result[name]["heartbeat_schedule_during_kills"] = hb.lag_summary(t_kills, time.monotonic())
-            phase_info[name] = {"settled_before_kills": settled}
-            c.log(f"{name}: {result[name]}")
-        if operator is not None:
+                restart_agents_without_pidfd(run, args, agent_extra)
+            raw[f"coroner_{variant}"], result[f"coroner_{variant}"] = kill_variant(run, args, rng, variant, profiles)
+        if run.operator is not None:
             result["operator_metrics"] = {
-                k: v
-                for k, v in c.scrape_operator(port).items()
-                if k.startswith(
-                    (
-                        "coroner_status_writes_total",
-                        "coroner_retirements_total",
-                        "coroner_cas_conflicts_total",
-                        "coroner_retire_abandoned_total",
-                        "coroner_reconcile_errors_total",
-                    )
-                )
+                k: v for k, v in c.scrape_operator(run.port).items() if k.startswith(OPERATOR_METRICS)
             }
         if "baseline" in variants:
-            # No Coroner at all from here on: the baseline reaper against plain registrations.
-            for component in list(bench.components):
-                bench.stop_component(component)
-            for key in [k for k in fleet.live if k[0] == NS]:
-                hb.stop_one(key)
-            pids_in_use = set(fleet.live.values())
-            # The same workers, now with plain registrations in another namespace (on node names no
-            # agent serves), heartbeating at the same interval; their Coroner registrations go quiet.
-            c.log(f"baseline: registering {args.workers} plain registrations in {NS_TTL}")
-            for key in [k for k in fleet.live if k[0] == NS]:
-                fleet.live.pop(key)
-            bench_workers = bench.workers
-            existing = sorted(pids_in_use)
-            items = []
-            for i, pid in enumerate(existing[: args.workers]):
-                node = nodes[i % len(nodes)]
-                items.append((NS_TTL, f"ttl-{node.name}", pid, node.boot_file))
-            keys = c.register_all(
-                kubeconfig, items, interval=args.heartbeat_seconds, ttl=args.ttl, threads=args.register_threads
-            )
-            for key, (_, _, pid, _) in zip(keys, items, strict=True):
-                fleet.live[key] = pid
-            missing = args.workers - len(keys)
-            if missing > 0:
-                keys += fleet.grow(missing, namespace=NS_TTL, node_prefix="ttl-")
-            assert bench_workers is not None
-            hb.add(keys)  # starts the heartbeat threads if the Coroner variants ran without heartbeats
-            time.sleep(args.heartbeat_seconds)  # every one heartbeats once at its own phase
-            reaper = TtlReaper(bench, namespace=NS_TTL, ttl=args.ttl, sweep=args.sweep_seconds)
-            bench.on_close(reaper.close)
-            c.log(f"baseline_ttl: killing {args.kills} over {args.kill_window:g} s")
-            silences = []
-            t_kills = time.monotonic()
-            killed = run_kills(
-                fleet, rng, count=args.kills, window=args.kill_window, namespace=NS_TTL, silences=silences
-            )
-            tracker.wait_until(
-                lambda killed=killed: all(k in tracker.deleted for k in killed),
-                timeout=args.ttl + 3 * args.sweep_seconds + 60,
-                what=f"{len(killed)} reaps (baseline_ttl)",
-            )
-            latencies, _, _ = collect(tracker, killed, deleted=True)
-            raw["baseline_ttl"] = latencies
-            live_reaped = sum(1 for k in fleet.live if k in tracker.deleted)
-            result["baseline_ttl"] = {
-                **c.percentiles(latencies),
-                "killed": len(killed),
-                "not_reaped": len(killed) - len(latencies),
-                "live_reaped": live_reaped,
-                "sweeps": reaper.sweeps,
-                "heartbeat_silence_at_kill": c.percentiles(silences),
-                "heartbeat_schedule_during_kills": hb.lag_summary(t_kills, time.monotonic()),
-                "how": f"admin lists {NS_TTL} every {args.sweep_seconds:g} s and deletes registrations whose "
-                f"lastHeartbeatTime is >= {args.ttl} s old; figure = kill -> DELETED on the watch",
-            }
-            c.log(f"baseline_ttl: {result['baseline_ttl']}")
-        floor_samples = [2 * s for s in floor.samples]
-        raw["floor"] = floor_samples
-        single = c.percentiles(floor.samples)
-        result["floor"] = {
-            **c.percentiles(floor_samples),
-            "single_write_to_watch_p50_ms": single["p50_ms"],
-            "single_write_to_watch_p99_ms": single["p99_ms"],
-            "single_patch_round_trip_p50_ms": c.percentiles(floor.round_trips)["p50_ms"],
-            "how": "2 x (send of a status JSON patch with a resourceVersion test, as admin -> its event on the "
-            "benchmark's watch), sampled at 4 Hz during the Coroner variants' kill windows",
-        }
-        if floor.pairs:
-            pair_totals = [a + b for a, b in floor.pairs]
-            raw["floor_two_writes"] = pair_totals
-            result["floor_two_writes"] = {
-                **c.percentiles(pair_totals),
-                "attestation_to_watch_p50_ms": c.percentiles([a for a, _ in floor.pairs])["p50_ms"],
-                "retirement_to_watch_p50_ms": c.percentiles([b for _, b in floor.pairs])["p50_ms"],
-                "errors": floor.pair_errors,
-                "how": "a death's two writes on a copy of a registration Coroner retired in this run (harness.floor: "
-                f"in {NS_FLOOR}, on a node no agent serves): the Dead attestation by that node's agent token -> its "
-                "event on the benchmark's watch, then the retirement compare-and-swap by the operator's token -> its "
-                "event; one pair at a time, alternating with the heartbeat floor's samples, during the pidfd kill "
-                "window",
-            }
+            raw["baseline_ttl"], result["baseline_ttl"] = baseline(run, args, rng)
+        raw.update(floor_figures(run.floor, result))
         result["machine"]["load_during_run"] = bench.load.summary()
-        result["heartbeats"] = hb.lag_summary()
+        result["heartbeats"] = run.hb.lag_summary()
         if profiles:
             result["profiles"] = {k: v.summary() for k, v in profiles.items() if v is not None}
-        result["watch_reconnect_errors"] = watch.errors
-    pidfd = result.get("coroner_pidfd", {})
-    base = result.get("baseline_ttl", {})
-    fl = result["floor"]
-    ratios: dict[str, Any] = {}
-    if pidfd.get("p50_ms") and fl.get("p50_ms"):
-        ratios["coroner_pidfd_p50_over_floor_p50"] = round(pidfd["p50_ms"] / fl["p50_ms"], 2)
-    two = result.get("floor_two_writes", {})
-    if pidfd.get("p50_ms") and two.get("p50_ms"):
-        ratios["coroner_pidfd_p50_over_two_write_floor_p50"] = round(pidfd["p50_ms"] / two["p50_ms"], 2)
-    if pidfd.get("p50_ms") and base.get("p50_ms"):
-        ratios["baseline_p50_over_coroner_pidfd_p50"] = round(base["p50_ms"] / pidfd["p50_ms"], 1)
-    result["ratios"] = ratios
-    # The latency goals (now without heartbeats): at 1,000 workers p50 <= 100 ms, p99 <=
-    # 500 ms, within 3x the floor, >= 100x faster than the TTL-30 s reaper; at 3,000 workers still
-    # p99 <= 1 s. Reported, never asserted.
-    goals = {}
-    if pidfd.get("n"):
-        goals["pidfd_p50_le_100ms"] = {"measured_ms": pidfd["p50_ms"], "met": pidfd["p50_ms"] <= 100}
-        goals["pidfd_p99_le_500ms"] = {"measured_ms": pidfd["p99_ms"], "met": pidfd["p99_ms"] <= 500}
-        if args.workers >= 3000:
-            goals["pidfd_p99_le_1s_at_3000_workers"] = {"measured_ms": pidfd["p99_ms"], "met": pidfd["p99_ms"] <= 1000}
-    if "coroner_pidfd_p50_over_floor_p50" in ratios:
-        value = ratios["coroner_pidfd_p50_over_floor_p50"]
-        goals["pidfd_p50_within_3x_floor"] = {"measured_ratio": value, "met": value <= 3}
-    if "baseline_p50_over_coroner_pidfd_p50" in ratios:
-        value = ratios["baseline_p50_over_coroner_pidfd_p50"]
-        goals["baseline_ge_100x_pidfd_at_median"] = {"measured_ratio": value, "met": value >= 100}
-    for goal_name, goal in goals.items():
-        goal["issue"] = 14 if goal_name == "pidfd_p99_le_1s_at_3000_workers" else "8, 14"
-    # The tighter goals, stated at 1,000 workers: p50 within 2x the floor, p99 <= 150 ms.
-    if args.workers == 1000 and pidfd.get("n"):
-        # Their floor is a death's two writes by the agent's and the operator's tokens (as
-        # massdeath's): the heartbeat floor above leaves out what the API server does for them.
-        if "coroner_pidfd_p50_over_two_write_floor_p50" in ratios:
-            value = ratios["coroner_pidfd_p50_over_two_write_floor_p50"]
-            goals["pidfd_p50_within_2x_floor"] = {
-                "measured_ratio": value,
-                "met": value <= 2,
-                "issue": 28,
-                "floor": "floor_two_writes",
-            }
-        goals["pidfd_p99_le_150ms"] = {"measured_ms": pidfd["p99_ms"], "met": pidfd["p99_ms"] <= 150, "issue": 28}
-    result["goals"] = goals
+        result["watch_reconnect_errors"] = run.watch.errors
+    result["ratios"] = ratios(result)
+    result["goals"] = goals(result, args)
     result["goals_note"] = (
         "workers without heartbeats; the 100 ms / 500 ms / 3x / 100x goals (and the tighter 2x and 150 ms) are "
         "stated at 1,000 workers, p99 <= 1 s at 3,000"
     )
-    result["wall_seconds"] = round(time.time() - started_wall, 1)
-    result["finished"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    c.write_result(args.name, result)
-    result["plot"] = c.plot(args.name, lambda plt: draw(plt, raw, result))
-    if result["plot"]:
-        c.write_result(args.name, result)
+    c.finish(args.name, result, started_wall=started_wall, draw=lambda plt: draw(plt, raw, result))
     return 0
+
+
+#: The operator's counters a result keeps at the end of the Coroner variants.
+OPERATOR_METRICS = (
+    "coroner_status_writes_total",
+    "coroner_retirements_total",
+    "coroner_cas_conflicts_total",
+    "coroner_retire_abandoned_total",
+    "coroner_reconcile_errors_total",
+)
+
+
+# --- setup: the cluster, the floor probe, Coroner and the workers -----------------------------------
+
+
+@dataclasses.dataclass
+class Run:
+    bench: c.Bench
+    nodes: list[c.Node]
+    kubeconfig: pathlib.Path
+    tracker: c.Tracker
+    watch: c.Watch
+    hb: c.Heartbeater
+    floor: FloorProbe
+    fleet: Fleet
+    operator: c.Component | None
+    port: int
+
+
+def setup(
+    bench: c.Bench, args: argparse.Namespace, variants: list[str], agent_extra: list[str], result: dict[str, Any]
+) -> Run:
+    """The namespaces, the workers' identity, the nodes, the benchmark's watch, the heartbeater, the
+    floor probe; with a Coroner variant to run, the operator, an agent per node and the workers."""
+    for ns in (NS, NS_TTL, NS_FLOOR):
+        bench.namespace(ns)
+    kubeconfig = bench.worker_identity([NS, NS_TTL])
+    nodes = bench.nodes(args.nodes)
+    tracker = c.Tracker()
+    watch = c.Watch(bench.admin, tracker.on_event).start()
+    bench.on_close(watch.close)
+    hb = c.Heartbeater(kubeconfig, interval=args.heartbeat_seconds)
+    bench.on_close(hb.close)
+    floor = FloorProbe(bench, tracker, namespace=NS_FLOOR)
+    bench.on_close(floor.close)
+    fleet = Fleet(bench, nodes, kubeconfig, hb, args)
+    run = Run(bench, nodes, kubeconfig, tracker, watch, hb, floor, fleet, operator=None, port=0)
+    if any(v in ("pidfd", "proc_resync") for v in variants):
+        run.port = c.free_port()
+        run.operator = bench.start_operator(f"--namespace={NS}", "--namespace=coroner-system", metrics_port=run.port)
+        for node in nodes:
+            bench.start_agent(node, *agent_extra)
+        c.log(
+            f"registering {args.workers} workers on {args.nodes} nodes ({result['parameters']['heartbeats']['mode']})"
+        )
+        t0 = time.monotonic()
+        keys = fleet.grow(args.workers, namespace=NS)
+        result["parameters"]["registration_seconds"] = round(time.monotonic() - t0, 1)
+        if args.heartbeat:
+            hb.start(keys)
+    return run
+
+
+def restart_agents_without_pidfd(run: Run, args: argparse.Namespace, agent_extra: list[str]) -> None:
+    """For coroner_proc_resync: every agent restarted with `--no-pidfd`, the workers killed so far
+    replaced, and two resyncs' time for the agents to relist and re-probe."""
+    c.log("restarting the agents with --no-pidfd")
+    for node in run.nodes:
+        assert node.agent is not None
+        run.bench.stop_component(node.agent)
+    for node in run.nodes:
+        run.bench.start_agent(node, "--no-pidfd", f"--resync-seconds={args.resync_seconds:g}", *agent_extra)
+    refill = args.workers - sum(1 for k in run.fleet.live if k[0] == NS)
+    if refill > 0:
+        grown = run.fleet.grow(refill, namespace=NS)
+        if args.heartbeat:
+            run.hb.add(grown)
+    time.sleep(2 * args.resync_seconds + 2)
+
+
+# --- load and measure: one variant's kills ----------------------------------------------------------
+
+
+def kill_variant(
+    run: Run, args: argparse.Namespace, rng: random.Random, variant: str, profiles: dict[str, c.Profile | None]
+) -> tuple[list[float], dict[str, Any]]:
+    """Once every live worker is attested Alive: `--kills` SIGKILLs over `--kill-window` seconds,
+    each timed to its retirement on the benchmark's watch, with the floor sampled meanwhile."""
+    bench, tracker, floor, name = run.bench, run.tracker, run.floor, f"coroner_{variant}"
+    live = [k for k in run.fleet.live if k[0] == NS]
+    t0 = time.monotonic()
+    settled = tracker.wait_until(
+        lambda: c.all_alive(tracker, live), timeout=300, what=f"{len(live)} registrations attested Alive ({name})"
+    )
+    c.log(
+        f"{name}: settled={settled} in {time.monotonic() - t0:.1f} s; killing {args.kills} over {args.kill_window:g} s"
+    )
+    if variant == "pidfd":
+        # The two-write floor's copies, of registrations Coroner retired just now.
+        writers = FloorWriters(bench, namespace=NS_FLOOR, nodes=2)
+        bench.on_close(writers.close)
+        count = int(args.kill_window / (2 * floor.period)) + 40
+        floor.arm(writers, prepare_all(writers, floor_templates(run.fleet, tracker, count=2), count=count, threads=8))
+        if args.profile:
+            assert run.operator is not None and run.nodes[0].agent is not None
+            for who, pid in (("operator", run.operator.pid), ("agent", run.nodes[0].agent.pid)):
+                profiles[f"{name}-{who}"] = c.py_spy(
+                    bench, pid, name=f"{args.name}-{name}-{who}", seconds=args.kill_window
+                )
+    writes_before = c.operator_status_writes(c.scrape_operator(run.port))
+    waits_before = c.cache_read_waits(bench.admin)
+    floor_start = len(floor.samples)
+    floor.measure(True)
+    silences: list[float] = []
+    t_kills = time.monotonic()
+    killed = run_kills(run.fleet, rng, count=args.kills, window=args.kill_window, namespace=NS, silences=silences)
+    tail = 60.0 if variant == "pidfd" else 2 * args.absence_confirm_seconds + 4 * args.resync_seconds + 60
+    tracker.wait_until(
+        lambda: all(k in tracker.retired_at for k in killed), timeout=tail, what=f"{len(killed)} retirements ({name})"
+    )
+    floor.measure(False)
+    writes_after = c.operator_status_writes(c.scrape_operator(run.port))
+    latencies, reasons, to_dead = collect(tracker, killed)
+    figures = {
+        **c.percentiles(latencies),
+        "killed": len(killed),
+        "not_retired": len(killed) - len(latencies),
+        "retired_by_reason": reasons,
+        "kill_to_dead_attestation": c.percentiles(to_dead),
+        "stages": c.stages(tracker, killed),
+        "operator_status_writes_during_kills": {
+            kind: int(writes_after[kind] - writes_before[kind]) for kind in writes_after
+        },
+        "floor_during_kills": c.percentiles([2 * x for x in floor.samples[floor_start:]]),
+        # What the operator's consistent reads (the Lease fence, the admission policies) waited for
+        # before the API server served them.
+        "apiserver_watch_cache_read_wait": c.diff_cache_read_waits(
+            c.cache_read_waits(bench.admin), waits_before, resources=c.RETIREMENT_READS
+        ),
+    }
+    if args.heartbeat:
+        figures["heartbeat_silence_at_kill"] = c.percentiles(silences)
+        figures["heartbeat_schedule_during_kills"] = run.hb.lag_summary(t_kills, time.monotonic())
+    c.log(f"{name}: {figures}")
+    return latencies, figures
+
+
+def baseline(run: Run, args: argparse.Namespace, rng: random.Random) -> tuple[list[float], dict[str, Any]]:
+    """No Coroner at all from here on: the same workers with plain registrations in another namespace
+    (on node names no agent serves), heartbeating at the same interval, and a naive TTL reaper;
+    their Coroner registrations go quiet. Each kill timed to its DELETED on the watch."""
+    bench, fleet, hb, tracker = run.bench, run.fleet, run.hb, run.tracker
+    for component in list(bench.components):
+        bench.stop_component(component)
+    for key in [k for k in fleet.live if k[0] == NS]:
+        hb.stop_one(key)
+    c.log(f"baseline: registering {args.workers} plain registrations in {NS_TTL}")
+    existing = sorted(fleet.live.values())
+    for key in [k for k in fleet.live if k[0] == NS]:
+        fleet.live.pop(key)
+    items = []
+    for i, pid in enumerate(existing[: args.workers]):
+        node = run.nodes[i % len(run.nodes)]
+        items.append((NS_TTL, f"ttl-{node.name}", pid, node.boot_file))
+    keys = c.register_all(
+        run.kubeconfig, items, interval=args.heartbeat_seconds, ttl=args.ttl, threads=args.register_threads
+    )
+    for key, (_, _, pid, _) in zip(keys, items, strict=True):
+        fleet.live[key] = pid
+    if args.workers > len(keys):
+        keys += fleet.grow(args.workers - len(keys), namespace=NS_TTL, node_prefix="ttl-")
+    hb.add(keys)  # starts the heartbeat threads if the Coroner variants ran without heartbeats
+    time.sleep(args.heartbeat_seconds)  # every one heartbeats once at its own phase
+    reaper = TtlReaper(bench, namespace=NS_TTL, ttl=args.ttl, sweep=args.sweep_seconds)
+    bench.on_close(reaper.close)
+    c.log(f"baseline_ttl: killing {args.kills} over {args.kill_window:g} s")
+    silences: list[float] = []
+    t_kills = time.monotonic()
+    killed = run_kills(fleet, rng, count=args.kills, window=args.kill_window, namespace=NS_TTL, silences=silences)
+    tracker.wait_until(
+        lambda: all(k in tracker.deleted for k in killed),
+        timeout=args.ttl + 3 * args.sweep_seconds + 60,
+        what=f"{len(killed)} reaps (baseline_ttl)",
+    )
+    latencies, _, _ = collect(tracker, killed, deleted=True)
+    figures = {
+        **c.percentiles(latencies),
+        "killed": len(killed),
+        "not_reaped": len(killed) - len(latencies),
+        "live_reaped": sum(1 for k in fleet.live if k in tracker.deleted),
+        "sweeps": reaper.sweeps,
+        "heartbeat_silence_at_kill": c.percentiles(silences),
+        "heartbeat_schedule_during_kills": hb.lag_summary(t_kills, time.monotonic()),
+        "how": f"admin lists {NS_TTL} every {args.sweep_seconds:g} s and deletes registrations whose "
+        f"lastHeartbeatTime is >= {args.ttl} s old; figure = kill -> DELETED on the watch",
+    }
+    c.log(f"baseline_ttl: {figures}")
+    return latencies, figures
+
+
+# --- report -----------------------------------------------------------------------------------------
+
+
+def floor_figures(floor: FloorProbe, result: dict[str, Any]) -> dict[str, list[float]]:
+    """`result["floor"]` and, when sampled, `result["floor_two_writes"]`; returns their samples."""
+    raw = {"floor": [2 * s for s in floor.samples]}
+    single = c.percentiles(floor.samples)
+    result["floor"] = {
+        **c.percentiles(raw["floor"]),
+        "single_write_to_watch_p50_ms": single["p50_ms"],
+        "single_write_to_watch_p99_ms": single["p99_ms"],
+        "single_patch_round_trip_p50_ms": c.percentiles(floor.round_trips)["p50_ms"],
+        "how": "2 x (send of a status JSON patch with a resourceVersion test, as admin -> its event on the "
+        "benchmark's watch), sampled at 4 Hz during the Coroner variants' kill windows",
+    }
+    if floor.pairs:
+        raw["floor_two_writes"] = [a + b for a, b in floor.pairs]
+        result["floor_two_writes"] = {
+            **c.percentiles(raw["floor_two_writes"]),
+            "attestation_to_watch_p50_ms": c.percentiles([a for a, _ in floor.pairs])["p50_ms"],
+            "retirement_to_watch_p50_ms": c.percentiles([b for _, b in floor.pairs])["p50_ms"],
+            "errors": floor.pair_errors,
+            "how": "a death's two writes on a copy of a registration Coroner retired in this run (harness.floor: "
+            f"in {NS_FLOOR}, on a node no agent serves): the Dead attestation by that node's agent token -> its "
+            "event on the benchmark's watch, then the retirement compare-and-swap by the operator's token -> its "
+            "event; one pair at a time, alternating with the heartbeat floor's samples, during the pidfd kill "
+            "window",
+        }
+    return raw
+
+
+def ratios(result: dict[str, Any]) -> dict[str, Any]:
+    pidfd, base = result.get("coroner_pidfd", {}), result.get("baseline_ttl", {})
+    floor, two = result["floor"], result.get("floor_two_writes", {})
+    out: dict[str, Any] = {}
+    if pidfd.get("p50_ms") and floor.get("p50_ms"):
+        out["coroner_pidfd_p50_over_floor_p50"] = round(pidfd["p50_ms"] / floor["p50_ms"], 2)
+    if pidfd.get("p50_ms") and two.get("p50_ms"):
+        out["coroner_pidfd_p50_over_two_write_floor_p50"] = round(pidfd["p50_ms"] / two["p50_ms"], 2)
+    if pidfd.get("p50_ms") and base.get("p50_ms"):
+        out["baseline_p50_over_coroner_pidfd_p50"] = round(base["p50_ms"] / pidfd["p50_ms"], 1)
+    return out
+
+
+def goals(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """The latency goals: at 1,000 workers p50 <= 100 ms, p99 <= 500 ms, within 3x the floor, >= 100x
+    faster than the TTL-30 s reaper; at 3,000 workers still p99 <= 1 s. Reported, never asserted."""
+    pidfd, ratios_ = result.get("coroner_pidfd", {}), result["ratios"]
+    out: dict[str, Any] = {}
+    if pidfd.get("n"):
+        out["pidfd_p50_le_100ms"] = {"measured_ms": pidfd["p50_ms"], "met": pidfd["p50_ms"] <= 100}
+        out["pidfd_p99_le_500ms"] = {"measured_ms": pidfd["p99_ms"], "met": pidfd["p99_ms"] <= 500}
+        if args.workers >= 3000:
+            out["pidfd_p99_le_1s_at_3000_workers"] = {"measured_ms": pidfd["p99_ms"], "met": pidfd["p99_ms"] <= 1000}
+    if "coroner_pidfd_p50_over_floor_p50" in ratios_:
+        value = ratios_["coroner_pidfd_p50_over_floor_p50"]
+        out["pidfd_p50_within_3x_floor"] = {"measured_ratio": value, "met": value <= 3}
+    if "baseline_p50_over_coroner_pidfd_p50" in ratios_:
+        value = ratios_["baseline_p50_over_coroner_pidfd_p50"]
+        out["baseline_ge_100x_pidfd_at_median"] = {"measured_ratio": value, "met": value >= 100}
+    # The tighter goals, stated at 1,000 workers: p50 within 2x the floor, p99 <= 150 ms.
+    if args.workers == 1000 and pidfd.get("n"):
+        # Their floor is a death's two writes by the agent's and the operator's tokens (as
+        # massdeath's): the heartbeat floor above leaves out what the API server does for them.
+        if "coroner_pidfd_p50_over_two_write_floor_p50" in ratios_:
+            value = ratios_["coroner_pidfd_p50_over_two_write_floor_p50"]
+            out["pidfd_p50_within_2x_floor"] = {"measured_ratio": value, "met": value <= 2, "floor": "floor_two_writes"}
+        out["pidfd_p99_le_150ms"] = {"measured_ms": pidfd["p99_ms"], "met": pidfd["p99_ms"] <= 150}
+    return out
 
 
 def draw(plt: Any, raw: dict[str, list[float]], result: dict[str, Any]) -> None:

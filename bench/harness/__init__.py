@@ -1,7 +1,10 @@
 """The benchmarks' harness, by role: the machine (`machine`), the cluster and Coroner's processes on it
-(`cluster`), the workers (`workers`), what is reported (`results`), and the same-run floor of a
-death's two writes (`floor`, imported from there: massdeath and latency use it). Every other name is
-also here, so a benchmark reads `import harness as c; c.Bench(...)`.
+(`cluster`), the workers (`workers`), what is reported (`results`) and what a measurement window
+counts (`window`): every name of these is also here, so a benchmark reads
+`import harness as c; c.Bench(...)`. The pieces of one or two benchmarks are imported from their
+modules: the same-run floor of a death's two writes (`floor`: massdeath and latency) and latency's
+probe of it (`floorprobe`), latency's TTL reaper (`baseline`), steady's emulated agents
+(`emulated`) and its timed operator restarts (`restarts`).
 
 Every benchmark starts its own control plane in a temporary directory and stops every process it
 started on the way out (try/finally; component and worker processes also carry a parent-death
@@ -60,6 +63,9 @@ from harness.machine import top_frames as top_frames
 from harness.machine import versions as versions
 from harness.results import WALL_OFFSET as WALL_OFFSET
 from harness.results import Tracker as Tracker
+from harness.results import all_alive as all_alive
+from harness.results import finish as finish
+from harness.results import new_result as new_result
 from harness.results import percentiles as percentiles
 from harness.results import plot as plot
 from harness.results import stages as stages
@@ -67,6 +73,11 @@ from harness.results import stamp_to_monotonic as stamp_to_monotonic
 from harness.results import summarize as summarize
 from harness.results import write_result as write_result
 from harness.results import written_if_stopped as written_if_stopped
+from harness.window import CpuClock as CpuClock
+from harness.window import Delta as Delta
+from harness.window import Snapshot as Snapshot
+from harness.window import coroner_attribution as coroner_attribution
+from harness.window import snapshot as snapshot
 from harness.workers import WORKER_SECONDS as WORKER_SECONDS
 from harness.workers import Heartbeater as Heartbeater
 from harness.workers import Workers as Workers

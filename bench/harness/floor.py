@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import threading
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from coroner.client.rest import registrations_path
 from coroner.core import api, wire
 from harness.cluster import Bench, Node, client, create_admitted, registrant_annotation
+from harness.machine import log
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,3 +154,68 @@ def prepare_all(
 
     with ThreadPoolExecutor(max_workers=threads) as pool:
         return list(pool.map(one, range(count)))
+
+
+def measure_floor(
+    bench: Bench,
+    *,
+    namespace: str,
+    victims: list[tuple[str, str]],
+    alive: dict[tuple[str, str], dict[str, Any]],
+    latest: dict[tuple[str, str], dict[str, Any]],
+    lost_nodes: int,
+    connections: int,
+    cpu_seconds: Callable[[], dict[str, float]],
+) -> dict[str, Any]:
+    """massdeath's same-run floor: 2 conditional status patches per death, as fast as a tuned client
+    can get this API server to take them, on copies of the victims (`alive`: each as last attested
+    Alive, `latest`: as retired) in `namespace`, which nobody else touches."""
+    writers = FloorWriters(bench, namespace=namespace, nodes=lost_nodes)
+    pairs = [k for k in victims if k in alive and k in latest]
+    log(f"floor: preparing {len(pairs)} copies of the victims in {namespace}")
+    t_setup = time.monotonic()
+    plans = prepare_all(writers, [(alive[k], latest[k]) for k in pairs], count=len(pairs), threads=connections)
+    setup_seconds = time.monotonic() - t_setup
+    time.sleep(2)
+    errors: dict[str, int] = {}
+    lock = threading.Lock()
+    finished: list[float] = []
+
+    def two_writes(plan: FloorCopy) -> None:
+        try:
+            writers.retire(plan, writers.attest(plan))
+        except Exception as exc:
+            with lock:
+                label = str(getattr(exc, "status", type(exc).__name__))
+                errors[label] = errors.get(label, 0) + 1
+                if errors[label] == 1:
+                    log(f"floor: a write failed: {exc}")
+            return
+        with lock:
+            finished.append(time.monotonic())
+
+    log(f"floor: {2 * len(plans)} conditional status patches, {connections} in flight")
+    cpu_before = cpu_seconds()
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(max_workers=connections) as pool:
+        list(pool.map(two_writes, plans))
+    seconds = (max(finished) - t0) if finished else None
+    cpu_after = cpu_seconds()
+    writers.close()
+    return {
+        "seconds": None if seconds is None else round(seconds, 2),
+        "deaths": len(plans),
+        "completed": len(finished),
+        "errors": errors,
+        "writes_per_second": None if not seconds else round(2 * len(finished) / seconds, 1),
+        "connections": connections,
+        "setup_seconds": round(setup_seconds, 1),
+        "cpu_seconds": {
+            name: round(cpu_after[name] - cpu_before[name], 2) for name in ("kube-apiserver", "etcd", "benchmark")
+        },
+        "how": f"per death, on a copy of the victim in {namespace} (spec, Alive attestation and conditions; a node "
+        "no agent serves; the operator does not watch the namespace): the victim's Dead attestation by that node's "
+        "agent token, then its retirement and conditions by the operator's token, each a JSON patch testing the "
+        f"resourceVersion; {connections} requests in flight on keep-alive connections; seconds = first send -> "
+        "last answer, after Coroner finished in this same run",
+    }

@@ -10,11 +10,11 @@ import pathlib
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from coroner.core import model
-from harness.machine import RESULTS, log, shown
+from harness.machine import RESULTS, command_line, log, machine_info, shown, versions
 
 
 def percentiles(values_s: Sequence[float]) -> dict[str, Any]:
@@ -37,6 +37,28 @@ def percentiles(values_s: Sequence[float]) -> dict[str, Any]:
         "mean_ms": round(statistics.fmean(values), 1),
         "n": n,
     }
+
+
+def new_result(benchmark: str, parameters: dict[str, Any]) -> dict[str, Any]:
+    """A result's opening: what ran, how, where, on what code, with which parameters."""
+    return {
+        "benchmark": benchmark,
+        "command": command_line(),
+        "machine": machine_info(),
+        "versions": versions(),
+        "parameters": parameters,
+    }
+
+
+def finish(name: str, result: dict[str, Any], *, started_wall: float, draw: Callable[[Any], None]) -> None:
+    """Closes a result: its wall time and end, written, then its plot (`draw(plt)`) and, when drawn,
+    written again naming the plot."""
+    result["wall_seconds"] = round(time.time() - started_wall, 1)
+    result["finished"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    write_result(name, result)
+    result["plot"] = plot(name, draw)
+    if result["plot"]:
+        write_result(name, result)
 
 
 def write_result(name: str, result: dict[str, Any]) -> pathlib.Path:
@@ -135,6 +157,13 @@ def stages(tracker: Tracker, killed: dict[tuple[str, str], float]) -> dict[str, 
         "(both written by Coroner with this machine's clock, which has 1 us resolution); 'seen' = arrival "
         "on the benchmark's watch",
     }
+
+
+def all_alive(tracker: Tracker, keys: Iterable[tuple[str, str]]) -> bool:
+    """Every one of `keys` attested Alive and decided PidAlive (call under `tracker.cond`)."""
+    return all(
+        (s := tracker.state.get(k)) is not None and s["verdict"] == "Alive" and s["reason"] == "PidAlive" for k in keys
+    )
 
 
 class Tracker:

@@ -107,10 +107,15 @@ class Workers:
 # --- registering workers ---------------------------------------------------------------------------
 
 
-def heartbeat_spec(interval: int | None, ttl: int | None) -> tuple[int | None, int | None, dict[str, Any]]:
-    """What to pass `register` for a benchmark that wants heartbeats (both given) or none (both
-    None: no spec.heartbeat is written), and a description for the result file's parameters."""
-    if interval is not None and ttl is not None:
+#: What `heartbeat_spec` gives: the spec's interval and TTL (None: no heartbeats), and their
+#: description for the result's parameters.
+HeartbeatSpec = tuple[int | None, int | None, dict[str, Any]]
+
+
+def heartbeat_spec(on: bool, interval: int, ttl: int) -> HeartbeatSpec:
+    """What to pass `register` for a benchmark whose workers heartbeat (`on`) or not (None, None: no
+    spec.heartbeat is written), and a description for the result file's parameters."""
+    if on:
         return interval, ttl, {"mode": "heartbeats", "interval_seconds": interval, "ttl_seconds": ttl}
     return None, None, {"mode": "none", "spec_heartbeat_written": False}
 
