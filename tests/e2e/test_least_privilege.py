@@ -157,7 +157,9 @@ def test_the_rendered_agent_is_confined(cluster: Cluster, overlay: str) -> None:
     assert config_map["data"]["agent-seccomp.json"] == (kube.MANIFESTS / "base" / "agent-seccomp.json").read_text()
     assert volumes["kubelet-seccomp"]["hostPath"]["path"] == "/var/lib/kubelet/seccomp"
     assert installer["securityContext"]["capabilities"] == {"drop": ["ALL"]}
-    assert agent["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
+    # No root, no capability: it can read no other Pod's files (components/agent-ptrace undoes this).
+    assert agent["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert (agent["securityContext"]["runAsUser"], agent["securityContext"]["runAsNonRoot"]) == (64242, True)
     # Off control-plane nodes, the real machine id or nothing, no Service environment.
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert terms == [

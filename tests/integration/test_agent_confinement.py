@@ -42,8 +42,27 @@ REAL_BOOT = pathlib.Path("/proc/sys/kernel/random/boot_id").read_text().strip()
 DENIED = ("ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd", "process_madvise")
 
 
+#: The shipped agent's uid and gid (manifests/base/agent.yaml), with no capability.
+AGENT_UID = 64242
+AS_THE_AGENT = ["setpriv", f"--reuid={AGENT_UID}", f"--regid={AGENT_UID}", "--clear-groups", "--inh-caps=-all",
+                "--bounding-set=-all"]  # fmt: skip
+
+
 def confined(argv: list[str]) -> list[str]:
-    return [sys.executable, str(SECCOMP_EXEC), str(PROFILE), "--", *argv]
+    return [*AS_THE_AGENT, sys.executable, str(SECCOMP_EXEC), str(PROFILE), "--", *argv]
+
+
+def readable_by_the_agent(*files: pathlib.Path) -> list[pathlib.Path]:
+    """Copies of `files` the agent's uid can read (pytest's own directories are root's alone)."""
+    directory = pathlib.Path(f"/tmp/coroner-agent-{uuid.uuid4().hex[:8]}")
+    directory.mkdir(mode=0o755)
+    copies = []
+    for file in files:
+        copy = directory / file.name
+        shutil.copyfile(file, copy)
+        copy.chmod(0o644)
+        copies.append(copy)
+    return copies
 
 
 def profile() -> dict[str, object]:
@@ -100,8 +119,9 @@ def node(cluster: Cluster, tmp_path: pathlib.Path) -> Iterator[Node]:
 def test_the_real_agent_still_attests_under_the_profile(
     node: Node, cluster: Cluster, admin: k8s.ApiClient, namespace: str, tmp_path: pathlib.Path
 ) -> None:
+    kubeconfig, boot_file = readable_by_the_agent(pathlib.Path(node.kubeconfig), pathlib.Path(node.boot_file))
     argv = components.agent_argv(
-        node.kubeconfig, node=node.name, boot_id_file=node.boot_file,
+        kubeconfig, node=node.name, boot_id_file=boot_file,
         extra=("--resync-seconds=1", "--absence-confirm-seconds=1", "--shutdown-grace-seconds=2"),
     )  # fmt: skip
     measure = os.environ.get("CORONER_AGENT_STRACE")
@@ -150,7 +170,7 @@ def stop(proc: subprocess.Popen[bytes], *, measuring: bool) -> int:
 def victim() -> Iterator[int]:
     """A process of another user (nobody), as a worker of another pod would be."""
     if os.geteuid() != 0:
-        pytest.skip("needs root (the agent runs as root with CAP_SYS_PTRACE)")
+        pytest.skip("needs root (to start a victim of another user, and the agent as components/agent-ptrace runs it)")
     proc = subprocess.Popen(["sleep", "300"], user=65534, group=65534)
     try:
         yield proc.pid

@@ -243,6 +243,7 @@ def test_without_a_recorded_inode_an_unprivileged_agent_says_it_cannot_see_the_n
     incarnation = recorded(worker, with_inode=False)
     alive = agents().probe(incarnation)
     assert (alive["verdict"], alive["evidence"]) == (str(Verdict.UNKNOWN), str(Evidence.PROC_UNREADABLE)), alive
+    assert "pidfdInode" in alive["detail"], alive
     os.kill(worker, signal.SIGKILL)
     wait_until_dead(worker)
     gone = agents().probe(incarnation)

@@ -84,8 +84,10 @@ def test_the_agent_daemonset_runs_with_a_kubelet_projected_pod_bound_token_and_i
     # runc loaded a seccomp filter into the agent (the Localhost profile the init container installed).
     assert status_field(pid, "Seccomp") == "2"
     assert status_field(pid, "NoNewPrivs") == "1"
-    # Only CAP_SYS_PTRACE (bit 19) is effective.
-    assert int(status_field(pid, "CapEff"), 16) == 1 << 19
+    # Its own uid, and no capability at all, effective or permitted.
+    assert status_field(pid, "Uid").split()[0] == "64242"
+    assert int(status_field(pid, "CapEff"), 16) == 0
+    assert int(status_field(pid, "CapPrm"), 16) == 0
     # The token in the container is the kubelet's Pod-bound one, naming the pod and the node: the
     # claims the admission policies read as the requester's node.
     token = pathlib.Path(f"/proc/{pid}/root/run/secrets/kubernetes.io/serviceaccount/token").read_text()

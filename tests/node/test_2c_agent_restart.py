@@ -5,9 +5,10 @@ update while workers crash-loop.
 A container the kubelet restarts gets a new pid namespace, which the kernel often numbers with the
 inode of a namespace just freed (the old container's, or another's), and its worker often gets the
 same pid in it: the dead incarnation's (pidNamespace, pid) is then held by a live stranger. The
-agent that comes back must read that as dead (`PidNamespaceRecreated`: the namespace now under
-that inode has a pid 1 that started after the incarnation), not as a reuse of a live incarnation's
-pid, and never confuse the stranger with the dead.
+agent that comes back must read that as dead, not as a reuse of a live incarnation's pid, and never
+confuse the stranger with the dead: `ProcAbsent` where the launcher recorded the process's pidfd
+inode (no process has it any more), `PidNamespaceRecreated` where it could not (the namespace now
+under that inode has a pid 1 that started after the incarnation).
 
 "The agent's return" is measured from its first renewal of its node Lease (`renewTime`, written by
 the new agent's Pod); a retirement's time is its `status.retirement.retiredTime`. Both are this
@@ -307,7 +308,10 @@ def check_gap_round(cluster: Cluster, namespace: str, done: GapRound, bystander:
         conditions = {c["type"]: c for c in r["status"]["conditions"]}
         assert conditions["Retired"]["status"] == "True", describe(r)
         reason = r["status"]["retirement"]["reason"]
-        if role in done.reused:
+        if role in done.reused and "pidfdInode" in r["spec"]["incarnation"]:
+            # Found by its pidfd inode, which no process has any more: never fooled by the reuse.
+            assert reason == "ProcAbsent", describe(r)
+        elif role in done.reused:
             assert reason == "PidNamespaceRecreated", describe(r)
         elif role in done.held_otherwise:
             assert reason in ("PidNamespaceRecreated", "ProcAbsent"), describe(r)
@@ -369,7 +373,7 @@ def test_a_container_restarted_while_its_agent_was_away_retires_the_dead_incarna
     assert reused, (
         f"in {MAX_ROUNDS} rounds of {WORKERS_PER_ROUND} containers restarted while the agent was away, the "
         "kernel never gave a restarted container's pid namespace a dead incarnation's inode with the same "
-        "pid: the case PidNamespaceRecreated exists for was not exercised (every retirement above still held)"
+        "pid: the case of a dead incarnation's number held by a live one was not exercised"
     )
     (final,) = [
         r

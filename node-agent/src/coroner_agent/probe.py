@@ -218,7 +218,9 @@ def _find(
             raise Unestablished(
                 Evidence.PROC_UNREADABLE,
                 f"{index.unclassified} processes could not be read; any of them could hold pid {key.pid} "
-                f"in pid namespace {key.pid_namespace}",
+                f"in pid namespace {key.pid_namespace} (an agent without ptrace access reads no other user's "
+                "pid namespace: a launcher on Linux 6.9+ records spec.incarnation.pidfdInode, by which it needs "
+                "none; else run the agent with components/agent-ptrace)",
             )
         return None
     view = read_view(reader=reader, host_pid=candidate, proc_pid_namespace=proc_pid_namespace)
