@@ -7,7 +7,6 @@ incrementally, read through the probe's `ProcReader`.
 from __future__ import annotations
 
 import dataclasses
-import errno
 import threading
 from typing import Final
 
@@ -23,11 +22,8 @@ _NO_GENERATION: Final = 1
 class IndexedProcess:
     host_pid: int
     generation: int
-    pid_namespace: int | None
-    """None: its ns/pid link could not be read (an agent without ptrace access to it)."""
+    pid_namespace: int
     namespaced_pid: int
-    pidfd_inode: int | None = None
-    """Its pidfd inode, once a refresh `with_inodes` read it."""
 
 
 class PidIndex:
@@ -50,17 +46,19 @@ class PidIndex:
     proves nothing (one of them could be the incarnation) and the probe says Unknown.
 
     The same listing also indexes processes by pidfd inode (`coroner.pidfs`), for incarnations that
-    recorded one: a refresh `with_inodes` opens a pidfd for each process not read that way yet and
-    keeps its inode (one open, fstat and close; no ptrace access needed). Its own count of what
-    could not be read, `inodes_unclassified`, guards absence by inode as `unclassified` does the
-    other. Refreshes without it (no registration recorded an inode) open nothing.
+    recorded one: a refresh `with_inodes` opens a pidfd for each listed process whose inode it has
+    not read under its current generation (one open, fstat and close: no ptrace access needed, no
+    /proc file read). `inodes_unclassified` counts those it could not, and guards absence by inode
+    as `unclassified` guards the other. A refresh without it opens nothing.
     """
 
     def __init__(self) -> None:
         self._by_host: dict[int, IndexedProcess] = {}
         self._by_key: dict[tuple[int, int], int] = {}
-        self._by_inode: dict[int, int] = {}
         self._unclassified: set[int] = set()
+        self._inodes: dict[int, tuple[int, int]] = {}
+        """host pid -> (generation, pidfd inode) of what was read under that generation."""
+        self._by_inode: dict[int, int] = {}
         self._inodes_unclassified: set[int] = set()
         self._lock = threading.Lock()
         self.refreshes = 0
@@ -90,96 +88,83 @@ class PidIndex:
         """Drop an entry the caller found stale, so the next refresh re-reads that pid."""
         with self._lock:
             self._drop(host_pid)
+            self._drop_inode(host_pid)
+
+    def _drop_inode(self, host_pid: int) -> None:
+        read = self._inodes.pop(host_pid, None)
+        if read is not None and self._by_inode.get(read[1]) == host_pid:
+            del self._by_inode[read[1]]
+        self._inodes_unclassified.discard(host_pid)
 
     def _drop(self, host_pid: int) -> None:
         entry = self._by_host.pop(host_pid, None)
         if entry is not None:
-            if entry.pid_namespace is not None:
-                key = (entry.pid_namespace, entry.namespaced_pid)
-                if self._by_key.get(key) == host_pid:
-                    del self._by_key[key]
-            if entry.pidfd_inode is not None and self._by_inode.get(entry.pidfd_inode) == host_pid:
-                del self._by_inode[entry.pidfd_inode]
+            key = (entry.pid_namespace, entry.namespaced_pid)
+            if self._by_key.get(key) == host_pid:
+                del self._by_key[key]
         self._unclassified.discard(host_pid)
-        self._inodes_unclassified.discard(host_pid)
 
     def refresh(self, *, reader: ProcReader, proc_pid_namespace: int | None = None, with_inodes: bool = False) -> None:
         """List the proc root and re-read what is new or changed. OSError: the listing failed.
 
         `proc_pid_namespace` (LocalNode's) lets processes of the proc root's own namespace be
         classified without their ns/pid link (see `procfs.pid_namespace_of`). `with_inodes` also
-        reads the pidfd inode of every process not read that way yet: the caller must have checked
-        that pidfd_open numbers pids as the proc root does (the agent and its /proc share a pid
-        namespace), or the inodes would be of other processes.
+        reads pidfd inodes: the caller must have checked that pidfd_open numbers pids as the proc
+        root does (the agent and its /proc share a pid namespace), or they would be other processes'.
         """
         listing = dict(reader.list_pids())
         with self._lock:
+            for host_pid in [pid for pid in self._inodes if pid not in listing]:
+                self._drop_inode(host_pid)
+            for host_pid in [pid for pid in self._inodes_unclassified if pid not in listing]:
+                self._inodes_unclassified.discard(host_pid)
+            if with_inodes:
+                for host_pid, generation in listing.items():
+                    read = self._inodes.get(host_pid)
+                    if read is None or read[0] != generation or generation <= _NO_GENERATION:
+                        self._drop_inode(host_pid)
+                        self._read_inode(reader=reader, host_pid=host_pid, generation=generation)
             self.refreshes += 1
             for host_pid in [pid for pid in self._by_host if pid not in listing]:
                 self._drop(host_pid)
-            for unread in (self._unclassified, self._inodes_unclassified):
-                for host_pid in [pid for pid in unread if pid not in listing]:
-                    unread.discard(host_pid)
+            for host_pid in [pid for pid in self._unclassified if pid not in listing]:
+                self._unclassified.discard(host_pid)
             for host_pid, generation in listing.items():
                 cached = self._by_host.get(host_pid)
                 if cached is not None and cached.generation == generation and generation > _NO_GENERATION:
-                    if with_inodes and cached.pidfd_inode is None:
-                        self._read_inode(reader=reader, entry=cached)
                     continue
                 self._drop(host_pid)
-                entry = self._classify(
+                self._classify(
                     reader=reader, host_pid=host_pid, generation=generation, proc_pid_namespace=proc_pid_namespace
                 )
-                if entry is not None and with_inodes:
-                    self._read_inode(reader=reader, entry=entry)
 
-    def _classify(
-        self, *, reader: ProcReader, host_pid: int, generation: int, proc_pid_namespace: int | None
-    ) -> IndexedProcess | None:
+    def _classify(self, *, reader: ProcReader, host_pid: int, generation: int, proc_pid_namespace: int | None) -> None:
         self.reads += 1
-        pid_namespace: int | None = None
         try:
             status = procfs.parse_status(reader.read_status(host_pid))
+            link = None
             if len(status.nspid) > 1 or proc_pid_namespace is None:
-                try:
-                    link: str | None = reader.read_pid_namespace_link(host_pid)
-                except OSError as exc:
-                    if exc.errno not in (errno.EACCES, errno.EPERM):
-                        raise
-                    # No ptrace access to it: it can still be found by its pidfd inode, but not
-                    # by namespace, so absence by namespace proves nothing while it is listed.
-                    link = None
-                    self._unclassified.add(host_pid)
-            else:
-                link = None
-            if link is not None or len(status.nspid) == 1:
-                pid_namespace = procfs.pid_namespace_of(
-                    status=status, pid_namespace_link=link, proc_pid_namespace=proc_pid_namespace
-                )
+                link = reader.read_pid_namespace_link(host_pid)
+            pid_namespace = procfs.pid_namespace_of(
+                status=status, pid_namespace_link=link, proc_pid_namespace=proc_pid_namespace
+            )
         except OSError as exc:
             if exc.errno in VANISHED and self._gone(reader=reader, host_pid=host_pid, generation=generation):
-                return None  # exited since the listing: it holds nothing any more
+                return  # exited since the listing: it holds nothing any more
             self._unclassified.add(host_pid)
-            self._inodes_unclassified.add(host_pid)
-            return None
+            return
         except ParseError:
             self._unclassified.add(host_pid)
-            self._inodes_unclassified.add(host_pid)
-            return None
+            return
         entry = IndexedProcess(
             host_pid=host_pid, generation=generation, pid_namespace=pid_namespace, namespaced_pid=status.namespaced_pid
         )
         self._by_host[host_pid] = entry
         # The two reads are not atomic with the listing: on a (transient) clash the newest read
         # wins, and the probe verifies every candidate before relying on it.
-        if pid_namespace is not None:
-            self._by_key[(pid_namespace, status.namespaced_pid)] = host_pid
-        return entry
+        self._by_key[(pid_namespace, status.namespaced_pid)] = host_pid
 
-    def _read_inode(self, *, reader: ProcReader, entry: IndexedProcess) -> None:
-        """Adds `entry`'s pidfd inode; on failure counts it in `inodes_unclassified` (or drops it,
-        when it exited since the listing)."""
-        host_pid = entry.host_pid
+    def _read_inode(self, *, reader: ProcReader, host_pid: int, generation: int) -> None:
         try:
             fd = reader.open_pidfd(host_pid)
             try:
@@ -187,20 +172,18 @@ class PidIndex:
             finally:
                 reader.close_pidfd(fd)
         except OSError as exc:
-            if exc.errno in VANISHED and self._gone(reader=reader, host_pid=host_pid, generation=entry.generation):
-                self._drop(host_pid)
-                return
+            if exc.errno in VANISHED and self._gone(reader=reader, host_pid=host_pid, generation=generation):
+                return  # exited since the listing: it has no inode any more
             self._inodes_unclassified.add(host_pid)
             return
         if inode is None:
-            self._inodes_unclassified.add(host_pid)  # no pidfs here: no inode names a process
+            self._inodes_unclassified.add(host_pid)  # no pidfs here: no inode names one process
             return
-        # The pidfd was opened after the listing: if the number changed hands in between, this is
-        # another process's inode under this entry. The probe verifies every candidate (it opens
-        # its own pidfd and compares the inode), and a live process was listed under its own
-        # number, so a wrong entry can hide nothing: its real owner was listed too.
-        self._inodes_unclassified.discard(host_pid)
-        self._by_host[host_pid] = dataclasses.replace(entry, pidfd_inode=inode)
+        # Opened after the listing: if the number changed hands in between, this is a newer
+        # process's inode under the old generation; the next refresh reads it again (the listing
+        # shows the new generation), and the probe verifies every candidate with a pidfd of its own.
+        # A process alive throughout was listed under its own number, so it cannot be missed.
+        self._inodes[host_pid] = (generation, inode)
         self._by_inode[inode] = host_pid
 
     @staticmethod
