@@ -128,9 +128,16 @@ def _process_view(fn: Callable[..., Any]) -> Callable[..., Any]:
     cache: dict[tuple[object, ...], Any] = {}
     _CACHES.append(cache)
 
-    def memo(*, stat: Any, status: Any, pid_namespace_link: Any, proc_pid_namespace: Any = None) -> Any:
+    def memo(
+        *,
+        stat: Any,
+        status: Any,
+        pid_namespace_link: Any,
+        proc_pid_namespace: Any = None,
+        namespace_required: Any = True,
+    ) -> Any:
         key = (type(stat), stat, type(status), status, type(pid_namespace_link), pid_namespace_link,
-               type(proc_pid_namespace), proc_pid_namespace)  # fmt: skip
+               type(proc_pid_namespace), proc_pid_namespace, namespace_required)  # fmt: skip
         try:
             hit = cache.get(key, _MISS)
         except TypeError:
@@ -138,7 +145,11 @@ def _process_view(fn: Callable[..., Any]) -> Callable[..., Any]:
             key = None
         if hit is _MISS:
             hit = fn(
-                stat=stat, status=status, pid_namespace_link=pid_namespace_link, proc_pid_namespace=proc_pid_namespace
+                stat=stat,
+                status=status,
+                pid_namespace_link=pid_namespace_link,
+                proc_pid_namespace=proc_pid_namespace,
+                namespace_required=namespace_required,
             )
             if key is not None:
                 cache[key] = hit
