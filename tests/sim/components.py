@@ -198,6 +198,8 @@ class SimAgent:
         self.epoch = 0
         self.up = False
         self.confined = False
+        self.unprivileged = False
+        """No ptrace access: no other process's ns links can be read (the shipped agent's uid)."""
         self.max_pinned = 20000
         self.flake = 0.0
         self.writes = 0
@@ -225,7 +227,7 @@ class SimAgent:
         ns = self.node.container("coroner-agent", now=trial.now) if self.confined else kernel.ROOT_NS
         self.process = self.node.spawn(now=trial.now, ns=ns)
         self.process.comm = "coroner-agent"
-        self.reader = kernel.SimProcReader(self.node, agent=self.process, view_ns=ns)
+        self.reader = kernel.SimProcReader(self.node, agent=self.process, view_ns=ns, unprivileged=self.unprivileged)
         if self.flake:
             self.reader.flaky = _Window(trial, trial.flaky_window, trial.rng)
             self.reader.flake = self.flake
@@ -481,6 +483,8 @@ class Worker:
         """The container whose pid namespace the worker runs in (None: the host's)."""
         self.clock_offset = 0
         """Ticks its launcher's time namespace adds to the start times it reads (0: the host's clock)."""
+        self.records_inode = False
+        """Its launcher records the process's pidfd inode (`spec.incarnation.pidfdInode`)."""
         self.heartbeat = heartbeat
         self.skew = skew
         self.proc: kernel.SimProcess | None = None
@@ -510,6 +514,7 @@ class Worker:
             boot_id=node.boot_id + "\n",
             machine_id=node.host_id + "\n",
             node_name=node.name,
+            pidfd_inode=self.proc.pidfd_inode if self.records_inode else None,
         )
         self.spec_incarnation = incarnation.spec()
         body = wire.registration_body(

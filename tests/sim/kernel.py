@@ -32,6 +32,10 @@ ROOT_TIME_NS = 4026531834
 OTHER_TIME_NS = 4026532300
 
 
+#: Where pidfd inode numbers start: any offset will do; it keeps them apart from pids and serials.
+PIDFS_FIRST_INODE = 100_000
+
+
 class SimProcess:
     """One thread group. `exited`: the whole group exited (a pidfd is readable); `reaped`: gone."""
 
@@ -68,6 +72,11 @@ class SimProcess:
         self.generation = generation
         self.comm = "worker"
         self.serial = serial
+
+    @property
+    def pidfd_inode(self) -> int:
+        """pidfs's inode for it: one per process, never reused on the node (its serial, offset)."""
+        return PIDFS_FIRST_INODE + self.serial
 
     @property
     def alive(self) -> bool:
@@ -244,10 +253,12 @@ class SimProcReader:
     child namespace for a confined one, which then sees only its own container's processes).
     """
 
-    def __init__(self, node: SimNode, *, agent: SimProcess, view_ns: int = ROOT_NS) -> None:
+    def __init__(self, node: SimNode, *, agent: SimProcess, view_ns: int = ROOT_NS, unprivileged: bool = False) -> None:
         self.node = node
         self.agent = agent
         self.view_ns = view_ns
+        self.unprivileged = unprivileged
+        """An agent without ptrace access: every other process's ns links answer EACCES."""
         self._fds: dict[int, SimProcess] = {}
         self._next_fd = 3
         self.flaky: Any = None  # sim.components._Window: the trial's random source inside a window of time
@@ -287,14 +298,20 @@ class SimProcReader:
         self._maybe_fail(pid)
         return proc.status(self.view_ns)
 
+    def _no_ptrace_access(self, proc: SimProcess) -> None:
+        if self.unprivileged and proc is not self.agent:
+            raise OSError(errno.EACCES, "Permission denied")
+
     def read_pid_namespace_link(self, pid: int) -> str:
         proc = self._proc(pid)
         self._maybe_fail(pid)
+        self._no_ptrace_access(proc)
         return f"pid:[{proc.ns}]"
 
     def read_time_namespace_link(self, pid: int) -> str:
         proc = self._proc(pid)
         self._maybe_fail(pid)
+        self._no_ptrace_access(proc)
         return f"time:[{proc.time_ns}]"
 
     def self_pid(self) -> int:
@@ -324,6 +341,12 @@ class SimProcReader:
 
     def close_pidfd(self, fd: int) -> None:
         self._fds.pop(fd, None)
+
+    def pidfd_inode(self, fd: int) -> int | None:
+        proc = self._fds.get(fd)
+        if proc is None:
+            raise OSError(errno.EBADF, "Bad file descriptor")
+        return proc.pidfd_inode
 
     def proc_mount_options(self) -> tuple[str, ...]:
         return ("rw", "nosuid", "rw")  # a node's /proc as kubelet's runtimes mount it: no hidepid

@@ -45,6 +45,7 @@ FAULTS = (
     "sieve_crash_after_write",
     "sieve_time_travel",
     "sieve_unobserved",
+    "agent_unprivileged",
 )
 #: Worker fates (what happens to the process), drawn per worker.
 FATES = ("kill", "zombie", "goodbye", "pthread_exit", "live", "pid_reuse", "kill_unreaped", "restart")
@@ -178,12 +179,14 @@ class Trial:
         for agent in self.agents.values():
             if "agent_confined" in faults and agent is self._pick_agent():
                 agent.confined = True
+            agent.unprivileged = "agent_unprivileged" in faults
             self.at(rng.random() * 0.5, agent.start)
         for op in self.operators:
             self.at(rng.random() * 2.0, op.start)
         if "watch_compaction" in faults:
             self.at(5.0, self._compact)
         for worker in self.workers:
+            worker.records_inode = "agent_unprivileged" in faults
             start = 0.2 + rng.random() * 3.0
             self.at(start, worker.start)
             fate = worker.fate
@@ -213,6 +216,9 @@ class Trial:
 
     def _fault_agent_confined(self) -> None:
         pass  # set at setup: the agent of one node runs in a child pid namespace for the whole trial
+
+    def _fault_agent_unprivileged(self) -> None:
+        pass  # set at setup: every agent without ptrace access, every launcher recording pidfd inodes
 
     def _fault_agent_clock_skew(self) -> None:
         self._pick_agent().skew = self.rng.uniform(-25.0, 25.0)

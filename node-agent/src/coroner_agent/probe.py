@@ -84,15 +84,7 @@ def _resolve(
         return _resolve_by_inode(key=key, node=node, reader=reader, index=index, pidfds=pidfds)
     view = _find(key=key, proc_pid_namespace=node.proc_pid_namespace, reader=reader, index=index)
     if view is None:
-        return verdict.absent(
-            key=key,
-            same_boot=same_boot,
-            boot_id=node.boot_id,
-            sees_every_process=node.sees_every_process,
-            agent_pid_namespace=node.agent_pid_namespace,
-            proc_pid_namespace=node.proc_pid_namespace,
-            proc_hides_processes=node.proc_hides_processes,
-        )
+        return _absent(key=key, same_boot=same_boot, node=node)
     if view.start_time != key.start_time:
         why_held = ""
         if same_boot:
@@ -111,6 +103,18 @@ def _resolve(
     if contradicted is not None:
         return contradicted
     return _pin(key=key, view=view, proc_pid_namespace=node.proc_pid_namespace, reader=reader, pidfds=pidfds)
+
+
+def _absent(*, key: IncarnationKey, same_boot: bool, node: LocalNode) -> ProbeResult:
+    return verdict.absent(
+        key=key,
+        same_boot=same_boot,
+        boot_id=node.boot_id,
+        sees_every_process=node.sees_every_process,
+        agent_pid_namespace=node.agent_pid_namespace,
+        proc_pid_namespace=node.proc_pid_namespace,
+        proc_hides_processes=node.proc_hides_processes,
+    )
 
 
 def _resolve_by_inode(
@@ -139,15 +143,7 @@ def _resolve_by_inode(
                 f"the pidfd inodes of {index.inodes_unclassified} processes could not be read; any of them could "
                 f"be the process of pidfd inode {key.pidfd_inode}",
             )
-        return verdict.absent(
-            key=key,
-            same_boot=True,
-            boot_id=node.boot_id,
-            sees_every_process=node.sees_every_process,
-            agent_pid_namespace=node.agent_pid_namespace,
-            proc_pid_namespace=node.proc_pid_namespace,
-            proc_hides_processes=node.proc_hides_processes,
-        )
+        return _absent(key=key, same_boot=True, node=node)
     return _pin_by_inode(key=key, host_pid=host_pid, node=node, reader=reader, index=index, pidfds=pidfds)
 
 
