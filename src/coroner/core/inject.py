@@ -92,6 +92,17 @@ TEMPLATES: Final[Mapping[tuple[str, str], tuple[str, ...]]] = {
 }
 
 
+def registration_prefix(*, pod_name: str, container: str) -> str:
+    """What the names of the registrations the registrar makes for one container start with (`container`:
+    the runtime's id, as the Pod's status and the container's cgroup give it)."""
+    return f"{pod_name[:200]}-{container[:12]}-"
+
+
+def registration_name(*, pod_name: str, container: str, start_time: int) -> str:
+    """One name per incarnation: a restarted registrar finds its own registration under it."""
+    return f"{registration_prefix(pod_name=pod_name, container=container)}{start_time}"
+
+
 class InjectionRefused(ValueError):
     """The registrar cannot work in this object's Pods; the message names the object, why and the fix."""
 

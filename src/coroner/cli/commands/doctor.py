@@ -18,7 +18,7 @@ from kubernetes.client.exceptions import ApiException
 from coroner.cli import doctor as diagnosis
 from coroner.cli import options, render
 from coroner.cli import plan as planning
-from coroner.cli.doctor import operator_memory
+from coroner.cli.doctor import injection, operator_memory
 from coroner.cli.session import EXIT_OK, Connection, PluginError, Session, fail, lease_policy, utcnow
 from coroner.core import admission_digest, api, fingerprint
 from coroner.core.fingerprint import Plan
@@ -190,6 +190,13 @@ def doctor_command(
         what=f"list configmaps in namespace {system_namespace}",
     )
 
+    injection_pods = session.read_list(
+        functools.partial(
+            k8s.CoreV1Api(session.client).list_pod_for_all_namespaces, label_selector=injection.INJECT_SELECTOR
+        ),
+        what=f"list pods labelled {injection.INJECT_SELECTOR} in every namespace",
+    )
+
     now = utcnow()
     checks = diagnosis.run_checks(
         diagnosis.Findings(
@@ -215,6 +222,7 @@ def doctor_command(
             mutating_webhooks=mutating_webhooks,
             system_daemonsets=system_daemonsets,
             system_configmaps=system_configmaps,
+            injection_pods=injection_pods,
         )
     )
     render.emit(

@@ -8,7 +8,8 @@ publishes. The I/O shell is `coroner.cli.commands.doctor`.
 
 The checks live by family: `install` (the CRD, the admission policies and their content),
 `operator_lease` (the operator alive, its last sweep), `operator_memory` (its memory against its limit),
-`grant` (the retire verb), `agents`, `node_loss`, `registrations` (unattested, held, blocked, squatting);
+`grant` (the retire verb), `agents`, `node_loss`, `registrations` (unattested, held, blocked, squatting),
+`injection` (Pods labelled for the registrar);
 `outcome` is what a check says. `CHECKS` below is the one list, in the order doctor shows them.
 """
 
@@ -26,6 +27,7 @@ from coroner.cli.doctor.access import (
 )
 from coroner.cli.doctor.agents import check_agents
 from coroner.cli.doctor.grant import check_retire_grant, operator_identity
+from coroner.cli.doctor.injection import check_registrar_injection
 from coroner.cli.doctor.install import (
     ADMISSION_POLICIES,
     LEFTOVER_KINDS,
@@ -72,6 +74,7 @@ __all__ = [
     "check_node_taint_access",
     "check_operator_alive",
     "check_operator_memory",
+    "check_registrar_injection",
     "check_retire_grant",
     "check_squatting",
     "check_system_namespace_access",
@@ -133,6 +136,8 @@ class Findings:
     system_daemonsets: Sequence[Mapping[str, Any]] | Unreadable = NOT_READ
     system_configmaps: Sequence[Mapping[str, Any]] | Unreadable = NOT_READ
     """The DaemonSets and ConfigMaps of the system namespace (`agent-seccomp`)."""
+    injection_pods: Sequence[Mapping[str, Any]] | Unreadable = NOT_READ
+    """The Pods labelled for the registrar's injection, in every namespace (`registrar-injection`)."""
 
 
 #: The checks, in the order doctor shows them. A new check is one pure function of `Findings`
@@ -186,6 +191,13 @@ CHECKS: Final[tuple[Callable[[Findings], Check], ...]] = (
     ),
     lambda f: check_agent_seccomp(
         daemonsets=f.system_daemonsets, configmaps=f.system_configmaps, system_namespace=f.system_namespace
+    ),
+    lambda f: check_registrar_injection(
+        pods=f.injection_pods,
+        policies=f.admission.get("MutatingAdmissionPolicy", NOT_READ),
+        bindings=f.admission.get("MutatingAdmissionPolicyBinding", NOT_READ),
+        world=f.world,
+        now=f.now,
     ),
 )
 

@@ -49,6 +49,7 @@ class Check:
 _GROUPS: Final = {
     "Namespace": "",
     "Node": "",
+    "Pod": "",
     "ServiceAccount": "",
     "Lease": "coordination.k8s.io",
     "CustomResourceDefinition": "apiextensions.k8s.io",
