@@ -152,37 +152,23 @@ def node_class_rbac() -> list[dict[str, Any]]:
     ]
 
 
-def _kubectl(cluster: Cluster, *args: str, stdin: str | None = None, timeout: float = 120) -> str:
-    result = subprocess.run(
-        [str(cluster.binary("kubectl")), f"--kubeconfig={cluster.kubeconfig}", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    if result.returncode != 0:
-        raise DevClusterError(
-            f"kubectl {' '.join(args[:3])} failed (exit {result.returncode}): {result.stderr.strip()[-800:]}",
-            fix=f"read the logs under {cluster.directory / 'logs'}",
-        )
-    return result.stdout
-
-
 def install(cluster: Cluster) -> None:
     """Karpenter's CRDs, its chart's RBAC, the dev NodeClass and its grant."""
+    from coroner_dev import realnode
     from coroner_dev.devcluster.tools import ensure_tools
 
     source = module_source()
     for crd in crds(source):
-        _kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f", str(crd))
-    _kubectl(cluster, "wait", "--for=condition=Established", "--timeout=60s", *(f"-f={c}" for c in crds(source)))
+        realnode.kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f", str(crd))
+    realnode.kubectl(
+        cluster, "wait", "--for=condition=Established", "--timeout=60s", *(f"-f={c}" for c in crds(source))
+    )
     objects = chart_rbac(source, helm=ensure_tools().path("helm")) + node_class_rbac()
     objects.append(
         {"apiVersion": "devcloud.coroner.dev/v1alpha1", "kind": "DevNodeClass", "metadata": {"name": NODE_CLASS}}
     )
     document = json.dumps({"apiVersion": "v1", "kind": "List", "items": objects})
-    _kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f", "-", stdin=document)
+    realnode.kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f", "-", stdin=document)
 
 
 def environment(cluster: Cluster, *, kubeconfig: pathlib.Path, metrics: int, health: int) -> dict[str, str]:
@@ -197,7 +183,7 @@ def environment(cluster: Cluster, *, kubeconfig: pathlib.Path, metrics: int, hea
         "HEALTH_PROBE_PORT": str(health),
         "LOG_LEVEL": "debug",
         "CORONER_DEVCLOUD_COMMAND": json.dumps(
-            [sys.executable, "-m", karpenter_instances.__name__, "--dir", str(cluster.directory)]
+            [sys.executable, "-m", karpenter_instances.MODULE, "--dir", str(cluster.directory)]
         ),
         "CORONER_DEVCLOUD_RECORDS": str(karpenter_instances.records_dir(cluster.directory)),
     }

@@ -42,6 +42,8 @@ from coroner_dev.devcluster import node as node_mod
 from coroner_dev.devcluster.cluster import Cluster, Started, _spawn
 from coroner_dev.devcluster.errors import DevClusterError
 
+#: This module's name (run as `python -m`, its `__name__` is `__main__`).
+MODULE = "coroner_dev.devcluster.karpenter_instances"
 INSTANCES = "instances"
 #: Not a `.json` file: every `.json` file here is an instance record.
 IMAGES = "node-images"
@@ -103,9 +105,9 @@ def records_dir(directory: pathlib.Path) -> pathlib.Path:
 
 
 def use_images(directory: pathlib.Path, *, archives: list[tuple[str, pathlib.Path]], sandbox: str) -> None:
-    """The images every instance of the cluster in DIR imports (the sandbox image first): the very
-    archives its static nodes imported, fixed when Karpenter starts, so a boot never builds images
-    (their cache key moves with every edit of images/) or imports others than the cluster runs."""
+    """The images every instance of the cluster in DIR imports (the sandbox image first), fixed when
+    Karpenter starts: a boot never builds images (their cache key moves with every edit of images/),
+    and every instance runs the same ones."""
     records_dir(directory).mkdir(parents=True, exist_ok=True)
     chosen = {"archives": [(reference, str(archive)) for reference, archive in archives], "sandbox": sandbox}
     (records_dir(directory) / IMAGES).write_text(json.dumps(chosen, indent=2) + "\n")
@@ -171,7 +173,7 @@ def launch(directory: pathlib.Path, instance: Instance) -> Instance:
         _write(directory, dataclasses.replace(instance, state="booting"))
     booter = _spawn(
         f"boot/{instance.name}",
-        [sys.executable, "-m", __name__, "--dir", str(directory), "boot", "--name", instance.name],
+        [sys.executable, "-m", MODULE, "--dir", str(directory), "boot", "--name", instance.name],
         log=directory / "logs" / f"{instance.name}-boot.log",
     )
     recorded = _update(directory, instance.name, processes=(booter,))

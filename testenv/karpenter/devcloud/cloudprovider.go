@@ -99,8 +99,11 @@ func (c *CloudProvider) Create(ctx context.Context, nodeClaim *v1.NodeClaim) (*v
 func (c *CloudProvider) cheapest(requirements scheduling.Requirements) (*cloudprovider.InstanceType, *cloudprovider.Offering, bool) {
 	var best *cloudprovider.InstanceType
 	var bestOffering *cloudprovider.Offering
+	// Karpenter has already chosen the instance types that fit the claim: its instance-type
+	// requirement names them. Of those, the cheapest offering compatible with the claim.
+	chosen := requirements.Get(corev1.LabelInstanceTypeStable)
 	for _, it := range c.instanceTypes {
-		if requirements.Compatible(it.Requirements) != nil {
+		if !chosen.Has(it.Name) {
 			continue
 		}
 		offerings := it.Offerings.Available().Compatible(requirements)

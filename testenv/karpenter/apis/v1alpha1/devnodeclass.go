@@ -43,7 +43,9 @@ func (in *DevNodeClass) StatusConditions(opts ...status.ForOption) status.Condit
 
 func (in *DevNodeClass) GetConditions() []status.Condition { return in.Status.Conditions }
 
-func (in *DevNodeClass) SetConditions(conditions []status.Condition) { in.Status.Conditions = conditions }
+func (in *DevNodeClass) SetConditions(conditions []status.Condition) {
+	in.Status.Conditions = conditions
+}
 
 func (in *DevNodeClass) DeepCopyObject() runtime.Object {
 	if in == nil {
