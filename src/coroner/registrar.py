@@ -24,7 +24,9 @@ What it reads, all of it readable without ptrace access to the other containers:
 It may fail without harm: a registration's name is made from the Pod, the container and the
 process's start time, so a restarted registrar registers nothing twice (the create of an existing
 name for the same incarnation is idempotent, `launcher.register`), and what it missed while down is
-the agent's to attest.
+the agent's to attest. One container it cannot register (its name taken, a refusal) is logged and
+tried again with a growing delay, while it registers the others; `kubectl coroner doctor` names a
+running container of an injected Pod that has no registration.
 """
 
 from __future__ import annotations
@@ -44,9 +46,12 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Final
 
+import urllib3
+
 from coroner import launcher
-from coroner.client.rest import Rest
+from coroner.client.rest import ApiError, Rest
 from coroner.core import procfs
+from coroner.core.inject import registration_name
 
 logger = logging.getLogger("coroner.registrar")
 
@@ -59,6 +64,11 @@ _EXIT_CODE_OFFSET: Final = 60
 #: How long to wait after a pidfd fires for the runtime to reap the process (the kernel gives the
 #: exit status only then; a shim reaps within milliseconds).
 REAP_WAIT_SECONDS: Final = 2.0
+#: A container whose registration failed is tried again after 1 s, then after twice as long each
+#: time, up to a minute: a refusal that lasts (a name taken, the RBAC binding missing) is said once a
+#: minute, and one that ends (the binding made) is registered within a minute of it.
+RETRY_FIRST_SECONDS: Final = 1.0
+RETRY_MAX_SECONDS: Final = 60.0
 
 
 class Ending(enum.StrEnum):
@@ -135,11 +145,6 @@ def mains(seen: Iterable[Seen], *, own_pid: int) -> dict[str, Seen]:
     return found
 
 
-def registration_name(*, pod_name: str, container: str, start_time: int) -> str:
-    """One name per incarnation: a restarted registrar finds its own registration under it."""
-    return f"{pod_name[:200]}-{container[:12]}-{start_time}"
-
-
 def exit_status(pidfd: int) -> int | None:
     """The wait status of the process behind `pidfd` once it was reaped; None while it was not, or
     where the kernel does not say."""
@@ -187,6 +192,20 @@ class _Tracked:
     pidfd: int
     container: str
     pid: int
+    start_time: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Failing:
+    key: tuple[int, int]
+    """The (pid, start time) that failed: another process in the container starts afresh."""
+    attempts: int
+    next_attempt: float
+    """time.monotonic() of the next attempt."""
+
+
+def _key(process: Seen) -> tuple[int, int]:
+    return (process.pid, process.start_time)
 
 
 class Registrar:
@@ -218,16 +237,57 @@ class Registrar:
         self.pid_namespace_link = os.readlink(f"{self.proc_root}/self/ns/pid")
         self.tracked: dict[str, _Tracked] = {}
         """By container: the main process registered and watched now."""
+        self.ended: dict[str, tuple[int, int]] = {}
+        """By container: the (pid, start time) whose ending was handled, while it is still listed."""
+        self.failing: dict[str, _Failing] = {}
+        """By container: a main process whose registration failed, and when to try it again."""
         self.endings: list[tuple[str, Ending]] = []
         """(registration name, how it ended), in order: what the registrar saw, for its log and tests."""
 
     def scan_once(self) -> None:
-        """Registers every container main process not registered yet."""
-        for container, process in mains(scan(self.proc_root), own_pid=self.own_pid).items():
+        """Registers every container main process not registered yet. One container's failure is
+        said and tried again later (`_Failing`); the other containers' registrations go on."""
+        found = mains(scan(self.proc_root), own_pid=self.own_pid)
+        # A process whose ending was handled may still be listed until the runtime reaps it (a
+        # zombie stays in its cgroup on cgroup v2): it is not registered again. Forgotten once gone.
+        self.ended = {c: key for c, key in self.ended.items() if c in found and key == _key(found[c])}
+        self.failing = {c: f for c, f in self.failing.items() if c in found and f.key == _key(found[c])}
+        now = time.monotonic()
+        for container, process in found.items():
             current = self.tracked.get(container)
-            if current is not None and current.pid == process.pid:
+            if (current is not None and current.pid == process.pid) or self.ended.get(container) == _key(process):
                 continue
-            self._register(container, process)
+            failing = self.failing.get(container)
+            if failing is not None and now < failing.next_attempt:
+                continue
+            try:
+                self._register(container, process)
+            except (
+                launcher.RegistrationError,
+                ApiError,
+                urllib3.exceptions.HTTPError,
+                OSError,
+                procfs.ParseError,
+            ) as exc:
+                self._failed(container, process, failing, exc)
+            else:
+                self.failing.pop(container, None)
+
+    def _failed(self, container: str, process: Seen, failing: _Failing | None, exc: BaseException) -> None:
+        attempts = 1 if failing is None else failing.attempts + 1
+        delay = min(RETRY_FIRST_SECONDS * 2 ** (attempts - 1), RETRY_MAX_SECONDS)
+        self.failing[container] = _Failing(key=_key(process), attempts=attempts, next_attempt=time.monotonic() + delay)
+        name = registration_name(pod_name=self.pod_name, container=container, start_time=process.start_time)
+        logger.warning(
+            "registration failed workerregistration=%s/%s pid=%d container=%s attempts=%d retry_in=%.0fs: %s",
+            self.namespace,
+            name,
+            process.pid,
+            container[:12],
+            attempts,
+            delay,
+            exc,
+        )
 
     def _register(self, container: str, process: Seen) -> None:
         try:
@@ -260,7 +320,9 @@ class Registrar:
         previous = self.tracked.pop(container, None)
         if previous is not None:
             os.close(previous.pidfd)
-        self.tracked[container] = _Tracked(held=held, pidfd=pidfd, container=container, pid=process.pid)
+        self.tracked[container] = _Tracked(
+            held=held, pidfd=pidfd, container=container, pid=process.pid, start_time=process.start_time
+        )
 
     def _incarnation(self, pid: int) -> procfs.ProcessIncarnation | None:
         root = pathlib.Path(self.proc_root) / str(pid)
@@ -313,6 +375,7 @@ class Registrar:
             status,
         )
         self.endings.append((name, how))
+        self.ended[tracked.container] = (tracked.pid, tracked.start_time)
         os.close(tracked.pidfd)
         if self.tracked.get(tracked.container) is tracked:
             del self.tracked[tracked.container]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -21,7 +22,9 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from coroner.core import api
+from coroner import launcher
+from coroner.core import api, procfs
+from coroner.registrar import Ending, Registrar, registration_name
 from coroner_dev import fleet
 from coroner_dev.devcluster import cgroups
 from coroner_dev.devcluster.cluster import Cluster
@@ -155,3 +158,90 @@ def test_the_registrar_registers_each_containers_main_process_and_releases_only_
     kube.wait_for(lambda: len(of_container(registrations(admin, namespace), restarted)) == 1, what="the restart")
     time.sleep(1)
     assert len(registrations(admin, namespace)) == 5
+
+
+def registrar_argv(plane: Cluster, namespace: str) -> list[str]:
+    config = worker_kubeconfig(plane, namespace)
+    return [CORONER, "registrar", "-n", namespace, "--node-name=node-a", f"--pod-name={POD}",
+            f"--kubeconfig={config}", "--scan-seconds=0.2"]  # fmt: skip
+
+
+def start_time_of_pid(pid: int) -> int:
+    return procfs.parse_stat(pathlib.Path(f"/proc/{pid}/stat").read_bytes()).start_time
+
+
+def start_time_of(proc: subprocess.Popen[bytes]) -> int:
+    """The start time of the container process `proc` (an nsenter) started, as /proc gives it."""
+    return start_time_of_pid(fleet.wait_child(proc.pid))
+
+
+def test_a_container_whose_registration_is_refused_leaves_the_others_registered_and_is_tried_again(
+    plane: Cluster, admin: k8s.ApiClient, namespace: str, pod: Pod, tmp_path: pathlib.Path
+) -> None:
+    refused, other = pod.container_id(), pod.container_id()
+    refused_proc = pod.start(refused, "sleep", "600", log="refused")
+    name = registration_name(pod_name=POD, container=refused, start_time=start_time_of(refused_proc))
+    # Its name is taken by another incarnation: the API server refuses it (409), a RegistrationError.
+    kube.create_registration(admin, namespace, kube.registration_body(name=name, interval=None))
+    registrar = pod.start(pod.container_id(), *registrar_argv(plane, namespace), log="registrar")
+    pod.start(other, "sleep", "600", log="other")
+    kube.wait_for(lambda: len(of_container(registrations(admin, namespace), other)) == 1, what="the other registered")
+    log = tmp_path / "registrar.log"
+    kube.wait_for(lambda: log.read_text().count(f"workerregistration={namespace}/{name} ") >= 2, what="tried again")
+    assert registrar.poll() is None, log.read_text()
+    assert "already exists for another incarnation" in log.read_text()
+    # Once the name is free, the next attempt registers the container's own incarnation.
+    kube.custom(admin).delete_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, name)
+    pid = pod.pid_in_namespace(refused_proc)
+    kube.wait_for(
+        lambda: (
+            kube.exists(admin, namespace, name)
+            and kube.get_registration(admin, namespace, name)["spec"]["incarnation"]["pid"] == pid
+        ),
+        timeout=90,
+        what="the refused container registered",
+    )
+    assert registrar.poll() is None
+
+
+def test_an_exit_the_runtime_reaps_late_is_registered_once(
+    plane: Cluster, admin: k8s.ApiClient, namespace: str, tmp_path: pathlib.Path
+) -> None:
+    """A zombie stays in its container's cgroup on cgroup v2 (on v1 it shows `/`, so this host's own
+    /proc cannot show it): the registrar reads a /proc made of this host's real entries for a real
+    process, with the cgroup a v2 node shows, and the process is killed and left unreaped (its
+    "runtime", this test, does not wait for it) for several scans after the registrar's reap wait."""
+    proc_root = tmp_path / "proc"
+    (proc_root / "0" / "ns").mkdir(parents=True)
+    (proc_root / "self").symlink_to("0")  # the registrar's own pid: none of the Pod's processes
+    (proc_root / "0" / "ns" / "pid").symlink_to(os.readlink("/proc/self/ns/pid"))
+    worker = subprocess.Popen(["sleep", "600"])
+    container = uuid.uuid4().hex + uuid.uuid4().hex
+    try:
+        entry = proc_root / str(worker.pid)
+        entry.mkdir()
+        for name in ("stat", "status"):
+            (entry / name).write_bytes(pathlib.Path(f"/proc/{worker.pid}/{name}").read_bytes())
+        (entry / "status").write_text(re.sub(r"(?m)^PPid:.*$", "PPid:\t0", (entry / "status").read_text()))
+        (entry / "cgroup").write_text(f"0::/kubepods.slice/cri-containerd-{container}.scope\n")
+        registrar = Registrar(
+            client=launcher.client_for(str(worker_kubeconfig(plane, namespace))),
+            namespace=namespace,
+            node_name="node-a",
+            pod_name=POD,
+            proc_root=str(proc_root),
+            reap_wait_seconds=0.2,
+        )
+        registrar.scan_once()
+        name = registration_name(pod_name=POD, container=container, start_time=start_time_of_pid(worker.pid))
+        assert kube.exists(admin, namespace, name)
+        os.kill(worker.pid, signal.SIGKILL)
+        for _ in range(5):
+            registrar.wait(1.0)
+            registrar.scan_once()
+        assert registrar.endings == [(name, Ending.UNKNOWN)]
+        assert not registrar.tracked
+        registrar.client.close()
+    finally:
+        worker.kill()
+        worker.wait()
