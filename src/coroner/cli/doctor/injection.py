@@ -94,9 +94,9 @@ def check_registrar_injection(
     now: datetime.datetime,
     grace_seconds: float = REGISTRATION_GRACE_SECONDS,
 ) -> Check:
-    """FAIL naming each Pod labelled `coroner.dev/inject=true` that runs without the registrar, and when
-    such Pods exist while the injection policy is missing or unbound (the next one runs unregistered too);
-    WARN naming each running container of an injected labelled Pod that has no registration past the
+    """FAIL naming each Pod labelled `coroner.dev/inject=true` that runs without the registrar; WARN when
+    such Pods all have it while the injection policy is missing or unbound (the next one may not); WARN
+    naming each running container of an injected labelled Pod that has no registration past the
     grace; UNKNOWN where the Pods, the policy or the registrations could not be read."""
     name = "registrar-injection"
     if isinstance(pods, Unreadable):
@@ -106,11 +106,7 @@ def check_registrar_injection(
         return passed(name, f"no running Pod is labelled {INJECT_SELECTOR}.", facts={"labelledPods": 0})
     policy, policy_problem = _policy_state(policies, bindings)
     without = sorted(_where(pod) for pod in labelled if not _has_registrar(pod))
-    fix = (
-        f"install {COMPONENT} (Helm: {HELM_VALUE}) and wait until a dry-run Pod is injected"
-        if policy is None or policy_problem
-        else "the policy is in force now"
-    )
+    install = f"install {COMPONENT} (Helm: {HELM_VALUE}) and wait until a labelled dry-run Pod is injected"
     facts: dict[str, Any] = {"labelledPods": len(labelled), "withoutRegistrar": without, "policy": policy}
     if without:
         why = policy_problem or (
@@ -119,17 +115,20 @@ def check_registrar_injection(
         return failed(
             name,
             f"{len(without)} of {len(labelled)} Pod(s) labelled {INJECT_SELECTOR} run without the registrar, so "
-            f"their containers are registered by nothing: {', '.join(without)}. Why: {why}. Fix: {fix}, then "
-            f"recreate them (kubectl delete pod, or kubectl rollout restart their Deployment or StatefulSet).",
+            f"their containers are registered by nothing: {', '.join(without)}. Why: {why}. Fix: "
+            f"{install + ', then ' if policy_problem else ''}recreate them (kubectl delete pod, or kubectl rollout restart their Deployment or StatefulSet).",
             objects=[f"Pod/{where}" for where in without],
-            names=[f"pod/{where.rsplit('/', 1)[1]}" for where in without],
+            names=[kubectl_name("Pod", where.rsplit("/", 1)[1]) for where in without],
             facts=facts,
         )
     if policy_problem and not isinstance(policies, Unreadable) and not isinstance(bindings, Unreadable):
-        return failed(
+        # May be right: their manifests may have been injected offline (`kubectl coroner inject`), and a
+        # Pod injected so is the same as one the policy injected.
+        return warned(
             name,
             f"{len(labelled)} Pod(s) labelled {INJECT_SELECTOR} run with the registrar, but {policy_problem}: the "
-            f"next such Pod (a restart, a new replica) runs unregistered. Fix: {fix}.",
+            f"next such Pod (a restart, a new replica) runs unregistered unless its manifest was injected with "
+            f"kubectl coroner inject. Fix: {install}.",
             objects=[f"MutatingAdmissionPolicy/{policy or POLICY}"],
             names=[kubectl_name("MutatingAdmissionPolicy", policy or POLICY)],
             facts=facts,
@@ -150,7 +149,7 @@ def check_registrar_injection(
             f"{grace_seconds:g}s, so the registrar failed to register them (its log says why; it tries again): "
             f"{described}.",
             objects=sorted({f"Pod/{where}" for where, _, _ in unregistered}),
-            names=sorted({f"pod/{where.rsplit('/', 1)[1]}" for where, _, _ in unregistered}),
+            names=sorted({kubectl_name("Pod", where.rsplit("/", 1)[1]) for where, _, _ in unregistered}),
             facts=facts,
         )
     if policy_problem:
