@@ -1,7 +1,8 @@
-"""Each image installs exactly what its process imports, from a hashed lock, and nothing else.
+"""Each image installs exactly what its processes import, from a hashed lock, and nothing else.
 
-The agent runs on every node and is pulled on every scale-up; the operator runs once. Both are
-built from `images/<name>.lock` (made by `make locks`) plus the project with `--no-deps`. These
+The agent runs on every node and is pulled on every scale-up; the operator runs once, and carries
+the CLI too, for the chart's `helm test` (doctor in the cluster). Each is built from
+`images/<name>.lock` (made by `make locks`) plus the project with `--no-deps`. These
 tests read the source, the pyproject and the locks: a new import that the lock does not carry, a
 lock that lost its hashes, or a heavy package creeping into the agent fails here, not at a pull.
 """
@@ -28,12 +29,13 @@ ROOTS = {
     "coroner_agent": ROOT / "node-agent/src",
     "coroner_operator": ROOT / "operator/src",
 }
-#: image -> (the extra it installs, None for the base dependencies alone; the modules its process
-#: starts from)
-IMAGES: dict[str, tuple[str | None, list[str]]] = {
-    "agent": ("agent", ["coroner_agent.main", "coroner.cli.main"]),  # the agent, and `coroner run` in workers
-    "operator": ("operator", ["coroner_operator.main"]),
-    "registrar": (None, ["coroner.cli.main", "coroner.registrar"]),  # `coroner registrar`
+#: image -> (the extras it installs, none for the base dependencies alone; the modules its processes
+#: start from)
+IMAGES: dict[str, tuple[tuple[str, ...], list[str]]] = {
+    "agent": (("agent",), ["coroner_agent.main", "coroner.cli.main"]),  # the agent, and `coroner run` in workers
+    # the operator, and `kubectl-coroner doctor` for the chart's helm test
+    "operator": (("operator", "cli"), ["coroner_operator.main", "coroner.cli.kubectl"]),
+    "registrar": ((), ["coroner.cli.main", "coroner.registrar"]),  # `coroner registrar`
 }
 #: Never in the agent's image: what it never imports, and what made it ~200 MB.
 NOT_IN_AGENT = {"kopf", "kubernetes", "rich", "cryptography", "psutil", "aiohttp"}
@@ -100,30 +102,32 @@ def distribution_of(package: str) -> str:
     return canonicalize_name(found[0])
 
 
-def declared(extra: str | None) -> set[str]:
+def requirements(extras: tuple[str, ...]) -> list[str]:
     project = pyproject()["project"]
-    requirements = [*project["dependencies"], *(project["optional-dependencies"][extra] if extra else [])]
-    return {canonicalize_name(Requirement(r).name) for r in requirements}
+    return [*project["dependencies"], *(r for extra in extras for r in project["optional-dependencies"][extra])]
+
+
+def declared(extras: tuple[str, ...]) -> set[str]:
+    return {canonicalize_name(Requirement(r).name) for r in requirements(extras)}
 
 
 @pytest.mark.parametrize("image", IMAGES)
 def test_every_import_of_the_process_is_declared_and_locked(image: str) -> None:
-    extra, starts = IMAGES[image]
+    extras, starts = IMAGES[image]
     modules, external = reachable_imports(starts)
     assert not any(m.startswith("coroner_dev") for m in modules), "the dev cluster is not in any image"
     pins = lock(image)
     for package in sorted(external):
         distribution = distribution_of(package)
-        assert distribution in declared(extra), f"{image}: imports {package} ({distribution}), not declared"
+        assert distribution in declared(extras), f"{image}: imports {package} ({distribution}), not declared"
         assert distribution in pins, f"{image}: imports {package} ({distribution}), not in images/{image}.lock"
 
 
 @pytest.mark.parametrize("image", IMAGES)
 def test_every_declared_dependency_is_locked_at_a_version_it_allows(image: str) -> None:
-    extra, _ = IMAGES[image]
-    project = pyproject()["project"]
+    extras, _ = IMAGES[image]
     pins = lock(image)
-    for text in [*project["dependencies"], *(project["optional-dependencies"][extra] if extra else [])]:
+    for text in requirements(extras):
         requirement = Requirement(text)
         name = canonicalize_name(requirement.name)
         assert name in pins, f"images/{image}.lock lacks {name}: run `make locks`"
@@ -132,7 +136,12 @@ def test_every_declared_dependency_is_locked_at_a_version_it_allows(image: str) 
 
 def test_the_agent_image_carries_none_of_the_heavy_packages() -> None:
     assert not NOT_IN_AGENT & set(lock("agent"))
-    assert "kubernetes" not in lock("operator")
+
+
+def test_the_operator_process_imports_none_of_the_clis_packages() -> None:
+    """The kubernetes package and rich are in the operator image for the helm test's doctor only."""
+    _, external = reachable_imports(["coroner_operator.main"])
+    assert not {"kubernetes", "rich"} & external
 
 
 def test_the_registrar_image_carries_the_base_dependencies_alone() -> None:
