@@ -21,7 +21,8 @@ at admission.
 
 Workloads with the registrar injected (`coroner.core.inject`, `kubectl coroner inject`) get the same
 API server address in its container, and nothing else (`registrar_on_the_node`); their Pods need
-`hostNetwork` as every Pod here does.
+`hostNetwork` as every Pod here does. The manifests of examples/ get those, their namespace and the
+node (`example_on_the_node`).
 """
 
 from __future__ import annotations
@@ -398,6 +399,24 @@ def registrar_on_the_node(cluster: Cluster, document: dict[str, Any]) -> dict[st
 
     visit(changed)
     return changed
+
+
+def example_on_the_node(cluster: Cluster, document: dict[str, Any], *, namespace: str, node: str) -> dict[str, Any]:
+    """A document of examples/ (injected or not) as the test overlay runs it here: in `namespace` (for
+    the examples' `workers`, a RoleBinding's subjects too), its Pod template with `hostNetwork` and
+    `node`'s selector, and the registrar given the API server's address (`registrar_on_the_node`). A copy."""
+    changed: dict[str, Any] = json.loads(json.dumps(document))
+    changed["metadata"]["namespace"] = namespace
+    for subject in changed.get("subjects") or []:
+        subject["namespace"] = namespace
+    path = inject.template_path(changed)
+    if path is not None:
+        template = changed
+        for key in path:
+            template = template[key]
+        template["spec"]["hostNetwork"] = True
+        template["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return registrar_on_the_node(cluster, changed)
 
 
 def worker_rbac(namespace: str, *, service_account: str = "coroner-worker") -> list[dict[str, Any]]:
