@@ -1,18 +1,25 @@
 """Workers whose images hold nothing of Coroner, on the real node: the registrar.
 
 Every worker here is `localhost/coroner-dev/go-worker:dev`, a static Go binary alone in a `scratch`
-image (images/go-worker: no shell, no Python, no Coroner). Its Pods are made image-free workers by
-`coroner.core.inject`, the function `kubectl coroner inject` prints (and once by `kubectl coroner
-inject -f` itself, as a user runs it): `shareProcessNamespace: true` and the native sidecar
-`coroner-registrar` (`ghcr.io/coroner-dev/coroner-registrar:v0.1.0`, built here from
-images/registrar.Dockerfile and imported into the node like the agent's image). The registrar
-registers the main process of each other container under the Pod's own ServiceAccount
-(`coroner-worker`, bound as tests/node/conftest.py's `worker_namespace` binds it) and says goodbye
-for it when it exits 0 or by SIGTERM; every other death is the agent's to attest.
+image (images/go-worker: no shell, no Python, no Coroner), in the manifests of examples/ exactly as
+docs/workers.md shows them (tests/unit/test_examples.py holds the two equal). They are made image-free
+workers both ways a user does it: `kubectl coroner inject -f examples/NAME.yaml` through the real
+kubectl (its output compared with `coroner.core.inject`'s), and at admission, examples/statefulset.yaml's
+label with manifests/components/registrar-injection installed. Either way the Pod gets
+`shareProcessNamespace: true` and the native sidecar `coroner-registrar`
+(`ghcr.io/coroner-dev/coroner-registrar:v0.1.0`, built here from images/registrar.Dockerfile and
+imported into the node like the agent's image). The registrar registers the main process of each
+other container under the Pod's own ServiceAccount (`worker`, bound to `coroner-worker` by
+examples/rbac.yaml) and says goodbye for it when it exits 0 or by SIGTERM; every other death is the
+agent's to attest. The OOM test alone runs a variant of examples/pod.yaml (a memory limit, and the
+worker told to exceed it), injected by `coroner.core.inject`.
 
-The one test-overlay difference (`realnode.registrar_on_the_node`): the registrar's container gets
-the API server's loopback address, as the agent, the operator and `coroner run` workers do here, and
-the Pods run with `hostNetwork` (no CNI here). Nothing else of the injection changes.
+The test overlay (`on_this_node`) changes only what this node needs: the examples' namespace
+`workers` becomes the test's own; their Pods get `hostNetwork` (no CNI here) and this node's
+selector; the registrar's container gets the API server's loopback address, as the agent, the
+operator and `coroner run` workers do here (`realnode.registrar_on_the_node`; for the policy, the
+same two variables added to its mutation, `injection_component_on_the_node`). Nothing else of the
+examples or the injection changes.
 
 The host is used as a person with root on the node would use it: a container's processes are found
 by their cgroup (the container id the kubelet reports is the leaf of their cgroup path), killed with
@@ -35,6 +42,7 @@ before test_3_node_loss, which ends the worker node.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import datetime
 import json
@@ -50,7 +58,6 @@ from typing import Any
 import pytest
 import yaml
 
-from coroner import registrar as registrar_mod
 from coroner.core import inject, procfs
 from coroner_dev import realnode
 from coroner_dev.devcluster.cluster import Cluster
@@ -71,99 +78,32 @@ WORKER = "worker"
 REGISTERED_WITHIN_SECONDS = 30.0
 TERMINAL_WITHIN_SECONDS = 60.0
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+INJECTION_COMPONENT = ROOT / "manifests" / "components" / "registrar-injection" / "registrar-injection.yaml"
 
 
 # ---------------------------------------------------------------------------------------------
-# Manifests: the user's, then injected.
+# Manifests: examples/ as docs/workers.md shows them, injected by `kubectl coroner inject` or at
+# admission, then the test overlay.
 
 
-def template(
-    app: str, *, args: Iterable[str] = (), env: dict[str, str] | None = None, memory: str = ""
-) -> dict[str, Any]:
-    """A Pod template of one go-worker container, as a user writes it (nothing of Coroner in it)."""
-    container: dict[str, Any] = {
-        "name": WORKER,
-        "image": realnode.GO_WORKER_IMAGE,
-        "imagePullPolicy": "Never",
-        "args": list(args),
-        "securityContext": {
-            "runAsNonRoot": True,
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
-    }
-    if env:
-        container["env"] = [{"name": key, "value": value} for key, value in env.items()]
-    if memory:
-        container["resources"] = {"limits": {"memory": memory}, "requests": {"memory": memory}}
-    return {
-        "metadata": {"labels": {"app": app}},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": NODE},
-            "serviceAccountName": "coroner-worker",
-            # The worker itself talks to nobody: only the registrar gets a token (its own volume).
-            "automountServiceAccountToken": False,
-            "hostNetwork": True,
-            "enableServiceLinks": False,
-            "terminationGracePeriodSeconds": 20,
-            "containers": [container],
-        },
-    }
+def example(name: str) -> list[dict[str, Any]]:
+    """The documents of examples/NAME.yaml, as written."""
+    return list(yaml.safe_load_all((EXAMPLES / f"{name}.yaml").read_text()))
 
 
-def deployment(name: str, namespace: str, *, replicas: int, **kwargs: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": template(name, **kwargs),
-        },
-    }
+def on_this_node(cluster: Cluster, document: dict[str, Any], namespace: str) -> dict[str, Any]:
+    """The test overlay (`realnode.example_on_the_node`): the test's own namespace (for the example's
+    `workers`), `hostNetwork` and this node for its Pods (no CNI here), and the registrar's container
+    given the API server's loopback address."""
+    return realnode.example_on_the_node(cluster, document, namespace=namespace, node=NODE)
 
 
-def statefulset(name: str, namespace: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "replicas": 1,
-            "serviceName": name,
-            "selector": {"matchLabels": {"app": name}},
-            "template": template(name),
-        },
-    }
-
-
-def job(name: str, namespace: str, *, args: list[str]) -> dict[str, Any]:
-    pod = template(name, args=args)
-    pod["spec"]["restartPolicy"] = "Never"
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"backoffLimit": 0, "template": pod},
-    }
-
-
-def pod(name: str, namespace: str, **kwargs: Any) -> dict[str, Any]:
-    body = template(name, **kwargs)
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, **body["metadata"]},
-        "spec": body["spec"],
-    }
-
-
-def run_injected(cluster: Cluster, *objects: dict[str, Any]) -> None:
-    """Each object with the registrar injected by `coroner.core.inject` (what `kubectl coroner
-    inject` prints), through the test overlay, applied."""
-    realnode.apply_objects(cluster, [realnode.registrar_on_the_node(cluster, inject.inject(o)) for o in objects])
+def apply_here(cluster: Cluster, namespace: str, documents: Iterable[dict[str, Any]]) -> None:
+    """The documents through the test overlay, applied; the example's RBAC first."""
+    rbac = [on_this_node(cluster, d, namespace) for d in example("rbac")]
+    realnode.apply_objects(cluster, [*rbac, *(on_this_node(cluster, d, namespace) for d in documents)])
 
 
 def kubectl_coroner_inject(cluster: Cluster, path: pathlib.Path) -> subprocess.CompletedProcess[str]:
@@ -171,6 +111,85 @@ def kubectl_coroner_inject(cluster: Cluster, path: pathlib.Path) -> subprocess.C
     environment = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     command = [str(cluster.binary("kubectl")), "coroner", "inject", "-f", str(path)]
     return subprocess.run(command, capture_output=True, text=True, env=environment, timeout=120, check=False)
+
+
+def injected_example(cluster: Cluster, name: str) -> list[dict[str, Any]]:
+    """`kubectl coroner inject -f examples/NAME.yaml`, as docs/workers.md says to run it: what it printed."""
+    path = EXAMPLES / f"{name}.yaml"
+    result = kubectl_coroner_inject(cluster, path)
+    assert result.returncode == 0, result.stderr
+    for document in example(name):
+        assert f"{inject.describe(document)} injected ({path}, document 1)" in result.stderr, result.stderr
+    printed = list(yaml.safe_load_all(result.stdout))
+    assert printed == [inject.inject(d) for d in example(name)]  # the CLI prints what the function returns
+    return printed
+
+
+def run_injected(cluster: Cluster, namespace: str, *objects: dict[str, Any]) -> None:
+    """A variant of an example (for what no example shows: an OOM kill) with the registrar injected by
+    `coroner.core.inject` (what `kubectl coroner inject` prints), through the test overlay, applied."""
+    apply_here(cluster, namespace, [inject.inject(o) for o in objects])
+
+
+def variant(document: dict[str, Any], *, name: str, env: dict[str, str], memory: str) -> dict[str, Any]:
+    """examples/pod.yaml renamed, with environment and a memory limit for its worker."""
+    changed = copy.deepcopy(document)
+    changed["metadata"]["name"] = name
+    changed["metadata"]["labels"]["app"] = name
+    (container,) = changed["spec"]["containers"]
+    container["env"] = [{"name": key, "value": value} for key, value in env.items()]
+    container["resources"] = {"limits": {"memory": memory}, "requests": {"memory": memory}}
+    return changed
+
+
+def injection_component_on_the_node(cluster: Cluster) -> list[dict[str, Any]]:
+    """manifests/components/registrar-injection with the test overlay's one difference: the registrar
+    it injects is given the API server's loopback address too (the env that `registrar_on_the_node`
+    adds to an injected manifest, added here to the policy's mutation, the only place a Pod created
+    from a labelled template gets its registrar)."""
+    documents = list(yaml.safe_load_all(INJECTION_COMPONENT.read_text()))
+    (policy,) = [d for d in documents if d["kind"] == "MutatingAdmissionPolicy"]
+    mutation = policy["spec"]["mutations"][0]["jsonPatch"]
+    last_env = 'fieldPath: "metadata.namespace"}}}\n'
+    assert mutation["expression"].count(last_env) == 1, "the policy's env list changed: update this overlay"
+    added = ",\n".join(
+        f'Object.spec.initContainers.env{{name: "{e["name"]}", value: "{e["value"]}"}}'
+        for e in realnode.api_env(cluster)
+    )
+    mutation["expression"] = mutation["expression"].replace(last_env, last_env[:-1] + ",\n" + added + "\n")
+    return documents
+
+
+@contextlib.contextmanager
+def injection_at_admission(cluster: Cluster, namespace: str) -> Any:
+    """The component installed (through the test overlay) until the API server injects a labelled Pod
+    of `namespace` (a server-side dry run), removed afterwards."""
+    documents = injection_component_on_the_node(cluster)
+    realnode.apply_objects(cluster, documents)
+    probe = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "probe", "namespace": namespace, "labels": {inject.INJECT_LABEL: "true"}},
+        "spec": {"containers": [{"name": WORKER, "image": realnode.GO_WORKER_IMAGE}]},
+    }
+
+    def injected() -> bool:
+        result = realnode.kubectl(
+            cluster, "create", "--dry-run=server", "-o", "json", "-f", "-", stdin=json.dumps(probe), check=False
+        )
+        if result.returncode != 0:
+            return False
+        inits = json.loads(result.stdout)["spec"].get("initContainers") or []
+        return any(c["name"] == inject.CONTAINER_NAME for c in inits)
+
+    try:
+        wait_for(injected, timeout=60, what="the injection policy in force")
+        yield
+    finally:
+        for document in documents:
+            kubectl(
+                cluster, "delete", document["kind"], document["metadata"]["name"], "--ignore-not-found", check=False
+            )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -251,9 +270,7 @@ class Worker:
     @property
     def registration(self) -> str:
         """The registration the registrar names after it."""
-        return registrar_mod.registration_name(
-            pod_name=self.pod, container=self.container, start_time=self.process.start_time
-        )
+        return inject.registration_name(pod_name=self.pod, container=self.container, start_time=self.process.start_time)
 
 
 def pods_of(cluster: Cluster, namespace: str, app: str) -> list[dict[str, Any]]:
@@ -482,7 +499,7 @@ def test_a_deployment_of_scratch_go_workers_is_registered_each_as_the_host_sees_
     realnode.rolled_out(node_cluster)
     ns = worker_namespace
     with watching(node_cluster, ns) as watch:
-        run_injected(node_cluster, deployment("web", ns, replicas=3))
+        apply_here(node_cluster, ns, injected_example(node_cluster, "deployment"))
         workers = running_workers(node_cluster, ns, "web", 3)
         names = {w.registration for w in workers}
         items = wait_registrations(
@@ -544,9 +561,9 @@ def test_a_rollout_restart_ends_every_old_incarnation_cleanly_and_retires_no_liv
     and the retirement beat the goodbye (module docstring): counted, printed, recorded."""
     realnode.rolled_out(node_cluster)
     ns = worker_namespace
-    run_injected(node_cluster, deployment("roll", ns, replicas=3))
+    apply_here(node_cluster, ns, injected_example(node_cluster, "deployment"))
     endings: dict[str, int] = {"Released": 0, "Retired": 0}
-    current = running_workers(node_cluster, ns, "roll", 3)
+    current = running_workers(node_cluster, ns, "web", 3)
     for rollout in (1, 2):
         old = {w.registration for w in current}
         wait_registrations(
@@ -554,11 +571,11 @@ def test_a_rollout_restart_ends_every_old_incarnation_cleanly_and_retires_no_liv
             ns,
             lambda items, old=old: active_and_alive(items, old),
             timeout=REGISTERED_WITHIN_SECONDS + 60,
-            what=f"rollout {rollout}: every roll worker registered and Alive",
+            what=f"rollout {rollout}: every web worker registered and Alive",
         )
-        kubectl(node_cluster, "-n", ns, "rollout", "restart", "deployment/roll")
-        kubectl(node_cluster, "-n", ns, "rollout", "status", "deployment/roll", "--timeout=180s", timeout=200)
-        current = running_workers(node_cluster, ns, "roll", 3)
+        kubectl(node_cluster, "-n", ns, "rollout", "restart", "deployment/web")
+        kubectl(node_cluster, "-n", ns, "rollout", "status", "deployment/web", "--timeout=180s", timeout=200)
+        current = running_workers(node_cluster, ns, "web", 3)
         new = {w.registration for w in current}
         assert not new & old
         items = wait_registrations(
@@ -590,11 +607,13 @@ def test_an_oom_killed_worker_is_retired_and_every_restart_is_registered_active(
     realnode.rolled_out(node_cluster)
     ns = worker_namespace
     with watching(node_cluster, ns) as watch:
+        (solo,) = example("pod")
         run_injected(
             node_cluster,
-            pod(
-                "hog",
-                ns,
+            ns,
+            variant(
+                solo,
+                name="hog",
                 env={"GO_WORKER_ALLOCATE_MIB": "128", "GO_WORKER_ALLOCATE_AFTER_SECONDS": "8"},
                 memory="32Mi",
             ),
@@ -641,7 +660,7 @@ def test_a_job_that_completes_ends_its_registration_cleanly(
     """Exit 0 after 6 s: the registrar's goodbye (Released), or the agent's PidfdExited if it wins the race."""
     realnode.rolled_out(node_cluster)
     ns = worker_namespace
-    run_injected(node_cluster, job("batch", ns, args=["6", "0"]))
+    apply_here(node_cluster, ns, injected_example(node_cluster, "job"))
     (worker,) = running_workers(node_cluster, ns, "batch", 1, timeout=90)
     items = wait_registrations(
         node_cluster,
@@ -670,21 +689,13 @@ def test_a_job_that_completes_ends_its_registration_cleanly(
 
 
 def test_a_deleted_pod_injected_by_kubectl_coroner_inject_ends_cleanly(
-    node_cluster: Cluster, worker_namespace: str, tmp_path: pathlib.Path, record_property: Callable[[str, object], None]
+    node_cluster: Cluster, worker_namespace: str, record_property: Callable[[str, object], None]
 ) -> None:
-    """The user's manifest through `kubectl coroner inject -f` (the real kubectl finding the plugin),
+    """examples/pod.yaml through `kubectl coroner inject -f` (the real kubectl finding the plugin),
     then the test overlay, then `kubectl apply`; the Pod deleted: SIGTERM, exit 0, goodbye."""
     realnode.rolled_out(node_cluster)
     ns = worker_namespace
-    manifest = pod("solo", ns)
-    path = tmp_path / "solo.yaml"
-    path.write_text(yaml.safe_dump(manifest, sort_keys=False))
-    result = kubectl_coroner_inject(node_cluster, path)
-    assert result.returncode == 0, result.stderr
-    assert f"Pod {ns}/solo injected ({path}, document 1)" in result.stderr, result.stderr
-    (printed,) = list(yaml.safe_load_all(result.stdout))
-    assert printed == inject.inject(manifest)  # the CLI prints what the function returns
-    realnode.apply_objects(node_cluster, [realnode.registrar_on_the_node(node_cluster, printed)])
+    apply_here(node_cluster, ns, injected_example(node_cluster, "pod"))
 
     (worker,) = running_workers(node_cluster, ns, "solo", 1)
     items = wait_registrations(
@@ -717,18 +728,18 @@ def test_a_registrar_killed_from_the_host_retires_nothing_and_registers_nothing_
     which never stopped, stay Active and Alive."""
     realnode.rolled_out(node_cluster)
     ns = worker_namespace
-    run_injected(node_cluster, deployment("steady", ns, replicas=2))
-    workers = running_workers(node_cluster, ns, "steady", 2)
+    apply_here(node_cluster, ns, injected_example(node_cluster, "deployment"))
+    workers = running_workers(node_cluster, ns, "web", 3)
     names = {w.registration for w in workers}
     wait_registrations(
         node_cluster,
         ns,
         lambda items: active_and_alive(items, names),
         timeout=REGISTERED_WITHIN_SECONDS + 60,
-        what="both steady workers registered and Alive",
+        what="every web worker registered and Alive",
     )
     killed = {}
-    for p in pods_of(node_cluster, ns, "steady"):
+    for p in pods_of(node_cluster, ns, "web"):
         status = container_status(p, inject.CONTAINER_NAME)
         assert status is not None
         cid = container_id(status)
@@ -739,7 +750,7 @@ def test_a_registrar_killed_from_the_host_retires_nothing_and_registers_nothing_
         os.kill(pid, signal.SIGKILL)
 
     def registrars_restarted() -> bool:
-        for p in pods_of(node_cluster, ns, "steady"):
+        for p in pods_of(node_cluster, ns, "web"):
             status = container_status(p, inject.CONTAINER_NAME)
             if (
                 status is None
@@ -757,14 +768,14 @@ def test_a_registrar_killed_from_the_host_retires_nothing_and_registers_nothing_
         ns,
         lambda items: active_and_alive(items, names),
         timeout=60,
-        what="both workers still Active and Alive",
+        what="every worker still Active and Alive",
     )
     assert set(items) == names, sorted(items)  # nothing registered twice
     for worker in workers:
         r = items[worker.registration]
         assert "retirement" not in r["status"], describe(r)
         assert_registered_as_the_host_sees_it(r, worker)
-    for p in pods_of(node_cluster, ns, "steady"):
+    for p in pods_of(node_cluster, ns, "web"):
         worker_status = container_status(p, WORKER)
         assert worker_status is not None and worker_status["restartCount"] == 0, worker_status
     # The restarted registrar still says goodbye: a deleted Pod ends cleanly (Released, or the race).
@@ -782,11 +793,19 @@ def test_a_registrar_killed_from_the_host_retires_nothing_and_registers_nothing_
     assert_no_live_one_retired(items.values())
 
 
-def test_a_statefulset_of_one_scratch_go_worker_is_registered(node_cluster: Cluster, worker_namespace: str) -> None:
+def test_a_statefulset_labelled_for_injection_at_admission_is_registered(
+    node_cluster: Cluster, worker_namespace: str
+) -> None:
+    """examples/statefulset.yaml as written (its Pod template labelled coroner.dev/inject=true), through
+    the test overlay, applied while manifests/components/registrar-injection is installed: the API
+    server injects the registrar into its Pod."""
     realnode.rolled_out(node_cluster)
     ns = worker_namespace
-    run_injected(node_cluster, statefulset("db", ns))
-    (worker,) = running_workers(node_cluster, ns, "db", 1)
+    with injection_at_admission(node_cluster, ns):
+        apply_here(node_cluster, ns, example("statefulset"))
+        (worker,) = running_workers(node_cluster, ns, "db", 1)
+        (db,) = pods_of(node_cluster, ns, "db")
+        assert db["metadata"]["annotations"][inject.INJECTED_ANNOTATION] == inject.INJECTION_VERSION
     assert worker.pod == "db-0"
     items = wait_registrations(
         node_cluster,
