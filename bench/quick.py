@@ -43,6 +43,10 @@ BENCHMARKS: dict[str, list[str]] = {
     ],
     "realnode": ["--workers", "20", "--kills", "5", "--kill-window", "5", "--no-host", "--name", "quick-realnode"],
     "images": ["--runs", "1", "--name", "quick-images"],
+    "imagefree": [
+        "--starts", "6", "--parallelism", "2", "--steady-seconds", "5", "--kill-pods", "1", "--kill-rounds", "1",
+        "--kill-window", "3", "--name", "quick-imagefree",
+    ],
 }  # fmt: skip
 NOT_BENCHMARKS = frozenset({"quick", "report"})
 
