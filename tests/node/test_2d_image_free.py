@@ -170,7 +170,8 @@ def injection_at_admission(cluster: Cluster, namespace: str) -> Any:
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": "probe", "namespace": namespace, "labels": {inject.INJECT_LABEL: "true"}},
-        "spec": {"containers": [{"name": WORKER, "image": realnode.GO_WORKER_IMAGE}]},
+        # examples/rbac.yaml's ServiceAccount, applied before (admission looks it up).
+        "spec": {"serviceAccountName": "worker", "containers": [{"name": WORKER, "image": realnode.GO_WORKER_IMAGE}]},
     }
 
     def injected() -> bool:
@@ -801,6 +802,7 @@ def test_a_statefulset_labelled_for_injection_at_admission_is_registered(
     server injects the registrar into its Pod."""
     realnode.rolled_out(node_cluster)
     ns = worker_namespace
+    apply_here(node_cluster, ns, [])  # examples/rbac.yaml
     with injection_at_admission(node_cluster, ns):
         apply_here(node_cluster, ns, example("statefulset"))
         (worker,) = running_workers(node_cluster, ns, "db", 1)
