@@ -48,7 +48,7 @@ from typing import Final
 
 import urllib3
 
-from coroner import launcher
+from coroner import launcher, pidfs
 from coroner.client.rest import ApiError, Rest
 from coroner.core import procfs
 from coroner.core.inject import registration_name
@@ -295,10 +295,13 @@ class Registrar:
         except OSError:
             return  # gone already: nothing to register, and the next scan looks again
         try:
-            incarnation = self._incarnation(process.pid)
-            if incarnation is None or incarnation.start_time != process.start_time:
+            incarnation = self._incarnation(process.pid, pidfd_inode=pidfs.inode(pidfd))
+            # Still running after the reads, so the number was not reused under them: the reads and
+            # the pidfd (its inode) are of one process.
+            exited = bool(select.select([pidfd], [], [], 0)[0])
+            if incarnation is None or incarnation.start_time != process.start_time or exited:
                 os.close(pidfd)
-                return  # the number changed hands since the scan
+                return  # the number changed hands since the scan, or the process exited: the next scan says
             held = launcher.register(
                 client=self.client,
                 namespace=self.namespace,
@@ -324,7 +327,7 @@ class Registrar:
             held=held, pidfd=pidfd, container=container, pid=process.pid, start_time=process.start_time
         )
 
-    def _incarnation(self, pid: int) -> procfs.ProcessIncarnation | None:
+    def _incarnation(self, pid: int, *, pidfd_inode: int | None) -> procfs.ProcessIncarnation | None:
         root = pathlib.Path(self.proc_root) / str(pid)
         try:
             stat, status = (root / "stat").read_bytes(), (root / "status").read_bytes()
@@ -344,6 +347,7 @@ class Registrar:
             boot_id=boot_id,
             machine_id=machine_id,
             node_name=self.node_name,
+            pidfd_inode=pidfd_inode,
         )
 
     def wait(self, timeout: float) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from coroner import launcher
+from coroner import launcher, pidfs
 from coroner.core import api, procfs
 from coroner.registrar import Ending, Registrar, registration_name
 from coroner_dev import fleet
@@ -126,6 +126,8 @@ def test_the_registrar_registers_each_containers_main_process_and_releases_only_
     incarnation = body["spec"]["incarnation"]
     assert incarnation["pid"] == pod.pid_in_namespace(server_proc)
     assert incarnation["pidNamespace"] == os.readlink(f"/proc/{pod.init}/ns/pid").removeprefix("pid:[").rstrip("]")
+    # The process's pidfd inode, by which an agent without ptrace access finds it.
+    assert incarnation["pidfdInode"] == str(pidfs.inode_of(fleet.wait_child(server_proc.pid)))
     assert body["spec"]["clientInstanceId"].startswith(api.CLIENT_INSTANCE_PREFIX)
     # A later process the runtime starts in the same container is a `kubectl exec`, not its main one.
     exec_proc = pod.start(server, "sleep", "600", log="exec")
