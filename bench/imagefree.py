@@ -146,8 +146,10 @@ def start_to_registered(cluster: Any, args: argparse.Namespace, seen: Seen, trac
     apply(cluster, namespace, [inject.inject(job)])
 
     def complete() -> bool:
-        status = json.loads(realnode.kubectl(cluster, "-n", namespace, "get", "job", "batch", "-o", "json").stdout)
-        return int((status.get("status") or {}).get("succeeded") or 0) >= args.starts
+        read = realnode.kubectl(cluster, "-n", namespace, "get", "job", "batch", "-o", "json", check=False)
+        if read.returncode != 0:
+            return False  # a moment, not an answer: asked again
+        return int((json.loads(read.stdout).get("status") or {}).get("succeeded") or 0) >= args.starts
 
     poll(complete, timeout=120 + args.starts * (args.job_seconds + 20) / max(1, args.parallelism), what="the Job")
     poll(lambda: len(seen.of(namespace)) >= args.starts, timeout=60, what="every Job worker's registration")
