@@ -67,9 +67,17 @@ def now_text(offset_seconds: float = 0.0) -> str:
 
 
 def put_agent_lease(
-    admin: k8s.ApiClient, *, node: str, boot_id: str, host_id: str, duration: int = 60, renew_offset: float = 0.0
+    admin: k8s.ApiClient,
+    *,
+    node: str,
+    boot_id: str,
+    host_id: str,
+    duration: int = 60,
+    renew_offset: float = 0.0,
+    namespace: str = SYSTEM,
 ) -> None:
-    """Publishes an agent Lease as a live agent would (for tests that play the agent's part)."""
+    """Publishes an agent Lease as a live agent would (for tests that play the agent's part), in the
+    system `namespace` (a Helm release's own)."""
     coordination = k8s.CoordinationV1Api(admin)
     name = f"{api.AGENT_LEASE_PREFIX}{node}"
     body = {
@@ -77,7 +85,7 @@ def put_agent_lease(
         "kind": "Lease",
         "metadata": {
             "name": name,
-            "namespace": SYSTEM,
+            "namespace": namespace,
             "annotations": {api.AGENT_LEASE_BOOT_ID: boot_id, api.AGENT_LEASE_HOST_ID: host_id},
         },
         "spec": {
@@ -87,11 +95,11 @@ def put_agent_lease(
         },
     }
     try:
-        coordination.create_namespaced_lease(SYSTEM, body)
+        coordination.create_namespaced_lease(namespace, body)
     except ApiException as exc:
         if exc.status != 409:
             raise
-        coordination.patch_namespaced_lease(name, SYSTEM, body)
+        coordination.patch_namespaced_lease(name, namespace, body)
 
 
 def attestation(
