@@ -114,8 +114,7 @@ def test_the_packaged_chart_installs_tests_upgrades_and_uninstalls(
     images_by_digest(fresh, user_directory)
     kept = kill_one_keep_one(fresh, worker_namespace, "chart")
 
-    if hasattr(realnode, "helm_test_pods"):
-        realnode.helm_test_pods(fresh)
+    # The test Pod gets the dev node's patches at admission (realnode.helm_test_pods, by patch_installed).
     tested = helm.run("helm", f"--kubeconfig={fresh.kubeconfig}", "test", "coroner", *HELM_RELEASE,
                       "--timeout=180s", check=False, timeout=240)  # fmt: skip
     assert tested.returncode == 0, f"{tested.stdout}\n{tested.stderr}"
