@@ -46,6 +46,8 @@ NODE_CLASS = "dev"
 #: does not: no CNI reaches the API server from a Pod's network).
 RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
 READY_TIMEOUT = 120.0
+#: Where `start` notes the free port Karpenter serves /metrics on.
+METRICS_PORT_FILE = "karpenter-metrics-port"
 
 
 def module_dir() -> pathlib.Path:
@@ -208,14 +210,15 @@ def start(cluster: Cluster, *, progress: Callable[[str], None] | None = None) ->
     )
     install(cluster)
     kubeconfig = identities.mint_token(cluster, service_account=f"{NAMESPACE}/{SERVICE_ACCOUNT}")
-    health = free_port()
+    health, metrics = free_port(), free_port()
     log = cluster.directory / "logs" / "karpenter.log"
     process = _spawn(
         PROCESS,
         [str(binary)],
         log=log,
-        env=environment(cluster, kubeconfig=kubeconfig, metrics=free_port(), health=health),
+        env=environment(cluster, kubeconfig=kubeconfig, metrics=metrics, health=health),
     )
+    (cluster.directory / METRICS_PORT_FILE).write_text(f"{metrics}\n")
     try:
         wait_ready(
             "Karpenter",
@@ -230,6 +233,15 @@ def start(cluster: Cluster, *, progress: Callable[[str], None] | None = None) ->
     cluster = dataclasses.replace(cluster, processes=(*cluster.processes, process))
     save(cluster)
     return cluster
+
+
+def metrics(cluster: Cluster) -> str:
+    """The text of the running Karpenter's /metrics (its eviction requests by response code, say)."""
+    port = int((cluster.directory / METRICS_PORT_FILE).read_text())
+    status, body = http_get(host="127.0.0.1", port=port, path="/metrics", context=None)
+    if status != 200:
+        raise DevClusterError(f"Karpenter's /metrics answered {status}", fix=f"read {cluster.directory / 'logs'}")
+    return body.decode()
 
 
 def stop(directory: pathlib.Path) -> list[str]:

@@ -70,7 +70,6 @@ class Instance:
     reason: str = ""
     processes: tuple[Started, ...] = ()
     """The booting process, then containerd and the kubelet, each as it is spawned."""
-    cgroups: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -82,7 +81,6 @@ class Instance:
             "state": self.state,
             "reason": self.reason,
             "processes": [dataclasses.asdict(p) for p in self.processes],
-            "cgroups": list(self.cgroups),
         }
 
     @classmethod
@@ -96,7 +94,6 @@ class Instance:
             state=raw["state"],
             reason=raw.get("reason", ""),
             processes=tuple(Started(**p) for p in raw.get("processes", ())),
-            cgroups=tuple(raw.get("cgroups", ())),
         )
 
 
@@ -189,7 +186,6 @@ def boot(directory: pathlib.Path, name: str) -> None:
     cluster = Cluster.load(directory)
     if instance is None or cluster is None:
         return
-    cgroups: list[str] = []
 
     def spawn(process: str, argv: list[str], log: pathlib.Path, env: dict[str, str]) -> Started:
         started = _spawn(process, argv, log=log, env=env)
@@ -200,7 +196,7 @@ def boot(directory: pathlib.Path, name: str) -> None:
         binaries = ensure_node_binaries(progress=print)
         images = json.loads((records_dir(directory) / IMAGES).read_text())
         started = time.monotonic()
-        _, created = node_mod.start(
+        node_mod.start(
             dataclasses.replace(cluster, nodes=(*cluster.nodes, name)),
             name=name,
             binaries=binaries,
@@ -210,11 +206,11 @@ def boot(directory: pathlib.Path, name: str) -> None:
             say=print,
             kubelet_settings={"providerID": instance.provider_id, "registerWithTaints": [UNREGISTERED_TAINT]},
         )
-        cgroups.extend(created)
-        _update(directory, name, state="running", cgroups=tuple(created))
+        _update(directory, name, state="running")
         print(f"instance {name} running: its Node Ready {time.monotonic() - started:.1f} s after the boot began")
-    except (DevClusterError, OSError) as exc:
-        _update(directory, name, state="failed", reason=str(exc)[-2000:])
+    except Exception as exc:
+        # Whatever stopped the boot, the instance is gone for Karpenter (node.start cleaned up).
+        _update(directory, name, state="failed", reason=f"{type(exc).__name__}: {exc}"[-2000:])
         raise
 
 
