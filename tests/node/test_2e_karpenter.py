@@ -34,6 +34,9 @@ from support.nodes import agent_pids, get_json, kubectl, registrations, state, v
 pytestmark = [
     pytest.mark.node,
     pytest.mark.filterwarnings("ignore:record_property is incompatible:pytest.PytestWarning"),
+    # The first test's setup builds Karpenter where it is not cached yet (8-10 minutes on 2 shared
+    # cores; `coroner dev-cluster build --karpenter` builds it ahead).
+    pytest.mark.timeout(1200),
 ]
 
 #: A node Karpenter launches boots (containerd, the images imported, a kubelet) and registers, then the
