@@ -45,7 +45,7 @@ from typing import Any
 import harness as c
 import yaml
 
-from coroner.core import inject, procfs
+from coroner.core import inject
 from coroner_dev import realnode
 from coroner_dev.devcluster import cluster as cluster_mod
 from coroner_dev.devcluster.images import ensure_images
@@ -176,27 +176,6 @@ def start_to_registered(cluster: Any, args: argparse.Namespace, seen: Seen, trac
     }
 
 
-def in_container(pid: int, cid: str) -> bool:
-    try:
-        lines = pathlib.Path(f"/proc/{pid}/cgroup").read_text().splitlines()
-    except OSError:
-        return False
-    return any(line.rsplit("/", 1)[-1] == cid for line in lines)
-
-
-def main_process(cid: str) -> int | None:
-    """The container's main process: of its processes, the one whose parent is outside it."""
-    for entry in pathlib.Path("/proc").iterdir():
-        if entry.name.isdigit() and in_container(int(entry.name), cid):
-            try:
-                ppid = procfs.parse_status((entry / "status").read_bytes()).ppid
-            except (OSError, procfs.ParseError):
-                continue
-            if not in_container(ppid, cid):
-                return int(entry.name)
-    return None
-
-
 def usage(pid: int) -> tuple[int, int, float, float]:
     """(VmRSS KiB, VmHWM KiB, CPU seconds, seconds since its start) of a process."""
     status = {
@@ -224,7 +203,7 @@ def registrar_cost(cluster: Any, args: argparse.Namespace, seen: Seen, tracker: 
     pids = []
     for pod in pods:
         (status,) = [s for s in pod["status"]["initContainerStatuses"] if s["name"] == inject.CONTAINER_NAME]
-        pid = main_process(str(status["containerID"]).partition("://")[2])
+        pid = realnode.container_main_pid(str(status["containerID"]).partition("://")[2])
         if pid is not None:
             pids.append(pid)
     before = {pid: usage(pid) for pid in pids}

@@ -323,6 +323,28 @@ def host_pid(namespace: str, number: int) -> int | None:
     return None
 
 
+def in_container(pid: int, cid: str) -> bool:
+    """Whether process PID is in container CID: the leaf of one of its cgroup paths (the kubelet's
+    cgroupfs layout, `.../pod<uid>/<container id>`) is the id."""
+    try:
+        lines = pathlib.Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return False
+    return any(line.rsplit("/", 1)[-1] == cid for line in lines)
+
+
+def container_main_pid(cid: str) -> int | None:
+    """The host pid of container CID's main process (the runtime's id, `containerd://<id>` without the
+    scheme): of its processes, the first whose parent is not in it (the runtime's shim; a `kubectl exec`
+    also has its parent outside, but starts later)."""
+    pids = sorted(int(e.name) for e in pathlib.Path("/proc").iterdir() if e.name.isdigit())
+    for pid in (pid for pid in pids if in_container(pid, cid)):
+        with contextlib.suppress(OSError, procfs.ParseError):
+            if not in_container(procfs.parse_status(pathlib.Path(f"/proc/{pid}/status").read_bytes()).ppid, cid):
+                return pid
+    return None
+
+
 def incarnation_pid(registration: dict[str, Any]) -> int | None:
     """The host pid of a registration's very incarnation, if it is still running: its (pidNamespace,
     pid) held by a process with its startTime. A namespace's inode is reused once the namespace is

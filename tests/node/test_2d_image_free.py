@@ -202,35 +202,6 @@ def container_id(status: dict[str, Any]) -> str:
     return str(status["containerID"]).partition("://")[2]
 
 
-def in_container(pid: int, cid: str) -> bool:
-    """Whether process PID is in container CID: the leaf of one of its cgroup paths (the kubelet's
-    cgroupfs layout, `.../pod<uid>/<container id>`) is the id."""
-    try:
-        lines = pathlib.Path(f"/proc/{pid}/cgroup").read_text().splitlines()
-    except OSError:
-        return False
-    return any(line.rsplit("/", 1)[-1] == cid for line in lines)
-
-
-def container_pids(cid: str) -> list[int]:
-    """Host pids of the processes of container CID."""
-    return sorted(
-        int(entry.name)
-        for entry in pathlib.Path("/proc").iterdir()
-        if entry.name.isdigit() and in_container(int(entry.name), cid)
-    )
-
-
-def main_pid(cid: str) -> int | None:
-    """The container's main process: the one whose parent is not in the container (the runtime's shim)."""
-    for pid in container_pids(cid):
-        with contextlib.suppress(OSError, procfs.ParseError):
-            ppid = procfs.parse_status(pathlib.Path(f"/proc/{pid}/status").read_bytes()).ppid
-            if not in_container(ppid, cid):
-                return pid
-    return None
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class HostProcess:
     """A container's main process as the host sees it."""
@@ -294,7 +265,7 @@ def running_worker(pod_object: dict[str, Any]) -> Worker | None:
     if not registrar or "running" not in registrar["state"] or not worker or "running" not in worker["state"]:
         return None
     cid = container_id(worker)
-    pid = main_pid(cid)
+    pid = realnode.container_main_pid(cid)
     if pid is None:
         return None
     return Worker(
@@ -744,7 +715,7 @@ def test_a_registrar_killed_from_the_host_retires_nothing_and_registers_nothing_
         status = container_status(p, inject.CONTAINER_NAME)
         assert status is not None
         cid = container_id(status)
-        pid = main_pid(cid)
+        pid = realnode.container_main_pid(cid)
         assert pid is not None, f"no registrar process of {p['metadata']['name']}"
         assert "registrar" in pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
         killed[p["metadata"]["name"]] = cid
