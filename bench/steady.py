@@ -217,7 +217,6 @@ def setup(bench: c.Bench, args: argparse.Namespace) -> Cluster:
 
 @dataclasses.dataclass
 class Loaded:
-    synthetic: list[tuple[str, str]]
     operator: c.Component
     port: int
     heartbeater: c.Heartbeater
@@ -282,7 +281,7 @@ def load(cluster: Cluster, args: argparse.Namespace, result: dict[str, Any], spe
     warmup = args.heartbeat_seconds if args.heartbeat else args.warmup_seconds
     c.log(f"settled={ok} (setup {setup['total_seconds']} s); warming up for {warmup:g} s")
     time.sleep(warmup)
-    return Loaded(synthetic, operator, port, heartbeater, refresher)
+    return Loaded(operator, port, heartbeater, refresher)
 
 
 def start_heartbeats(
