@@ -105,8 +105,10 @@ def install(
         say(f"helm install {RELEASE_NAME} {chart} into {realnode.SYSTEM_NAMESPACE}, then the dev node's patches")
         realnode.prepare_nodes(running)
         settings = [argument for value in values for argument in ("--set", value)]
+        # --force-conflicts: the dev node's patches of a previous install own some fields (kubectl
+        # patch's field manager); Helm's server-side apply takes them back, and they are re-applied below.
         helm(running, "upgrade", "--install", RELEASE_NAME, str(chart), "--namespace", realnode.SYSTEM_NAMESPACE,
-             "--create-namespace", *settings)  # fmt: skip
+             "--create-namespace", "--force-conflicts", *settings)  # fmt: skip
         realnode.patch_installed(running)
         realnode.rolled_out(running)
     else:

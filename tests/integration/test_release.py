@@ -112,7 +112,7 @@ def test_the_plugin_runs_from_its_archive_alone(
     releases: tuple[pathlib.Path, pathlib.Path], cluster: Cluster, tmp_path: pathlib.Path
 ) -> None:
     with tarfile.open(releases[0] / f"kubectl-coroner-{TAG}.tar.gz") as tar:
-        tar.extractall(tmp_path, filter="data")
+        tar.extractall(tmp_path)
     env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "HOME": str(tmp_path)}
     result = subprocess.run(
         ["kubectl-coroner", "version", f"--kubeconfig={cluster.kubeconfig}"],
