@@ -1,14 +1,19 @@
 """`helm install` of charts/coroner into the dev cluster, the way a platform team installs it: into
 a namespace of its own choosing with a name prefix, so the admission policies must follow the
 release's identities; with monitoring on (against the Prometheus Operator's real CRDs); granted and
-revoked through values; and `helm uninstall` keeping the CRD and every registration."""
+revoked through values; and `helm uninstall` keeping the CRD and every registration. Every pod-level
+value lands on the objects the API server stores, and the schema refuses a value it does not know.
+`helm test` passes while doctor is green and fails when it is red, its Pod run by a stand-in for the
+kubelet this cluster lacks (the real kubelet runs it in tests/node/test_2b_helm.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
 import subprocess
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -213,3 +218,201 @@ def test_helm_install_upgrade_and_uninstall_keeping_the_crd(
             assert gone.returncode != 0 and "NotFound" in gone.stderr, (kind, name)
     finally:
         kube.kubectl(cluster, "delete", "namespace", ns, "--ignore-not-found", "--wait=false")
+
+
+PRIORITY_CLASS = "coroner-e2e-high"
+POD_VALUES = {
+    "priorityClassName": PRIORITY_CLASS,
+    "nodeSelector": {"pool": "system"},
+    "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "system", "effect": "NoSchedule"}],
+    "affinity": {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [{"key": "pool", "operator": "In", "values": ["system"]}]}]
+            }
+        }
+    },
+    "imagePullSecrets": [{"name": "registry-credentials"}],
+    "extraArgs": ["--log-format=json"],
+    "podAnnotations": {"example.com/owner": "platform"},
+    "podLabels": {"example.com/team": "platform"},
+    "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "1Gi"}},
+}
+
+
+@pytest.fixture
+def priority_class(admin: k8s.ApiClient) -> Iterator[str]:
+    """A PriorityClass of the cluster's own, as a platform team names one for the operator."""
+    scheduling = k8s.SchedulingV1Api(admin)
+    scheduling.create_priority_class({"metadata": {"name": PRIORITY_CLASS}, "value": 1_000_000})
+    try:
+        yield PRIORITY_CLASS
+    finally:
+        scheduling.delete_priority_class(PRIORITY_CLASS)
+
+
+def test_every_pod_value_lands_on_the_stored_objects_and_unknown_keys_are_refused(
+    clean_slate: Cluster, priority_class: str, tmp_path: pathlib.Path
+) -> None:
+    cluster = clean_slate
+    refused = helm_cmd(
+        cluster, "install", RELEASE, str(helm.CHART), "--namespace", NAMESPACE, "--create-namespace",
+        "--set=operator.nodeSelectr.pool=system", check=False,
+    )  # fmt: skip
+    assert refused.returncode != 0 and "additional properties 'nodeSelectr' not allowed" in refused.stderr
+    assert helm_cmd(cluster, "status", RELEASE, "--namespace", NAMESPACE, check=False).returncode != 0
+    clash = helm_cmd(
+        cluster, "install", RELEASE, str(helm.CHART), "--namespace", NAMESPACE, "--create-namespace",
+        "--set=agent.podLabels.app\\.kubernetes\\.io/name=mine", check=False,
+    )  # fmt: skip
+    assert 'agent.podLabels sets "app.kubernetes.io/name", which the chart sets itself' in clash.stderr
+
+    values = tmp_path / "values.yaml"
+    agent_values = {**POD_VALUES, "priorityClassName": "system-node-critical", "affinity": {"nodeAffinity": None}}
+    monitoring = {"enabled": True, "labels": {"release": "kube-prometheus-stack"}}
+    values.write_text(json.dumps({"operator": POD_VALUES, "agent": agent_values, "monitoring": monitoring}))
+    helm_cmd(
+        cluster, "install", RELEASE, str(helm.CHART), "--namespace", NAMESPACE, "--create-namespace",
+        f"--set=namePrefix={PREFIX}", f"--values={values}",
+    )  # fmt: skip
+    for kind, expected in (("deployment", POD_VALUES), ("daemonset", agent_values)):
+        name = f"{PREFIX}coroner-{'operator' if kind == 'deployment' else 'agent'}"
+        stored = json.loads(kube.kubectl(cluster, "get", kind, name, "-n", NAMESPACE, "-o", "json").stdout)
+        template = stored["spec"]["template"]
+        pod, container = template["spec"], template["spec"]["containers"][0]
+        assert pod["priorityClassName"] == expected["priorityClassName"], kind
+        assert pod["nodeSelector"] == POD_VALUES["nodeSelector"], kind
+        assert pod["tolerations"] == POD_VALUES["tolerations"], kind
+        assert pod["imagePullSecrets"] == POD_VALUES["imagePullSecrets"], kind
+        assert container["args"][-1] == "--log-format=json" and container["resources"] == POD_VALUES["resources"]
+        assert template["metadata"]["annotations"]["example.com/owner"] == "platform", kind
+        assert template["metadata"]["labels"] == {"app.kubernetes.io/name": name.removeprefix(PREFIX),
+                                                  "example.com/team": "platform"}  # fmt: skip
+        if kind == "deployment":  # a map value replaces the default's keys it names, and keeps the rest
+            assert pod["affinity"]["nodeAffinity"] == POD_VALUES["affinity"]["nodeAffinity"]
+            assert pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        else:  # null drops the default: the agent may run on control-plane nodes too
+            assert "affinity" not in pod
+            assert template["metadata"]["annotations"]["cluster-autoscaler.kubernetes.io/enable-ds-eviction"] == "false"
+            (installer,) = pod["initContainers"]
+            assert installer["image"] == container["image"]
+    for kind, name in (
+        ("podmonitor", "coroner-operator"),
+        ("podmonitor", "coroner-agent"),
+        ("prometheusrule", "coroner"),
+    ):
+        labels = json.loads(
+            kube.kubectl(cluster, "get", kind, f"{PREFIX}{name}", "-n", NAMESPACE, "-o", "jsonpath={.metadata.labels}").stdout
+        )  # fmt: skip
+        assert labels["release"] == "kube-prometheus-stack" and labels["app.kubernetes.io/part-of"] == "coroner"
+
+
+TEST_POD = f"{PREFIX}coroner-doctor-test"
+
+
+@contextlib.contextmanager
+def kubelet_for_the_test_pod(
+    cluster: Cluster, admin: k8s.ApiClient
+) -> Iterator[list[subprocess.CompletedProcess[str]]]:
+    """Stands in for the kubelet this cluster lacks, for the one Pod `helm test` creates: runs the
+    Pod's own command and arguments (the CLI installed here, as the operator image carries it) as the
+    Pod's ServiceAccount, then writes the Pod's phase from the exit code, as a kubelet would. So the
+    release's test RBAC, the command and `helm test`'s verdict are all real; only the container runtime
+    is not. Yields each run, in order."""
+    runs: list[subprocess.CompletedProcess[str]] = []
+    done = threading.Event()
+
+    def run_each_new_pod() -> None:
+        core = k8s.CoreV1Api(admin)
+        seen: set[str] = set()
+        while not done.wait(0.2):
+            try:
+                pod = core.read_namespaced_pod(TEST_POD, NAMESPACE)
+            except ApiException:
+                continue
+            if pod.metadata.uid in seen or pod.metadata.deletion_timestamp or pod.status.phase != "Pending":
+                continue
+            seen.add(pod.metadata.uid)
+            (container,) = pod.spec.containers
+            kubeconfig = mint_token(cluster, service_account=f"{NAMESPACE}/{pod.spec.service_account_name}")
+            env = {key: value for key, value in os.environ.items() if not key.startswith("KUBERNETES_")}
+            env["KUBECONFIG"] = str(kubeconfig)
+            ran = subprocess.run(
+                [str(components.BIN / container.command[0]), *container.args],
+                capture_output=True, text=True, env=env, timeout=120, check=False,
+            )  # fmt: skip
+            runs.append(ran)
+            phase = "Succeeded" if ran.returncode == 0 else "Failed"
+            core.patch_namespaced_pod_status(TEST_POD, NAMESPACE, {"status": {"phase": phase}})
+
+    thread = threading.Thread(target=run_each_new_pod, name="test-pod-kubelet", daemon=True)
+    thread.start()
+    try:
+        yield runs
+    finally:
+        done.set()
+        thread.join(timeout=30)
+
+
+def test_helm_test_passes_while_doctor_is_green_and_fails_when_it_is_red(
+    clean_slate: Cluster, admin: k8s.ApiClient, tmp_path: pathlib.Path
+) -> None:
+    cluster = clean_slate
+    helm_cmd(
+        cluster, "install", RELEASE, str(helm.CHART), "--namespace", NAMESPACE, "--create-namespace",
+        f"--set=namePrefix={PREFIX}", "--set=operator.imagePullSecrets[0].name=registry-credentials",
+    )  # fmt: skip
+    kube.wait_for_crd(cluster)
+    operator_config = mint_token(cluster, service_account=f"{NAMESPACE}/{PREFIX}coroner-operator")
+    argv = components.operator_argv(operator_config, f"--system-namespace={NAMESPACE}", "--all-namespaces")
+    with (
+        components.process(argv, log=tmp_path / "operator.log"),
+        kubelet_for_the_test_pod(cluster, admin) as runs,
+    ):
+        kube.wait_for(lambda: _swept(admin), timeout=120, what="the operator's first sweep recorded on its Lease")
+        # Green to begin with, as the cluster's admin sees it (registrations an earlier test left in a
+        # namespace being deleted would be doctor's business too).
+        kube.wait_for(lambda: _doctor(cluster).returncode == 0, timeout=120, interval=2, what="doctor green")
+        green = helm_cmd(cluster, "test", RELEASE, "--namespace", NAMESPACE, check=False)
+        assert green.returncode == 0, f"{green.stdout}{green.stderr}\n{runs[-1].stdout if runs else ''}"
+        assert f"TEST SUITE:     {TEST_POD}" in green.stdout and "Phase:          Succeeded" in green.stdout
+        (ran,) = runs
+        checks = ran.stdout
+        assert "FAIL" not in checks and "--expect-plan-only" in " ".join(ran.args), checks
+        # A success leaves nothing behind, the cluster-wide binding included.
+        for kind in ("pod", "serviceaccount", "role", "rolebinding", "clusterrolebinding"):
+            gone = kube.kubectl(cluster, "get", kind, TEST_POD, "-n", NAMESPACE, check=False)
+            assert gone.returncode != 0 and "NotFound" in gone.stderr, kind
+
+        # Red: an admission policy binding deleted (admission-policies FAILs).
+        kube.kubectl(cluster, "delete", "validatingadmissionpolicybinding", "coroner-registrant-recorded")
+        red = helm_cmd(cluster, "test", RELEASE, "--namespace", NAMESPACE, check=False)
+        assert red.returncode != 0, red.stdout
+        assert runs[-1].returncode == 1 and "admission-policies" in runs[-1].stderr, runs[-1].stdout
+        stored = json.loads(kube.kubectl(cluster, "get", "pod", TEST_POD, "-n", NAMESPACE, "-o", "json").stdout)
+        assert stored["status"]["phase"] == "Failed"  # kept for `kubectl logs`
+        assert stored["spec"]["imagePullSecrets"] == [{"name": "registry-credentials"}]
+        assert stored["spec"]["containers"][0]["image"].startswith("ghcr.io/coroner-dev/coroner-operator:")
+
+        # The binding restored by an upgrade: green again, the failed Pod replaced.
+        helm_cmd(cluster, "upgrade", RELEASE, str(helm.CHART), "--namespace", NAMESPACE, "--reuse-values")
+        again = helm_cmd(cluster, "test", RELEASE, "--namespace", NAMESPACE, check=False)
+        assert again.returncode == 0, f"{again.stdout}{again.stderr}\n{runs[-1].stdout}"
+        assert len(runs) == 3
+
+
+def _doctor(cluster: Cluster) -> subprocess.CompletedProcess[str]:
+    """`kubectl coroner doctor` of the release, plan-only, as the cluster's admin."""
+    return subprocess.run(
+        [str(components.BIN / "kubectl-coroner"), "doctor", f"--system-namespace={NAMESPACE}", "--expect-plan-only",
+         f"--kubeconfig={cluster.kubeconfig}"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def _swept(admin: k8s.ApiClient) -> bool:
+    try:
+        lease = k8s.CoordinationV1Api(admin).read_namespaced_lease(api.OPERATOR_LEASE, NAMESPACE)
+    except ApiException:
+        return False
+    return api.LAST_SWEEP_ANNOTATION in (lease.metadata.annotations or {})
