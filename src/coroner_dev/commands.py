@@ -114,7 +114,11 @@ def dev_cluster_down(directory: pathlib.Path) -> None:
 @dev_cluster.command("token")
 @_dir_option
 @click.option("--service-account", required=True, help="NAMESPACE/NAME of the ServiceAccount.")
-@click.option("--node", default=None, help="Bind the token to this Node (created if missing).")
+@click.option(
+    "--node",
+    default=None,
+    help="Bind the token to a stand-in Pod of the ServiceAccount on this Node (both created if missing), as the kubelet binds a Pod's token.",
+)
 def dev_cluster_token(directory: pathlib.Path, service_account: str, node: str | None) -> None:
     """Mint a ServiceAccount token and print the path of a kubeconfig that uses it."""
     from coroner_dev.devcluster import cluster, identities

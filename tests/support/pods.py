@@ -1,7 +1,8 @@
 """Tokens as pods really get them: a ServiceAccount token bound to a Pod object on a node.
 
 Without `up --node` the dev cluster has no kubelet, so the Pod is only an object (scheduled by setting spec.nodeName,
-never run; delete it with `delete_pod`, at once, or its namespace never finishes terminating); the token comes from the real TokenRequest API with a Pod boundObjectRef, exactly as the
+never run: `coroner_dev.devcluster.identities.pod_on_node`, which says why its deletion is immediate); the token
+comes from the real TokenRequest API with a Pod boundObjectRef, exactly as the
 kubelet asks for a projected token. Since Kubernetes 1.30 such a token carries the pod's name and
 uid and the node's name and uid in the user's extra (`authentication.kubernetes.io/pod-name`,
 `.../pod-uid`, `.../node-name`, `.../node-uid`), which the admission policies read.
@@ -16,7 +17,7 @@ from kubernetes.client.exceptions import ApiException
 
 from coroner.client.kube import api_client
 from coroner_dev.devcluster.cluster import Cluster
-from coroner_dev.devcluster.identities import bound_token, ensure_node
+from coroner_dev.devcluster.identities import bound_token, ensure_node, pod_on_node
 
 TOKEN_SECONDS = 3600
 
@@ -35,22 +36,7 @@ def pod_token(cluster: Cluster, *, namespace: str, service_account: str, pod: st
         except ApiException as exc:
             if exc.status != 409:
                 raise
-        body = k8s.V1Pod(
-            metadata=k8s.V1ObjectMeta(name=pod, namespace=namespace),
-            spec=k8s.V1PodSpec(
-                service_account_name=service_account,
-                node_name=node,
-                automount_service_account_token=False,
-                containers=[k8s.V1Container(name="main", image="registry.invalid/never-runs:0")],
-            ),
-        )
-        try:
-            created = core.create_namespaced_pod(namespace, body)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-            created = core.read_namespaced_pod(pod, namespace)
-        bound = k8s.V1BoundObjectReference(api_version="v1", kind="Pod", name=pod, uid=created.metadata.uid)
+        bound = pod_on_node(core, namespace=namespace, service_account=service_account, pod=pod, node=node)
     return bound_token(
         cluster, service_account=(namespace, service_account), bound=bound, seconds=TOKEN_SECONDS, label=f".pod-{pod}"
     )

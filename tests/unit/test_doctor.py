@@ -1062,7 +1062,7 @@ class TestAdmissionKinds:
             if isinstance(items, plan.Unreadable) and kind in ad.KINDS:
                 assert f"{PLURALS[kind]} could not be read" in check.summary and "403 Forbidden" in check.summary
         if status == "PASS":
-            assert check.facts["compared"] == len(ad.EXPECTED) == 19
+            assert check.facts["compared"] == len(ad.EXPECTED) == 21
 
     def test_a_policy_an_older_release_left_behind_is_named_with_its_delete(self) -> None:
         """`kubectl apply` prunes nothing: an upgrade keeps the old status-path mutating policy, which

@@ -75,11 +75,11 @@ EXPECTED: Final[Mapping[tuple[str, str], str]] = {
     (
         "ValidatingAdmissionPolicy",
         "coroner-agent-attests-own-node-only",
-    ): "7a2f35b7a0b86550178ce5abcd4578a7a0c9fbf4eac9fef075b3aea240720667",
+    ): "56b5bd31c4b214bce68fa341fb3aa6ae2090274de2b98d4ff290df124c4b1829",
     (
         "ValidatingAdmissionPolicy",
         "coroner-agent-renews-own-lease-only",
-    ): "e7ad928ce1dd8943f6dc9e1c1eedceb92c796dce95876811a17beac2de8c8b1a",
+    ): "a0743659170e64d204741450b248626a2fbb56cd00460641959798a457c79da5",
     (
         "ValidatingAdmissionPolicy",
         "coroner-delete-only-terminal",
@@ -108,6 +108,10 @@ EXPECTED: Final[Mapping[tuple[str, str], str]] = {
         "ValidatingAdmissionPolicy",
         "coroner-system-leases-by-owner",
     ): "567598e2a821789d4ce665c5e62eec58f3f06328f8da6d6846d06e1022219211",
+    (
+        "ValidatingAdmissionPolicy",
+        "coroner-system-tokens-by-kubelet",
+    ): "1e8aec3bd64f721f08f72b36e1c00b6792b93feb9a3edf263c4ab019317b5a17",
     (
         "ValidatingAdmissionPolicyBinding",
         "coroner-agent-attests-own-node-only",
@@ -144,6 +148,10 @@ EXPECTED: Final[Mapping[tuple[str, str], str]] = {
         "ValidatingAdmissionPolicyBinding",
         "coroner-system-leases-by-owner",
     ): "7c0cc19d11aa510d6238b06a6c34e0ee1ae66bbcff53312f35cfbb3ffe7c6756",
+    (
+        "ValidatingAdmissionPolicyBinding",
+        "coroner-system-tokens-by-kubelet",
+    ): "ad2ae9cf3e83bb4bd61fedf672d7ff08960764399e1587cb1b46a47c9bed395e",
 }
 
 #: The variants components/node-loss installs instead of the base object: (kind, name) -> digest.

@@ -1,8 +1,10 @@
 """Identities on the dev cluster: ServiceAccount tokens (node-bound for agents) and client certs.
 
-Tokens come from the real TokenRequest API; a token bound to a Node object carries
-`authentication.kubernetes.io/node-name` in its user's extra, which is what the admission policy
-that restricts agents reads.
+Tokens come from the real TokenRequest API. A token "on a node" is bound to a Pod of its
+ServiceAccount on that node, as the kubelet mints a Pod's projected token: it carries the Pod's name
+and uid and the node's name in its user's extra (`authentication.kubernetes.io/pod-name`,
+`.../node-name`), which the admission policies that restrict agents read. A token bound to the Node
+object itself speaks for no node there: anyone who may create tokens in a namespace could mint one.
 """
 
 from __future__ import annotations
@@ -52,7 +54,8 @@ def mint_token(
     node: str | None = None,
     seconds: int = TOKEN_SECONDS,
 ) -> pathlib.Path:
-    """Mints a token for NS/NAME (bound to Node `node` if given); returns a kubeconfig path for it."""
+    """Mints a token for NS/NAME (bound to a stand-in Pod of it on Node `node` if given, as the kubelet
+    binds a Pod's token); returns a kubeconfig path for it."""
     namespace, sep, name = service_account.partition("/")
     if not sep or not namespace or not name:
         raise DevClusterError(
@@ -69,9 +72,9 @@ def mint_token(
         )
         bound = None
         if node is not None:
-            node_object = ensure_node(cluster, name=node, ready=False) if not _node_exists(core, node) else None
-            uid = (node_object or core.read_node(node)).metadata.uid  # type: ignore[union-attr]
-            bound = k8s.V1BoundObjectReference(api_version="v1", kind="Node", name=node, uid=uid)
+            if not _node_exists(core, node):
+                ensure_node(cluster, name=node, ready=False)
+            bound = pod_on_node(core, namespace=namespace, service_account=name, pod=f"{name}-{node}", node=node)
     suffix = f".node-{node}" if node else ""
     return bound_token(cluster, service_account=(namespace, name), bound=bound, seconds=seconds, label=suffix)
 
@@ -96,6 +99,45 @@ def bound_token(
     user = f"{namespace}.{name}{label}"
     path = cluster.directory / "tokens" / f"{user}.kubeconfig"
     return write_kubeconfig(path, server=cluster.server, ca=cluster.pki.ca_cert, user=user, token=token)
+
+
+def pod_on_node(
+    core: k8s.CoreV1Api, *, namespace: str, service_account: str, pod: str, node: str
+) -> k8s.V1BoundObjectReference:
+    """Pod NAMESPACE/POD of the ServiceAccount on `node` (made if missing), to bind its tokens to, as the
+    kubelet binds a Pod's. It never runs: its image does not exist, and without `up --node` no kubelet
+    is there. It meets the restricted Pod Security profile (any namespace admits it), tolerates every
+    taint (a NotReady stand-in node does not evict it) and has no grace period, so deleting it or its
+    namespace is immediate without a kubelet to confirm it."""
+    body = k8s.V1Pod(
+        metadata=k8s.V1ObjectMeta(name=pod, namespace=namespace, labels={"coroner.dev/token-stand-in": "true"}),
+        spec=k8s.V1PodSpec(
+            service_account_name=service_account,
+            node_name=node,
+            automount_service_account_token=False,
+            termination_grace_period_seconds=0,
+            tolerations=[k8s.V1Toleration(operator="Exists")],
+            security_context=k8s.V1PodSecurityContext(
+                run_as_non_root=True, run_as_user=65532, seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault")
+            ),
+            containers=[
+                k8s.V1Container(
+                    name="stand-in",
+                    image="registry.invalid/never-runs:0",
+                    security_context=k8s.V1SecurityContext(
+                        allow_privilege_escalation=False, capabilities=k8s.V1Capabilities(drop=["ALL"])
+                    ),
+                )
+            ],
+        ),
+    )
+    try:
+        created = core.create_namespaced_pod(namespace, body)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        created = core.read_namespaced_pod(pod, namespace)
+    return k8s.V1BoundObjectReference(api_version="v1", kind="Pod", name=pod, uid=created.metadata.uid)  # type: ignore[union-attr]
 
 
 def _node_exists(core: k8s.CoreV1Api, name: str) -> bool:
