@@ -254,3 +254,26 @@ class TestAgentSeccomp:
         assert check.status == doctor.CheckStatus.FAIL
         assert check.objects == (f"ConfigMap/{SYSTEM}/seccomp-x",)
         assert check.kubectl_names() == ("configmap/seccomp-x",)
+
+
+def test_node_taint_access_names_who_can_patch_nodes_while_the_taint_counts() -> None:
+    state = cluster(
+        cluster_roles=[role("patcher", [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]}])],
+        cluster_role_bindings=[
+            binding("cni", "patcher", [{"kind": "ServiceAccount", "name": "cni", "namespace": "kube-system"}]),
+            binding(
+                "system:controller:node-controller",
+                "patcher",
+                [{"kind": "ServiceAccount", "name": "node-controller", "namespace": "kube-system"}],
+                labels=BOOTSTRAP,
+            ),
+        ],
+        # A RoleBinding grants nothing on a cluster-scoped resource.
+        role_bindings=[binding("local", "patcher", [user("gina")], namespace="team")],
+    )
+    check = access.check_node_taint_access(rbac=state, out_of_service_evidence=True)
+    assert check.status == doctor.CheckStatus.WARN
+    assert check.objects == ("ServiceAccount/kube-system/cni",)
+    assert "out-of-service" in check.summary
+    off = access.check_node_taint_access(rbac=state, out_of_service_evidence=False)
+    assert off.status == doctor.CheckStatus.PASS
