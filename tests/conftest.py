@@ -99,6 +99,9 @@ QUICK: dict[str, str] = {
     "the operator's grant": "integration/test_operator.py::test_plan_only_until_granted_then_retires_without_restart",
     "reasons": "integration/test_reasons.py::test_reason_reached_for_real",
     "admission of retirements": "integration/test_admission_evidence.py::test_a_dead_attestation_of_exactly_this_incarnation_is_the_evidence",
+    "who speaks as a node's agent": (
+        "integration/test_agent_token_binding.py::test_a_node_bound_agent_token_neither_attests_nor_renews_a_lease"
+    ),
     "admission refusals": "integration/test_admission_refusal.py::test_a_retirement_refused_by_admission_says_so_and_keeps_the_grant",
     "the operator's admission check": (
         "integration/test_operator_admission.py::test_a_weakened_or_missing_binding_stops_retirement_until_restored"
