@@ -99,9 +99,10 @@ def check_system_namespace_access(*, rbac: Rbac | Unreadable, system_namespace: 
         )
     return warned(
         name,
-        f"{len(rows)} subject(s) can act as Coroner's agent of any node that has an agent Pod, or as its "
-        f"operator, in namespace {system_namespace}: {_listed(rows)}. Remove these grants unless each is a "
-        f"cluster administrator (docs/security.md, the agent's token).",
+        f"{len(rows)} subject(s) can act as Coroner's agent of a node, or as its operator, in namespace "
+        f"{system_namespace} (a token they mint is refused while policy coroner-system-tokens-by-kubelet is in "
+        f"place; exec, a Pod of their own or impersonation is not): {_listed(rows)}. Remove these grants unless "
+        f"each is a cluster administrator (docs/security.md, threat 3a).",
         objects=[row["subject"] for row in rows],
         facts=facts,
         names=_object_names(row["subject"] for row in rows),
