@@ -1,7 +1,9 @@
 """The Helm chart, once, on the real node: `helm install` with the grant on, the dev node's patches
 applied on top with `kubectl patch` (what a post-renderer would do: hostNetwork, the loopback API
-address, the seccomp path, the operator's metrics port), and a worker killed from the host retired.
-The production overlay is put back afterwards for the tests that follow."""
+address, the seccomp path, the operator's metrics port), and a worker killed from the host retired;
+then `helm test`: `kubectl coroner doctor` in a Pod of the operator image, run by the real kubelet,
+passes (its Pod given the same host network at admission, `realnode.helm_test_pods`). The
+production overlay is put back afterwards for the tests that follow."""
 
 from __future__ import annotations
 
@@ -47,6 +49,16 @@ def test_the_helm_chart_runs_coroner_on_the_real_node(node_cluster: Cluster, wor
             what="the killed worker Retired by the chart's operator",
         )
         assert retired["status"]["retirement"]["reason"] == "PidfdExited"
+
+        tested = helm.run("helm", "test", "coroner", *release, "--timeout=180s", check=False, timeout=240)
+        assert tested.returncode == 0, f"{tested.stdout}\n{tested.stderr}"
+        assert "TEST SUITE:     coroner-doctor-test" in tested.stdout and "Phase:          Succeeded" in tested.stdout
+        # A success leaves nothing of the test behind.
+        for kind in ("pod", "serviceaccount", "clusterrolebinding"):
+            gone = kubectl(
+                node_cluster, "-n", realnode.SYSTEM_NAMESPACE, "get", kind, "coroner-doctor-test", check=False
+            )
+            assert gone.returncode != 0, kind
     finally:
         helm.run("helm", "uninstall", "coroner", *release, "--wait", check=False)
         # The chart keeps the CRD and the namespace (resource-policy: keep); the overlay takes them over.
