@@ -19,6 +19,8 @@ import datetime
 import json
 import pathlib
 import re
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -354,4 +356,82 @@ def test_a_deleted_nodeclaim_is_drained_by_karpenter_one_eviction_at_a_time_and_
         f"{all_terminal - deleted:.1f} s; endings {endings}"
     )
     kubectl(cluster, "-n", ns, "delete", "deployment", "polite", "stubborn", "--wait=false")
+    kubectl(cluster, "delete", "nodepool", pool, "--wait=false")
+
+
+def retirable_reason(registration: dict[str, Any]) -> str:
+    conditions = {c["type"]: c for c in registration.get("status", {}).get("conditions", [])}
+    return str(conditions.get("Retirable", {}).get("reason", ""))
+
+
+def doctor(cluster: Cluster) -> subprocess.CompletedProcess[str]:
+    plugin = pathlib.Path(sys.executable).parent / "kubectl-coroner"
+    return subprocess.run(
+        [str(plugin), "doctor", f"--kubeconfig={cluster.kubeconfig}"], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_a_worker_no_budget_lets_go_outlives_the_drain_and_is_never_taken_for_dead(
+    karpenter_cluster: Cluster, worker_namespace: str
+) -> None:
+    """Disruption with a worker still running when the instance goes: a budget that allows no eviction
+    holds it until the NodeClaim's terminationGracePeriod (30 s) forces the end. Karpenter then deletes
+    it with what is left of that period and terminates the instance at its end, so the kubelet's kill
+    and the instance's end come together: either the agent saw the worker die first (`Retired`,
+    `PidfdExited`, the process gone), or nobody did, and the registration stays `Active` with the
+    truthful `AgentUnavailable` once the agent's Lease expires, which doctor FAILs. Never anything else."""
+    cluster, pool, ns = karpenter_cluster, f"tgp-{uuid.uuid4().hex[:6]}", worker_namespace
+    held_pool = nodepool(pool)
+    held_pool["spec"]["template"]["spec"]["terminationGracePeriod"] = "30s"
+    held = worker_deployment(cluster, "held", namespace=ns, pool=pool, replicas=1)
+    spec = held["spec"]["template"]["spec"]
+    spec["containers"][0]["command"] = [
+        *spec["containers"][0]["command"][:-2],
+        "sh",
+        "-c",
+        "trap '' TERM; while :; do sleep 1; done",
+    ]
+    spec["terminationGracePeriodSeconds"] = 120
+    budget = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "held", "namespace": ns},
+        "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "held"}}},
+    }
+    realnode.apply_objects(cluster, [held_pool, held, budget])
+    (registration,) = wait_for(
+        lambda: (items := registrations(cluster, ns)) and verdict(items[0]) == "Alive" and items,
+        timeout=PROVISIONED_WITHIN_SECONDS,
+        what="the held worker attested Alive",
+    )
+    node_name = registration["spec"]["nodeName"]
+    (claim,) = claims_of(cluster, pool)
+
+    kubectl(cluster, "delete", "nodeclaim", claim["metadata"]["name"], "--wait=false")
+    wait_for(
+        lambda: kubectl(cluster, "get", "node", node_name, check=False).returncode != 0,
+        timeout=TERMINATED_WITHIN_SECONDS,
+        what=f"Karpenter to end {node_name} at its terminationGracePeriod",
+    )
+    assert node_processes(cluster, node_name) == []
+
+    def ended_or_preserved() -> dict[str, Any] | None:
+        (current,) = [
+            r for r in registrations(cluster, ns) if r["metadata"]["name"] == registration["metadata"]["name"]
+        ]
+        return current if state(current) == "Retired" or retirable_reason(current) == "AgentUnavailable" else None
+
+    current = wait_for(ended_or_preserved, timeout=120, what="the held worker Retired or preserved as AgentUnavailable")
+    assert realnode.incarnation_pid(current) is None
+    if state(current) == "Retired":
+        assert retirement_reason(current) == "PidfdExited", describe(current)
+    else:
+        assert state(current) == "Active", describe(current)
+        report = doctor(cluster)
+        assert report.returncode == 1, report.stdout + report.stderr
+        assert "FAIL" in report.stdout
+    print(
+        f"held worker after its instance went: {state(current)} ({retirement_reason(current) or retirable_reason(current)})"
+    )
+    kubectl(cluster, "-n", ns, "delete", "deployment", "held", "--wait=false")
     kubectl(cluster, "delete", "nodepool", pool, "--wait=false")
