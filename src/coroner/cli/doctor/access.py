@@ -76,6 +76,11 @@ def _object_names(subjects: Iterable[str]) -> list[str]:
     ]
 
 
+def _named(name: str, summary: str, subjects: Sequence[str], facts: dict[str, Any]) -> Check:
+    """The WARN line naming `subjects` (the ServiceAccounts among them as `-o name` prints them)."""
+    return warned(name, summary, objects=subjects, facts=facts, names=_object_names(subjects))
+
+
 def _listed(rows: Sequence[dict[str, Any]]) -> str:
     shown = "; ".join(f"{row['subject']} ({', '.join(row['can'])})" for row in rows[:_SHOWN])
     more = len(rows) - _SHOWN
@@ -97,15 +102,14 @@ def check_system_namespace_access(*, rbac: Rbac | Unreadable, system_namespace: 
             f"impersonate ServiceAccounts of namespace {system_namespace} (RBAC; not resolved: {UNRESOLVED[0]}).",
             facts=facts,
         )
-    return warned(
+    return _named(
         name,
         f"{len(rows)} subject(s) can act as Coroner's agent of a node, or as its operator, in namespace "
         f"{system_namespace} (a token they mint is refused while policy coroner-system-tokens-by-kubelet is in "
         f"place; exec, a Pod of their own or impersonation is not): {_listed(rows)}. Remove these grants unless "
         f"each is a cluster administrator (docs/security.md, threat 3a).",
-        objects=[row["subject"] for row in rows],
-        facts=facts,
-        names=_object_names(row["subject"] for row in rows),
+        [row["subject"] for row in rows],
+        facts,
     )
 
 
@@ -132,13 +136,12 @@ def check_worker_namespace_access(*, rbac: Rbac | Unreadable, world: World | Unr
         )
     subjects = sorted({row["subject"] for rows in per_namespace.values() for row in rows})
     described = "; ".join(f"namespace {ns}: {_listed(rows)}" for ns, rows in per_namespace.items())
-    return warned(
+    return _named(
         name,
         f"{len(subjects)} subject(s) can speak as a worker's own Pod, and so release or heartbeat for it: "
         f"{described}. A release by them is indistinguishable from the worker's (docs/security.md).",
-        objects=subjects,
-        facts=facts,
-        names=_object_names(subjects),
+        subjects,
+        facts,
     )
 
 
@@ -161,13 +164,12 @@ def check_node_taint_access(*, rbac: Rbac | Unreadable, out_of_service_evidence:
             "(RBAC; each kubelet may change its own Node through the Node authorizer, which is not read).",
             facts=facts,
         )
-    return warned(
+    return _named(
         name,
         f"{len(rows)} subject(s) can set the node.kubernetes.io/out-of-service taint, which retires every "
         f"registration on that node as NodeOutOfService once its agent is gone, as if a person had said the node "
         f"is down: {_listed(rows)}. Make sure each is a person or a tool that sets it only for a node that is "
         f"shut down (docs/security.md).",
-        objects=[row["subject"] for row in rows],
-        facts=facts,
-        names=_object_names(row["subject"] for row in rows),
+        [row["subject"] for row in rows],
+        facts,
     )
