@@ -174,10 +174,10 @@ def install(cluster: Cluster) -> None:
 
 
 def environment(cluster: Cluster, *, kubeconfig: pathlib.Path, metrics: int, health: int) -> dict[str, str]:
-    """Karpenter's settings (as its chart's Deployment sets them) and the dev cloud's two."""
+    """Karpenter's settings (as its chart's Deployment sets them) and the dev cloud's two, over this
+    process's environment: the instances it boots find the same caches (CORONER_CACHE_DIR, say)."""
     return {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": os.environ.get("HOME", "/root"),
+        **os.environ,
         "KUBECONFIG": str(kubeconfig),
         "SYSTEM_NAMESPACE": NAMESPACE,
         "LEADER_ELECTION_NAMESPACE": NAMESPACE,
