@@ -19,8 +19,6 @@ import datetime
 import json
 import pathlib
 import re
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -31,7 +29,17 @@ import pytest
 from coroner_dev import realnode
 from coroner_dev.devcluster import karpenter, karpenter_instances
 from coroner_dev.devcluster.cluster import Cluster
-from support.nodes import agent_pids, get_json, kubectl, registrations, state, verdict, wait_for
+from support.nodes import (
+    agent_pids,
+    doctor,
+    get_json,
+    kubectl,
+    registrations,
+    retirable_reason,
+    state,
+    verdict,
+    wait_for,
+)
 
 pytestmark = [
     pytest.mark.node,
@@ -357,18 +365,6 @@ def test_a_deleted_nodeclaim_is_drained_by_karpenter_one_eviction_at_a_time_and_
     )
     kubectl(cluster, "-n", ns, "delete", "deployment", "polite", "stubborn", "--wait=false")
     kubectl(cluster, "delete", "nodepool", pool, "--wait=false")
-
-
-def retirable_reason(registration: dict[str, Any]) -> str:
-    conditions = {c["type"]: c for c in registration.get("status", {}).get("conditions", [])}
-    return str(conditions.get("Retirable", {}).get("reason", ""))
-
-
-def doctor(cluster: Cluster) -> subprocess.CompletedProcess[str]:
-    plugin = pathlib.Path(sys.executable).parent / "kubectl-coroner"
-    return subprocess.run(
-        [str(plugin), "doctor", f"--kubeconfig={cluster.kubeconfig}"], capture_output=True, text=True, timeout=120
-    )
 
 
 def test_a_worker_no_budget_lets_go_outlives_the_drain_and_is_never_taken_for_dead(

@@ -5,9 +5,6 @@ and deleted, as cluster-autoscaler does last (abrupt). These end the worker node
 
 from __future__ import annotations
 
-import pathlib
-import subprocess
-import sys
 import uuid
 from typing import Any
 
@@ -16,7 +13,19 @@ import pytest
 from coroner_dev import realnode
 from coroner_dev.devcluster import cluster as cluster_mod
 from coroner_dev.devcluster.cluster import Cluster
-from support.nodes import NODE, agent_pids, get_json, host_pids, kubectl, registrations, state, verdict, wait_for
+from support.nodes import (
+    NODE,
+    agent_pids,
+    doctor,
+    get_json,
+    host_pids,
+    kubectl,
+    registrations,
+    retirable_reason,
+    state,
+    verdict,
+    wait_for,
+)
 
 pytestmark = pytest.mark.node
 
@@ -38,18 +47,6 @@ def start_worker(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
         ),
         timeout=90,
         what=f"{name}'s registration",
-    )
-
-
-def retirable_reason(registration: dict[str, Any]) -> str:
-    conditions = {c["type"]: c for c in registration.get("status", {}).get("conditions", [])}
-    return str(conditions.get("Retirable", {}).get("reason", ""))
-
-
-def doctor(cluster: Cluster) -> subprocess.CompletedProcess[str]:
-    plugin = pathlib.Path(sys.executable).parent / "kubectl-coroner"
-    return subprocess.run(
-        [str(plugin), "doctor", f"--kubeconfig={cluster.kubeconfig}"], capture_output=True, text=True, timeout=120
     )
 
 

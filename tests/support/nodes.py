@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import pathlib
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -138,3 +139,17 @@ def container_id(cluster: Cluster, node: str, *, name: str, namespace: str) -> s
     if len(found) != 1:
         raise ValueError(f"{len(found)} running containers named {name} in {namespace} on {node}")
     return found[0]
+
+
+def retirable_reason(registration: dict[str, Any]) -> str:
+    """The reason of a registration's Retirable condition (why it is kept, or may be retired)."""
+    conditions = {c["type"]: c for c in registration.get("status", {}).get("conditions", [])}
+    return str(conditions.get("Retirable", {}).get("reason", ""))
+
+
+def doctor(cluster: Cluster) -> subprocess.CompletedProcess[str]:
+    """`kubectl coroner doctor` (the installed plugin) against CLUSTER."""
+    plugin = pathlib.Path(sys.executable).parent / "kubectl-coroner"
+    return subprocess.run(
+        [str(plugin), "doctor", f"--kubeconfig={cluster.kubeconfig}"], capture_output=True, text=True, timeout=120
+    )
