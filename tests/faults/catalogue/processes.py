@@ -18,7 +18,10 @@ if TYPE_CHECKING:
 
 @fault("pid_reuse")
 class PidReuse(Fault):
-    """Forced pid reuse in a pid namespace (ns_last_pid); the node's agent is down, frozen or up."""
+    """Forced pid reuse in a pid namespace (ns_last_pid); the node's agent is down, frozen or up.
+
+    A victim whose launcher recorded its pidfd inode is found by it, so the reuse holds nothing:
+    it is retired (ProcAbsent). Without one it is preserved as PidReuseDetected while the reuser runs."""
 
     node_local = True
 
@@ -60,10 +63,11 @@ class PidReuse(Fault):
             time.sleep(self.rng.uniform(0.2, 1.5))
             agent.thaw()
 
+    def _held_by_reuse(self, w: Worker) -> bool:
+        return w is self.victim and self.variant in ("terminated", "killed") and "pidfdInode" not in w.incarnation
+
     def blocked(self, w: Worker) -> frozenset[str] | None:
-        if w is self.victim and self.variant in ("terminated", "killed"):
-            return frozenset({"PidReuseDetected"})
-        return None
+        return frozenset({"PidReuseDetected"}) if self._held_by_reuse(w) else None
 
     def heal(self) -> None:
         self.heal_kills_reuser = self.rng.random() < 0.5
@@ -73,7 +77,7 @@ class PidReuse(Fault):
             self.trial.note("reuser killed: the reused number is free again")
 
     def final(self, w: Worker) -> frozenset[str] | None:
-        if w is self.victim and read_stat(self.reuser_pid) is not None and self.variant in ("terminated", "killed"):
+        if self._held_by_reuse(w) and read_stat(self.reuser_pid) is not None:
             return frozenset({"PidReuseDetected"})
         return None
 
