@@ -79,7 +79,7 @@ PYTEST_WORKERS ?= 2
 PARALLEL_TESTS := tests/integration tests/e2e tests/faults
 SIM_BATCH := tests/sim/test_sim.py::test_the_ci_batch_of_seeded_trials
 check: lint node-deps
-	$(BIN)/coroner dev-cluster build --node
+	$(BIN)/coroner dev-cluster build --node --karpenter
 	log=$$(mktemp); \
 	CORONER_SIM_TRIALS=100000 nice -n 19 $(BIN)/pytest $(SIM_BATCH) $(PYTEST_DURATIONS) >$$log 2>&1 & batch=$$!; \
 	stop() { pkill -P $$batch 2>/dev/null; kill $$batch 2>/dev/null; cat $$log; rm -f $$log; exit 1; }; \
