@@ -14,6 +14,7 @@ tables docs/security.md quotes.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import pathlib
@@ -25,6 +26,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+import yaml
 from kubernetes import client as k8s
 
 from coroner_dev.devcluster.cluster import Cluster
@@ -49,19 +51,28 @@ AS_THE_AGENT = ["setpriv", f"--reuid={AGENT_UID}", f"--regid={AGENT_UID}", "--cl
 
 
 def confined(argv: list[str]) -> list[str]:
-    return [*AS_THE_AGENT, sys.executable, str(SECCOMP_EXEC), str(PROFILE), "--", *argv]
+    """Under the profile, as root: what components/agent-ptrace's agent (root with ptrace access)
+    meets, so each bound the profile keeps is shown where the kernel would allow the call."""
+    return [sys.executable, str(SECCOMP_EXEC), str(PROFILE), "--", *argv]
 
 
-def readable_by_the_agent(*files: pathlib.Path) -> list[pathlib.Path]:
-    """Copies of `files` the agent's uid can read (pytest's own directories are root's alone)."""
+def readable_by_the_agent(kubeconfig: pathlib.Path, boot_file: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
+    """Copies the agent's uid can read (pytest's own directories are root's alone); the kubeconfig's
+    files (the CA, a client certificate) are inlined as its `-data` fields."""
     directory = pathlib.Path(f"/tmp/coroner-agent-{uuid.uuid4().hex[:8]}")
     directory.mkdir(mode=0o755)
-    copies = []
-    for file in files:
-        copy = directory / file.name
-        shutil.copyfile(file, copy)
+    config = yaml.safe_load(kubeconfig.read_text())
+    for entry, field in [(c["cluster"], "certificate-authority") for c in config.get("clusters", [])] + [
+        (u["user"], name) for u in config.get("users", []) for name in ("client-certificate", "client-key")
+    ]:
+        if field in entry:
+            path = pathlib.Path(entry.pop(field))
+            entry[f"{field}-data"] = base64.b64encode(path.read_bytes()).decode()
+    copies = (directory / kubeconfig.name, directory / boot_file.name)
+    copies[0].write_text(yaml.safe_dump(config))
+    shutil.copyfile(boot_file, copies[1])
+    for copy in copies:
         copy.chmod(0o644)
-        copies.append(copy)
     return copies
 
 
@@ -128,7 +139,11 @@ def test_the_real_agent_still_attests_under_the_profile(
     runs = iter(range(1, 3))
 
     def wrapped() -> list[str]:
-        return ["strace", "-f", "-c", "-o", f"{measure}.{next(runs)}", *argv] if measure else confined(argv)
+        return (
+            ["strace", "-f", "-c", "-o", f"{measure}.{next(runs)}", *argv]
+            if measure
+            else [*AS_THE_AGENT, *confined(argv)]
+        )
 
     worker_config = worker_kubeconfig(cluster, namespace)
     with open(node.log, "ab") as out:
