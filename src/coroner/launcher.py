@@ -23,7 +23,6 @@ import logging
 import os
 import pathlib
 import re
-import select
 import signal
 import subprocess
 import sys
@@ -76,10 +75,11 @@ def probe_incarnation(
         status = (root / "status").read_bytes()
         ns_link = os.readlink(root / "ns" / "pid")
         boot_id = pathlib.Path(boot_id_file).read_bytes()
-        # The pidfd pins what held the number before the reads; while it is not readable that
-        # process has not exited, so the number was not reused and the reads were of it.
-        if pidfd is not None and select.select([pidfd], [], [], 0)[0]:
-            raise OSError(errno.ESRCH, "it exited while its incarnation was read")
+        # The pidfd pins what held the number before the reads; while it is not reaped (it may
+        # have exited: a child its launcher holds unreaped) the number was not reused, so the reads
+        # were of it.
+        if pidfd is not None and pidfs.reaped(pidfd):
+            raise OSError(errno.ESRCH, "it was reaped while its incarnation was read")
         pidfd_inode = None if pidfd is None else pidfs.inode(pidfd)
     except OSError as exc:
         raise RegistrationError(f"cannot read the incarnation of pid {pid} ({exc}); did it exit already?") from exc

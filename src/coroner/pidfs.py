@@ -20,6 +20,8 @@ import os
 import sys
 from typing import Final
 
+from coroner.core import procfs
+
 #: statfs.f_type of pidfs (include/uapi/linux/magic.h).
 PIDFS_MAGIC: Final = 0x50494446
 #: Room for struct statfs (120 bytes on 64-bit Linux); f_type is its first field, a native long.
@@ -42,6 +44,13 @@ def inode(fd: int) -> int | None:
     if sys.maxsize <= 2**32 or not _on_pidfs(fd):
         return None
     return os.fstat(fd).st_ino
+
+
+def reaped(fd: int) -> bool:
+    """The process of pidfd `fd` was reaped (its fdinfo says `Pid: -1`): its number may be anyone's
+    now. Until then (running, or exited and unreaped) the number is still its own."""
+    with open(f"/proc/self/fdinfo/{fd}", "rb") as info:
+        return procfs.parse_pidfd_fdinfo(info.read()) is None
 
 
 def inode_of(pid: int) -> int | None:

@@ -296,12 +296,11 @@ class Registrar:
             return  # gone already: nothing to register, and the next scan looks again
         try:
             incarnation = self._incarnation(process.pid, pidfd_inode=pidfs.inode(pidfd))
-            # Still running after the reads, so the number was not reused under them: the reads and
-            # the pidfd (its inode) are of one process.
-            exited = bool(select.select([pidfd], [], [], 0)[0])
-            if incarnation is None or incarnation.start_time != process.start_time or exited:
+            # Not reaped after the reads, so the number was not reused under them: the reads and the
+            # pidfd (its inode) are of one process.
+            if incarnation is None or incarnation.start_time != process.start_time or pidfs.reaped(pidfd):
                 os.close(pidfd)
-                return  # the number changed hands since the scan, or the process exited: the next scan says
+                return  # the number changed hands since the scan
             held = launcher.register(
                 client=self.client,
                 namespace=self.namespace,
