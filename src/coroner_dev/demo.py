@@ -175,10 +175,11 @@ class Demo:
         fleet.stop(self.agents["node-2"], timeout=30)
         self._force_pid_reuse(pidns)
         self._start_agent(self.nodes["node-2"])
-        self.wait_for(
-            "the pid reuse to be detected", lambda: self._reason("reused-worker") == "PidReuseDetected", timeout=30
+        self.wait_for("reused-worker to be retired", lambda: self._retired({"reused-worker"}), timeout=30)
+        console.print(
+            "    node-2's agent is back: no process has the dead worker's pidfd inode, whoever holds its number now"
+            " → retired (ProcAbsent); the stranger is never mistaken for it"
         )
-        console.print("    node-2's agent is back: the number is held by a process with another start time → Reused")
         say("kill -9 consumer-a (node-1) and consumer-c (node-2): processes die without saying goodbye")
         killed_at = time.monotonic()
         for name in ("consumer-a", "consumer-c"):
@@ -197,8 +198,8 @@ class Demo:
         console.print("What happened:")
         console.print("  • consumer-a, consumer-c: STATE=Retired — their node's agent saw the exact incarnation exit.")
         console.print("  • consumer-b, consumer-d: alive, attested Alive (pinned by a pidfd) — never retired.")
-        console.print("  • reused-worker: dead, but its pid number now belongs to another process. Coroner cannot")
-        console.print("    prove which process that number names, so it preserves it: PidReuseDetected.")
+        console.print("  • reused-worker: STATE=Retired although its pid number now belongs to another process: its")
+        console.print("    launcher recorded the process's pidfd inode, which no other process ever has (docs/api.md).")
         console.print("  • batch-job: said goodbye before it exited (Released); nothing to retire.")
         console.print()
         say("kubectl coroner doctor")

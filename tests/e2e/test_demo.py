@@ -33,7 +33,7 @@ def test_the_demo_runs_start_to_finish_and_cleans_up(tmp_path: pathlib.Path) -> 
     # Columns: NAME STATE NODE PID REASON VERDICT AGE (then, with -o wide, RETIRED HEARTBEAT ...).
     assert rows["consumer-a"][1] == "Retired" and rows["consumer-c"][1] == "Retired"
     assert rows["consumer-b"][1] == "Active" and rows["consumer-d"][1] == "Active"
-    assert rows["reused-worker"][1] == "Active" and rows["reused-worker"][4] == "PidReuseDetected"
+    assert rows["reused-worker"][1] == "Retired"
     assert rows["batch-job"][1] == "Released"
     assert "FAIL" not in out.split("kubectl coroner doctor", 1)[1]
     assert not (tmp_path / "demo" / "cluster.json").exists(), "the demo stops the control plane it started"
