@@ -450,6 +450,7 @@ class Trial:
             init = node.namespaces.get(proc.ns)
             self._ended(node, node.exit(init if init is not None and init.alive else proc, reap=True))
         again = Worker(self, node, f"{worker.name}r", container=worker.container, heartbeat=worker.heartbeat)
+        again.records_inode = worker.records_inode
         again.fate = "live"
         self.workers.append(again)
         self.by_name[again.name] = again
@@ -702,6 +703,13 @@ class Trial:
             if agent.confined:
                 self.stats["exempt:confined"] += 1
                 continue
+            if agent.unprivileged and worker.node.boot_id != worker.boot_id and self._unreadable_namespaces(worker):
+                # Another boot's incarnation is looked up by (pid namespace, pid), not by its pidfd
+                # inode (those restart with the boot): an agent without ptrace access cannot show
+                # the number unoccupied while processes of other namespaces run. Unknown
+                # (ProcUnreadable), by design: doctor's held check names it.
+                self.stats["exempt:unprivileged_other_boot"] += 1
+                continue
             holder = worker.node.holder(ns=proc.ns, ns_pid=proc.ns_pid)
             if holder is not None and worker.clock_offset:
                 # Recorded on another clock, the incarnation never matches what the agent reads: while
@@ -722,6 +730,11 @@ class Trial:
                 f"{worker.name} (fate {worker.fate}, died at {worker.died_at}) still active at {self.now:.0f}s: "
                 f"{_conditions_text(body)}",
             )
+
+    @staticmethod
+    def _unreadable_namespaces(worker: Worker) -> bool:
+        """A process of a child pid namespace runs on the worker's node (its ns link needs ptrace access)."""
+        return any(p.ns != kernel.ROOT_NS and not p.reaped for p in worker.node.procs.values())
 
     @staticmethod
     def _namespace_recreated(worker: Worker, holder: kernel.SimProcess) -> bool:
