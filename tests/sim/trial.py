@@ -706,8 +706,8 @@ class Trial:
             if agent.unprivileged and worker.node.boot_id != worker.boot_id and self._unreadable_namespaces(worker):
                 # Another boot's incarnation is looked up by (pid namespace, pid), not by its pidfd
                 # inode (those restart with the boot): an agent without ptrace access cannot show
-                # the number unoccupied while processes of other namespaces run. Unknown
-                # (ProcUnreadable), by design: doctor's held check names it.
+                # the number unoccupied while a process of an unreadable namespace has that pid.
+                # Unknown (ProcUnreadable), by design: doctor's held check names it.
                 self.stats["exempt:unprivileged_other_boot"] += 1
                 continue
             holder = worker.node.holder(ns=proc.ns, ns_pid=proc.ns_pid)
@@ -733,8 +733,13 @@ class Trial:
 
     @staticmethod
     def _unreadable_namespaces(worker: Worker) -> bool:
-        """A process of a child pid namespace runs on the worker's node (its ns link needs ptrace access)."""
-        return any(p.ns != kernel.ROOT_NS and not p.reaped for p in worker.node.procs.values())
+        """A process of a child pid namespace (whose ns link needs ptrace access) has the recorded
+        pid in its own namespace, so it may be the one holding it."""
+        assert worker.proc is not None
+        return any(
+            p.ns != kernel.ROOT_NS and not p.reaped and p.ns_pid == worker.proc.ns_pid
+            for p in worker.node.procs.values()
+        )
 
     @staticmethod
     def _namespace_recreated(worker: Worker, holder: kernel.SimProcess) -> bool:

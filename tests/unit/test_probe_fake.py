@@ -1259,3 +1259,17 @@ def test_an_agent_in_another_pid_namespace_than_its_proc_cannot_look_up_an_inode
 def test_on_another_boot_the_inode_is_not_used() -> None:
     worker = in_child()
     expect(Agent(FakeProc()).probe(by_inode(worker, boot=OTHER_BOOT)), Verdict.DEAD, Evidence.BOOT_BOUNDARY)
+
+
+def test_absence_by_namespace_needs_no_link_of_a_process_with_another_pid() -> None:
+    """An agent without ptrace access reads no child namespace's link, but every process's own pid
+    (NSpid): one whose own pid is another cannot hold the recorded one. Another boot's container
+    worker is then over (BootBoundary); while a process with its pid runs, Unknown."""
+    other_pid = FakeProcess(host_pid=77, start_time=3, pid_namespace=OTHER_CHILD, nspid=(77, 5))
+    proc = FakeProc(other_pid)
+    proc.fault("link", 77, *[oserror(errno.EACCES)] * 10)
+    expect(Agent(proc).probe(key(pid=1, ns=CHILD, boot=OTHER_BOOT)), Verdict.DEAD, Evidence.BOOT_BOUNDARY)
+    same_pid = FakeProcess(host_pid=78, start_time=3, pid_namespace=OTHER_CHILD, nspid=(78, 1))
+    proc.add(same_pid)
+    proc.fault("link", 78, *[oserror(errno.EACCES)] * 10)
+    expect(Agent(proc).probe(key(pid=1, ns=CHILD, boot=OTHER_BOOT)), Verdict.UNKNOWN, Evidence.PROC_UNREADABLE)

@@ -7,6 +7,7 @@ incrementally, read through the probe's `ProcReader`.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import threading
 from typing import Final
 
@@ -56,6 +57,10 @@ class PidIndex:
         self._by_host: dict[int, IndexedProcess] = {}
         self._by_key: dict[tuple[int, int], int] = {}
         self._unclassified: set[int] = set()
+        self._refused: dict[int, int] = {}
+        """Of the unclassified: those whose ns/pid link was refused (no ptrace access), with the pid
+        they have in their own namespace (NSpid's last entry, which every user may read): such a
+        process can hold no (namespace, pid) with another pid."""
         self._inodes: dict[int, tuple[int, int]] = {}
         """host pid -> (generation, pidfd inode) of what was read under that generation."""
         self._by_inode: dict[int, int] = {}
@@ -71,6 +76,12 @@ class PidIndex:
     @property
     def unclassified(self) -> int:
         return len(self._unclassified)
+
+    def could_hold(self, namespaced_pid: int) -> bool:
+        """Some process could not be classified and may hold a (namespace, `namespaced_pid`): one
+        whose status could not be read, or whose link was refused while its own pid is that one."""
+        with self._lock:
+            return any(self._refused.get(host_pid, namespaced_pid) == namespaced_pid for host_pid in self._unclassified)
 
     @property
     def inodes_unclassified(self) -> int:
@@ -103,6 +114,7 @@ class PidIndex:
             if self._by_key.get(key) == host_pid:
                 del self._by_key[key]
         self._unclassified.discard(host_pid)
+        self._refused.pop(host_pid, None)
 
     def refresh(self, *, reader: ProcReader, proc_pid_namespace: int | None = None, with_inodes: bool = False) -> None:
         """List the proc root and re-read what is new or changed. OSError: the listing failed.
@@ -129,6 +141,7 @@ class PidIndex:
                 self._drop(host_pid)
             for host_pid in [pid for pid in self._unclassified if pid not in listing]:
                 self._unclassified.discard(host_pid)
+                self._refused.pop(host_pid, None)
             for host_pid, generation in listing.items():
                 cached = self._by_host.get(host_pid)
                 if cached is not None and cached.generation == generation and generation > _NO_GENERATION:
@@ -144,7 +157,14 @@ class PidIndex:
             status = procfs.parse_status(reader.read_status(host_pid))
             link = None
             if len(status.nspid) > 1 or proc_pid_namespace is None:
-                link = reader.read_pid_namespace_link(host_pid)
+                try:
+                    link = reader.read_pid_namespace_link(host_pid)
+                except OSError as exc:
+                    if exc.errno not in (errno.EACCES, errno.EPERM):
+                        raise
+                    self._unclassified.add(host_pid)
+                    self._refused[host_pid] = status.namespaced_pid
+                    return
             pid_namespace = procfs.pid_namespace_of(
                 status=status, pid_namespace_link=link, proc_pid_namespace=proc_pid_namespace
             )

@@ -210,10 +210,10 @@ def _find(
         raise Unestablished(Evidence.PROC_UNREADABLE, f"cannot list the proc root: {exc}") from exc
     candidate = index.lookup(pid_namespace=key.pid_namespace, namespaced_pid=key.pid)
     if candidate is None:
-        if index.unclassified:
+        if index.could_hold(key.pid):
             raise Unestablished(
                 Evidence.PROC_UNREADABLE,
-                f"{index.unclassified} processes could not be read; any of them could hold pid {key.pid} "
+                f"{index.unclassified} processes could not be read; one of them could hold pid {key.pid} "
                 f"in pid namespace {key.pid_namespace} (an agent without ptrace access reads no other user's "
                 "pid namespace: a launcher on Linux 6.9+ records spec.incarnation.pidfdInode, by which it needs "
                 "none; else run the agent with components/agent-ptrace)",
