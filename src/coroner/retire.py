@@ -44,6 +44,7 @@ Pure but for the awaits on the port: no client, no clock, no logging here.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import datetime
 import enum
@@ -257,6 +258,22 @@ def event_message(*, evidence: str, detail: str, retirer: Retirer) -> str:
     return f"{evidence}: retired by {retirer.name} with {retirer.via}: {detail}"
 
 
+#: The resourceVersion of the view a retirement write was decided on, while that write is sent: for
+#: tracing, and for the simulation's stale-view oracle, which a request cannot tell (its `test` op is
+#: what the write relies on, not necessarily what the decision saw).
+RETIRING_VIEW: contextvars.ContextVar[str | None] = contextvars.ContextVar("coroner_retiring_view", default=None)
+
+
+async def _write(
+    port: RetirePort, *, namespace: str, name: str, ops: list[dict[str, Any]], view: str | None
+) -> dict[str, Any]:
+    token = RETIRING_VIEW.set(view)
+    try:
+        return await port.patch_status(namespace=namespace, name=name, ops=ops)
+    finally:
+        RETIRING_VIEW.reset(token)
+
+
 async def retire(
     port: RetirePort, intent: RetireIntent, *, retirer: Retirer, clock: Callable[[], datetime.datetime]
 ) -> RetireResult:
@@ -314,7 +331,7 @@ async def retire(
         intent.body, intent.registration, again, retired_by=retirer.name, now=clock(), writer=retirer.writer
     )
     try:
-        patched = await port.patch_status(namespace=namespace, name=name, ops=ops)
+        patched = await _write(port, namespace=namespace, name=name, ops=ops, view=intent.registration.resource_version)
     except PortError as error:
         outcome = outcome_of_write(error)
         return RetireResult(

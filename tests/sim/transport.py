@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -174,9 +173,6 @@ class Latency:
         """Nothing to release: no threads, no sockets."""
 
 
-_RETIRE_CODE = retire_protocol.retire.__code__
-
-
 def _is_patch(call: Callable[[], Any]) -> bool:
     """Whether `call` is a PATCH (`KubeApi` hands `Rest.request` over as a partial: method first)."""
     args = getattr(call, "args", ())
@@ -184,14 +180,8 @@ def _is_patch(call: Callable[[], Any]) -> bool:
 
 
 def _retirement_view() -> int | None:
-    """The resourceVersion the retire protocol running this request decided on (its intent's), if a
-    retirement sends it: read off the caller's frames, for the `stale_view` oracle only (the request
-    itself carries only what production put in it)."""
-    frame = sys._getframe(2)
-    while frame is not None:
-        if frame.f_code is _RETIRE_CODE:
-            intent = frame.f_locals.get("intent")
-            version = getattr(getattr(intent, "registration", None), "resource_version", None)
-            return int(version) if version is not None else None
-        frame = frame.f_back  # type: ignore[assignment]
-    return None
+    """The resourceVersion the retire protocol sending this request decided on, if a retirement
+    sends it (its `RETIRING_VIEW` seam), for the `stale_view` oracle only (the request itself carries
+    only what production put in it)."""
+    version = retire_protocol.RETIRING_VIEW.get()
+    return int(version) if version is not None else None
