@@ -168,7 +168,7 @@ def test_the_confirmation_window_runs_on_the_injected_clock() -> None:
         first = await agent.reconciler.reconcile(KEY)
         moments.append(moments[0] + datetime.timedelta(seconds=10))
         second = await agent.reconciler.reconcile(KEY)
-        await agent.renew_lease_once()
+        await agent.lease.renew_once()
         return kube, [first.requeue_at, second.requeue_at]
 
     kube, requeues = asyncio.run(scenario())

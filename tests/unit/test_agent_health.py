@@ -178,7 +178,7 @@ def test_lease_renewals_failures_and_readiness_follow_the_api_server_while_liven
     agent.on_relist([])
 
     async def scenario() -> tuple[bool, bool, bool, bool]:
-        lease = asyncio.create_task(agent.run_lease())
+        lease = asyncio.create_task(agent.lease.run())
         while sample(metrics, "coroner_agent_lease_renewals_total") < 2:
             await asyncio.sleep(0.01)
         ready_before = state.ready().ok

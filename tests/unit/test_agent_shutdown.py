@@ -156,7 +156,7 @@ async def started(agent: Agent, kube: FakeKube) -> tuple[asyncio.Event, asyncio.
     """The agent running, listed, and every registration attested once."""
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop=stop))
-    await asyncio.wait_for(agent.synced.wait(), timeout=5)
+    await asyncio.wait_for(agent.inputs.synced.wait(), timeout=5)
     deadline = time.monotonic() + 5
     while {name for name, _, _ in kube.writes} != {name for _, name in kube.bodies}:
         assert time.monotonic() < deadline, kube.writes
@@ -281,13 +281,13 @@ def test_the_wait_ignores_dead_terminal_and_foreign_registrations() -> None:
     ]
     agent, _, _ = make_agent({"live": Worker()}, extra=extra)
     agent.on_relist([registration("live", pid=100), *extra])
-    assert agent.awaited() == {("jobs", "live")}
+    assert agent.drain.awaited() == {("jobs", "live")}
 
 
 def test_an_agent_stopped_before_its_first_list_waits_for_it_within_the_grace() -> None:
     async def scenario() -> tuple[int, int]:
         agent, kube, _ = make_agent({"w": Worker()}, shutdown_grace_seconds=0.3)
-        report_task = asyncio.create_task(agent.drain(grace=0.3))
+        report_task = asyncio.create_task(agent.drain.wait(grace=0.3))
         await asyncio.sleep(0.05)
         agent.on_relist([copy.deepcopy(b) for b in kube.bodies.values()])
         report = await report_task
@@ -307,7 +307,7 @@ def test_the_report_accounts_for_every_registration_waited_for(plan: list[tuple[
     async def scenario() -> None:
         workers = {f"w{i}": Worker(pinned=pinned) for i, (pinned, _) in enumerate(plan)}
         agent, kube, _ = make_agent(workers, shutdown_grace_seconds=0.4, shutdown_resync_seconds=0.05)
-        agent._stop_watch.set()  # no watch thread: the list is delivered by hand
+        agent.inputs.stop_watch()  # no watch thread: the list is delivered by hand
         agent.on_relist([copy.deepcopy(b) for b in kube.bodies.values()])
         runners = agent.workers()
         try:
@@ -323,7 +323,7 @@ def test_the_report_accounts_for_every_registration_waited_for(plan: list[tuple[
                 for name, (_, delay) in zip(workers, plan, strict=True)
                 if delay is not None
             ]
-            report = await agent.drain(grace=0.4)
+            report = await agent.drain.wait(grace=0.4)
             await asyncio.gather(*exits)
         finally:
             for runner in runners:
@@ -361,13 +361,13 @@ def test_a_mass_death_costs_the_wait_o_of_changes_not_o_of_registrations_per_cha
     async def scenario() -> int:
         workers = {f"w{i}": Worker() for i in range(count)}
         agent, kube, _ = make_agent(workers, shutdown_grace_seconds=10.0)
-        agent._stop_watch.set()
+        agent.inputs.stop_watch()
         agent.on_relist([copy.deepcopy(b) for b in kube.bodies.values()])
         runners = agent.workers()
         try:
             while len(kube.writes) < count:
                 await asyncio.sleep(0.01)
-            drain = asyncio.create_task(agent.drain(grace=10.0))
+            drain = asyncio.create_task(agent.drain.wait(grace=10.0))
             await asyncio.sleep(0.01)
             monkeypatch.setattr(model, "parse_registration", counting)
             for name, worker in workers.items():

@@ -1,8 +1,8 @@
 """This node's registrations as the agent last saw them, and the first looks awaiting confirmation.
 
-Fed by the watch (`coroner_agent.service.Agent`'s handlers) and by the agent's own writes (the
-executor keeps the answer of a write, which is newer than the watch's copy). Each change is noted
-for the shutdown wait, which re-reads only what changed (`changed`, `dirty`).
+Fed by the watch (`coroner_agent.inputs`) and by the agent's own writes (the executor keeps the
+answer of a write, which is newer than the watch's copy). Each change is noted for the shutdown
+wait (`coroner_agent.drain`), which re-reads only what changed (`changed`, `dirty`).
 """
 
 from __future__ import annotations

@@ -6,11 +6,9 @@ before it first reaches the API server."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import resource
-import signal
 from typing import Any
 
 import click
@@ -18,10 +16,12 @@ import click
 from coroner.client.rest import Rest
 from coroner.core import api
 from coroner.runtime import logformat
+from coroner.runtime.manager import Manager
 from coroner_agent.health import AgentMetrics, HealthServer, HealthState, heartbeat
 from coroner_agent.kube import AgentApi
 from coroner_agent.prober import ProcProber
-from coroner_agent.service import Agent, AgentSettings
+from coroner_agent.service import Agent
+from coroner_agent.settings import AgentSettings
 
 logger = logging.getLogger("coroner.agent")
 
@@ -188,29 +188,30 @@ async def _run(
     state: HealthState,
     server: HealthServer | None,
 ) -> None:
-    # The heartbeat and the server first: /healthz answers (true) while the agent still waits for an
-    # unreachable API server below; /readyz says it is not ready yet.
-    beating = asyncio.create_task(heartbeat(state))
-    if server is not None:
-        server.start()
-        logger.info("serving /metrics, /healthz and /readyz port=%s", server.port)
-    try:
-        await _serve(
+    async with Manager(name="agent") as manager:
+        # The heartbeat and the server first: /healthz answers (true) while the agent still waits for
+        # an unreachable API server below; /readyz says it is not ready yet.
+        manager.add(heartbeat(state))
+        manager.start()
+        if server is not None:
+            server.start()
+            logger.info("serving /metrics, /healthz and /readyz port=%s", server.port)
+        agent = await _assemble(
             settings=settings,
             kubeconfig=kubeconfig,
             system_namespace=system_namespace,
             prober_options=prober_options,
             metrics=metrics,
             state=state,
-            server=server,
+            manager=manager,
         )
-    finally:
-        beating.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await beating
+        if server is not None:
+            server.before_scrape = agent.scrape
+        agent.host(manager)
+        await manager.run(stop=manager.signalled())
 
 
-async def _serve(
+async def _assemble(
     *,
     settings: AgentSettings,
     kubeconfig: str | None,
@@ -218,8 +219,9 @@ async def _serve(
     prober_options: dict[str, Any],
     metrics: AgentMetrics,
     state: HealthState,
-    server: HealthServer | None,
-) -> None:
+    manager: Manager,
+) -> Agent:
+    """The agent over this node's /proc and the API server, its prober closed with the process."""
     node_name = settings.node_name
     # Connections for every attestation in flight, the Lease renewal and the watch.
     rest = Rest.default(kubeconfig, user_agent="coroner-agent", pool_size=settings.workers + 2)
@@ -228,6 +230,7 @@ async def _serve(
     loop = asyncio.get_running_loop()
     agent_ref: list[Agent] = []
     prober = ProcProber(loop=loop, on_exit=lambda key: agent_ref[0].on_pidfd(key), **prober_options)
+    manager.closing(prober.close)
     node_boot = await asyncio.to_thread(kube.node_boot_id)
     if node_boot is not None and node_boot != prober.boot_id():
         logger.warning(
@@ -239,11 +242,6 @@ async def _serve(
         )
     agent = Agent(kube=kube, prober=prober, settings=settings, identity=identity, metrics=metrics, health=state)
     agent_ref.append(agent)
-    if server is not None:
-        server.before_scrape = agent.scrape
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     logger.info(
         "agent started node=%s identity=%s bootId=%s seesEveryProcess=%s pidfd=%s maxPidfds=%s workers=%s",
         node_name,
@@ -254,7 +252,4 @@ async def _serve(
         prober_options["max_pidfds"],
         settings.workers,
     )
-    try:
-        await agent.run(stop=stop)
-    finally:
-        prober.close()
+    return agent
