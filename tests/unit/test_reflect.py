@@ -14,7 +14,8 @@ import pytest
 
 from coroner.client.rest import ApiError
 from coroner.runtime.watch import INITIAL_EVENTS_END, Handoff, IncompleteList, initial_events, reflect
-from coroner_operator.app import Operator, serves, watch_scopes
+from coroner_operator.app import Operator
+from coroner_operator.watches import serves, watch_scopes
 from unit.builders import make_operator, make_registration
 
 pytestmark = pytest.mark.unit

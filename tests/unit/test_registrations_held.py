@@ -140,7 +140,7 @@ def test_a_registration_that_moves_on_or_goes_is_no_longer_counted() -> None:
 def test_a_replica_that_stops_leading_stops_reporting_it() -> None:
     op = operator([reused("a", said=NOW - HOUR)], clock=[NOW])
     assert sweep(op, NOW) == only(PidReuseDetected=1)
-    op._leading(False)
+    op.leadership.changed(False)
     assert all(
         op.metrics.registry.get_sample_value("coroner_registrations_held", {"reason": reason.value}) == 0
         for reason in held.HELD_REASONS

@@ -19,6 +19,7 @@ from typing import Any, cast
 import kopf
 
 from coroner.core import api
+from coroner.runtime.manager import Manager
 from coroner_operator.app import Operator
 
 logger = logging.getLogger("coroner.operator")
@@ -29,7 +30,8 @@ class Runtime:
     """What the handlers close over; filled in at startup."""
 
     operator: Operator | None = None
-    tasks: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)
+    manager: Manager | None = None
+    """Hosts the operator's loops (`coroner.runtime.manager`); shut down at kopf's cleanup."""
     indexed: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     """Set at the first Node or Lease event: kopf's indexes (every Node, every Lease) are populated."""
 

@@ -3,25 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-import datetime
 import logging
 import math
 import os
 import pathlib
-import signal
 import socket
 import sys
-import time
 import uuid
-from collections.abc import Coroutine
 from typing import Any
 
 import click
 import kopf
-from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from coroner.client.rest import Rest, in_cluster_server
 from coroner.core import api, policy_json
@@ -29,11 +22,12 @@ from coroner.core.decision import Policy
 from coroner.core.held import HELD_GRACE_SECONDS
 from coroner.core.world import World
 from coroner.runtime import logformat
-from coroner.runtime.controller import utcnow
 from coroner.runtime.leader import ElectionConfig
+from coroner.runtime.manager import Manager, stop_process
 from coroner_operator.app import Operator
 from coroner_operator.eventcorrelator import DEFAULT_BURST, DEFAULT_WINDOW_SECONDS
 from coroner_operator.handlers import Runtime, configure, register
+from coroner_operator.health import serve_http
 from coroner_operator.kubeapi import KubeApi
 from coroner_operator.metrics import Metrics
 from coroner_operator.retention import DEFAULT_TERMINAL_RETENTION_SECONDS
@@ -78,12 +72,17 @@ def build_registry(
             identity=identity,
         )
         runtime.operator = operator
-        loops = [*operator.loops(), _after(runtime.indexed, operator.watch_registrations(kube.rest))]
+        # A loop that ends is a bug or a dead port: stop the operator loudly (its Deployment restarts
+        # it) rather than keep running with, say, no permission refresh.
+        runtime.manager = manager = Manager(name="operator", on_failure=stop_process)
+        operator.host(manager, indexed=runtime.indexed)
         if metrics_port is not None:
-            loops.append(_serve_http(metrics_address, metrics_port, metrics, operator))
-        runtime.tasks = [asyncio.create_task(loop) for loop in loops]
-        for task in runtime.tasks:
-            task.add_done_callback(_stop_if_failed)
+            manager.add(
+                serve_http(
+                    metrics_address, metrics_port, metrics=metrics, elector=operator.elector, sweeper=operator.sweeper
+                )
+            )
+        manager.start()
         logger.info(
             "operator started identity=%s workers=%s policy=%s",
             identity,
@@ -93,39 +92,11 @@ def build_registry(
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
-        if runtime.operator is not None:
-            with contextlib.suppress(TimeoutError):  # the Events of retirements already written
-                await asyncio.wait_for(runtime.operator.drain_events(), timeout=5.0)
-            await runtime.operator.release()
-        for task in runtime.tasks:
-            task.cancel()
-        for task in runtime.tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        if runtime.operator is not None:
-            runtime.operator.close()
+        if runtime.manager is not None:
+            await runtime.manager.shutdown()
 
     settings_ = settings
     return registry
-
-
-async def _after(event: asyncio.Event, loop: Coroutine[Any, Any, None]) -> None:
-    """`loop`, once `event` is set."""
-    try:
-        await event.wait()
-    except asyncio.CancelledError:
-        loop.close()
-        raise
-    await loop
-
-
-def _stop_if_failed(task: asyncio.Task[None]) -> None:
-    """A background loop that ends is a bug or a dead port: stop the operator loudly (its
-    Deployment restarts it) rather than keep running with, say, no permission refresh."""
-    if task.cancelled() or task.exception() is None:
-        return
-    logger.error("operator loop failed, stopping: %r", task.exception())
-    os.kill(os.getpid(), signal.SIGTERM)
 
 
 async def _whoami(kube: KubeApi) -> str:
@@ -140,51 +111,6 @@ async def _whoami(kube: KubeApi) -> str:
             logger.warning("cannot ask the API server who this operator is (%r); retrying in %.1fs", exc, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
-
-
-async def _serve_http(address: str, port: int, metrics: Metrics, operator: Operator) -> None:
-    """/metrics (Prometheus), /healthz and /readyz.
-
-    /healthz: the leader is alive while its sweep loop keeps completing sweeps; a standby while its
-    election loop keeps trying (a healthy standby is healthy: restarting it would only lose its warm
-    cache). /readyz: 200 for a leader and a standby alike, the body says which (a standby must
-    count as available, or a PodDisruptionBudget would block every drain of the leader's node)."""
-    started = utcnow()
-
-    async def metrics_view(_: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    async def readyz(_: web.Request) -> web.Response:
-        return web.Response(text="leader\n" if operator.is_leader else "standby\n")
-
-    async def healthz(_: web.Request) -> web.Response:
-        elector = operator.elector
-        if elector is not None and not elector.is_leader:
-            tried = elector.last_try
-            window = elector.config.lease_duration * 2 + elector.config.renew_deadline
-            if tried is None and utcnow() - started < datetime.timedelta(seconds=window + 60):
-                return web.Response(text="starting\n")
-            if tried is not None and time.monotonic() - tried < window:
-                return web.Response(text=f"ok standby (leader {elector.holder or '?'})\n")
-            return web.Response(status=503, text="the leader election loop has not tried recently\n")
-        limit = datetime.timedelta(seconds=operator.sweeper.interval * 3 + 60)
-        last = operator.last_sweep
-        if last is None and utcnow() - started < limit:
-            return web.Response(text="starting\n")
-        if last is not None and utcnow() - datetime.datetime.fromisoformat(last["time"].replace("Z", "+00:00")) < limit:
-            return web.Response(text="ok\n")
-        return web.Response(status=503, text="no completed sweep recently\n")
-
-    app = web.Application()
-    app.add_routes([web.get("/metrics", metrics_view), web.get("/healthz", healthz), web.get("/readyz", readyz)])
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, address, port)
-    await site.start()
-    try:
-        await asyncio.Event().wait()
-    finally:
-        await runner.cleanup()
 
 
 def configure_logging(*, log_format: str, verbose: bool) -> None:
