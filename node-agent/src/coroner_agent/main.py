@@ -15,7 +15,7 @@ import click
 
 from coroner.client.rest import Rest
 from coroner.core import api
-from coroner.runtime import logformat
+from coroner.runtime import logformat, options
 from coroner.runtime.manager import Manager
 from coroner_agent.health import AgentMetrics, HealthServer, HealthState, heartbeat
 from coroner_agent.kube import AgentApi
@@ -28,7 +28,7 @@ logger = logging.getLogger("coroner.agent")
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--node-name", required=True, envvar="NODE_NAME", help="The node this agent serves (downward API).")
-@click.option("--kubeconfig", type=click.Path(exists=True, dir_okay=False), default=None)
+@options.kubeconfig
 @click.option("--proc-root", default="/proc", show_default=True, help="Where the host's /proc is mounted.")
 @click.option("--boot-id-file", default="/proc/sys/kernel/random/boot_id", show_default=True)
 @click.option("--machine-id-file", default="/etc/machine-id", show_default=True)
@@ -47,27 +47,19 @@ logger = logging.getLogger("coroner.agent")
 )
 @click.option("--no-pidfd", is_flag=True, help="Do not pin incarnations with pidfds (resync path only; benchmarks).")
 @click.option("--max-pidfds", type=int, default=20000, show_default=True)
-@click.option(
+@options.seconds(
     "--shutdown-grace-seconds",
-    type=click.FloatRange(min=0),
     default=40.0,
-    show_default=True,
     help="On SIGTERM, keep serving this long at most while waiting for this node's registrations that are "
     "not attested Dead (nor terminal) to exit, attesting each exit; 0 skips the wait. With "
     "--shutdown-sweep-seconds it must fit in the pod's terminationGracePeriodSeconds.",
 )
-@click.option(
-    "--shutdown-sweep-seconds",
-    type=click.FloatRange(min=0),
-    default=15.0,
-    show_default=True,
-    help="Bound of the final re-probe of every registration after the wait.",
+@options.seconds(
+    "--shutdown-sweep-seconds", default=15.0, help="Bound of the final re-probe of every registration after the wait."
 )
-@click.option(
+@options.seconds(
     "--absence-confirm-seconds",
-    type=click.FloatRange(min=0),
     default=10.0,
-    show_default=True,
     help="A death read from /proc (ProcAbsent, PidNamespaceRecreated, BootBoundary) is attested once seen again this long after it "
     "was first seen; at least the operator's policy absenceConfirmSeconds. A pidfd death needs no wait.",
 )
@@ -85,7 +77,7 @@ logger = logging.getLogger("coroner.agent")
     help="Address /metrics, /healthz and /readyz listen on (all addresses in a pod; 127.0.0.1 keeps them on this host).",
 )
 @logformat.option
-@click.option("--verbose", "-v", is_flag=True)
+@options.verbose
 def main(
     node_name: str,
     kubeconfig: str | None,

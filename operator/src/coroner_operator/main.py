@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import math
 import os
 import pathlib
 import socket
@@ -21,7 +20,7 @@ from coroner.core import api, policy_json
 from coroner.core.decision import Policy
 from coroner.core.held import HELD_GRACE_SECONDS
 from coroner.core.world import World
-from coroner.runtime import logformat
+from coroner.runtime import logformat, options
 from coroner.runtime.leader import ElectionConfig
 from coroner.runtime.manager import Manager, stop_process
 from coroner_operator.app import Operator
@@ -142,15 +141,8 @@ def default_identity() -> str:
     return os.environ.get("POD_NAME") or f"{socket.gethostname()}_{uuid.uuid4()}"
 
 
-def _finite(param: click.Parameter, value: float) -> float:
-    """FloatRange lets NaN through (every comparison with it is False); refuse it here."""
-    if math.isnan(value):
-        raise click.BadParameter("must be a number, not NaN", param=param)
-    return value
-
-
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--kubeconfig", type=click.Path(exists=True, dir_okay=False), default=None)
+@options.kubeconfig
 @click.option(
     "--namespace",
     "namespaces",
@@ -196,22 +188,19 @@ def _finite(param: click.Parameter, value: float) -> float:
     show_default=True,
     help="How long a Node must have been NotFound before --node-deletion-evidence counts it.",
 )
-@click.option(
+@options.seconds(
     "--terminal-retention-seconds",
-    type=click.FloatRange(min=0, max=10 * 365 * 86400),
     default=DEFAULT_TERMINAL_RETENTION_SECONDS,
-    callback=lambda _ctx, param, value: _finite(param, value),
-    show_default=True,
+    maximum=10 * 365 * 86400,
+    refuse_nan=True,
     help="Delete terminal (Retired or Released) registrations this long after they became terminal "
     "(status.retirement.retiredTime, else the Retired or Released condition's lastTransitionTime), at the next "
     "sweep; 0 keeps them forever. Deletes carry uid and resourceVersion preconditions.",
 )
-@click.option(
+@options.seconds(
     "--held-grace-seconds",
-    type=click.FloatRange(min=0),
     default=HELD_GRACE_SECONDS,
-    callback=lambda _ctx, param, value: _finite(param, value),
-    show_default=True,
+    refuse_nan=True,
     help="Count an active registration in coroner_registrations_held once a reason that may last for ever "
     "(PidReuseDetected, LivenessUnknown, AttestationStale, ...: coroner.core.held) has held it this long, "
     "as kubectl coroner doctor's --held-grace-seconds bounds its held check.",
@@ -228,7 +217,7 @@ def _finite(param: click.Parameter, value: float) -> float:
     "--event-window-seconds",
     type=click.FloatRange(min=0, min_open=True, max=3600),
     default=DEFAULT_WINDOW_SECONDS,
-    callback=lambda _ctx, param, value: _finite(param, value),
+    callback=lambda _ctx, param, value: options.finite(param, value),
     show_default=True,
     help="The Event aggregation window; an aggregate Event is posted when its window ends.",
 )
@@ -250,7 +239,7 @@ def _finite(param: click.Parameter, value: float) -> float:
 @click.option("--leader-elect-renew-deadline", type=click.FloatRange(min=0.5), default=10.0, show_default=True)
 @click.option("--leader-elect-retry-period", type=click.FloatRange(min=0.1), default=2.0, show_default=True)
 @logformat.option
-@click.option("--verbose", "-v", is_flag=True)
+@options.verbose
 def main(
     kubeconfig: str | None,
     namespaces: tuple[str, ...],
