@@ -2,9 +2,9 @@
 operator's shape (`coroner_operator.app`).
 
 ```
-watch thread ──> inputs.AgentInputs ──> AgentCache (bodies, first looks)
-pidfd readable ──> inputs ─────┐                 └──> runtime.Controller (keyed queue, timers,
-resync.Resync (every resync_seconds) ─┴───────────────>   backoff, `workers` at once)
+watch thread, pidfd readable ──> inputs.AgentInputs ──> AgentCache (bodies, first looks)
+                                             └─────────> runtime.Controller (keyed queue, timers,
+resync.Resync (every resync_seconds) ───────────────────>   backoff, `workers` at once)
 Controller ──> AgentReconciler.reconcile(key):
                  1. gather   the cached body, a probe (ProcProber), boot/host ids, the first look, now
                  2. decide   step.attest(...) -> AgentEffects   (pure)
@@ -31,7 +31,6 @@ import asyncio
 import datetime
 import logging
 import random
-import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -161,15 +160,6 @@ class Agent:
         self.on_relist = self.inputs.on_relist
         self.on_pidfd = self.inputs.on_pidfd
 
-    @property
-    def bodies(self) -> dict[Key, dict[str, Any]]:
-        """This node's registrations as last seen."""
-        return self.cache.bodies
-
-    @property
-    def attestations_written(self) -> int:
-        return self.executor.attestations_written
-
     def enqueue(self, key: Key) -> None:
         self.controller.enqueue(key)
 
@@ -180,9 +170,6 @@ class Agent:
         """Brings the gauges read from state up to date (the metrics server calls it before a scrape)."""
         self.metrics.registrations.set(len(self.cache.bodies))
         self.metrics.pidfds.set(self.prober.pidfds_held())
-
-    def start_watch(self, loop: asyncio.AbstractEventLoop) -> threading.Thread:
-        return self.inputs.start_watch(loop)
 
     def loops(self) -> list[Coroutine[Any, Any, None]]:
         """Everything the agent runs besides its watch: the Lease renewal, the periodic resync, the
@@ -199,7 +186,7 @@ class Agent:
     def host(self, manager: Manager) -> None:
         """Hands the agent to its process: its watch (started now), its engines, its shutdown (the
         wait for this node's live incarnations, then the sweep) and what it closes."""
-        self.start_watch(asyncio.get_running_loop())
+        self.inputs.start_watch(asyncio.get_running_loop())
         manager.add(*self.loops())
         manager.on_shutdown(
             lambda: self.drain.shutdown(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import functools
 import logging
 import random
 import time
@@ -24,7 +25,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from coroner.client.rest import Rest
-from coroner.core import admission_digest, model
+from coroner.core import admission_digest
 from coroner.core.decision import Policy
 from coroner.core.model import Key
 from coroner.core.world import World
@@ -32,7 +33,7 @@ from coroner.runtime.controller import Controller, Result, utcnow
 from coroner.runtime.manager import Manager
 from coroner_operator.events import EventPoster
 from coroner_operator.executor import Executor
-from coroner_operator.inputs import WatchInputs
+from coroner_operator.inputs import WatchInputs, report_active_deletion
 from coroner_operator.kubeapi import KubeApi
 from coroner_operator.leadership import Leadership
 from coroner_operator.metrics import DecisionGauge, Metrics
@@ -142,7 +143,7 @@ class Operator:
             executor=self.executor,
             gauge=self.gauge,
             clock=clock,
-            on_deleted=self.observe_deletion,
+            on_deleted=functools.partial(report_active_deletion, metrics),
         )
 
     @property
@@ -151,21 +152,6 @@ class Operator:
 
     async def _reconcile(self, key: Key) -> Result:
         return await self.reconciler.reconcile(key)
-
-    def observe_deletion(self, registration: model.Registration) -> None:
-        """A registration deleted while active is counted and logged: its retention deletes only
-        terminal ones, and admission lets only a cluster admin, the namespace controller or the
-        garbage collector delete an active one; the record of a possibly live worker is gone."""
-        if registration.terminal:
-            return
-        logger.warning(
-            "active registration deleted namespace=%s name=%s registered-by=%s: not by Coroner (its retention "
-            "deletes only terminal ones); by a cluster admin, the namespace controller or the garbage collector",
-            registration.namespace,
-            registration.name,
-            registration.registered_by or "(unrecorded)",
-        )
-        self.metrics.active_deletions.inc()  # after the line: whoever sees the count finds it logged
 
     def _failed(self, key: Key, exc: Exception, delay: float) -> None:
         self.metrics.reconcile_errors.inc()

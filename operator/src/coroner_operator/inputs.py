@@ -23,7 +23,7 @@ from coroner.core.model import Key
 from coroner.core.world import World, resource_version_number
 from coroner.runtime.controller import Controller
 from coroner_operator.executor import Executor
-from coroner_operator.metrics import DecisionGauge
+from coroner_operator.metrics import DecisionGauge, Metrics
 
 logger = logging.getLogger("coroner.operator")
 
@@ -150,3 +150,19 @@ class WatchInputs:
         logger.info("agent lease expired node=%s expiredAt=%s", node, model.format_time(when))
         for key in self.world.keys_on_node(node):
             self.controller.enqueue(key)
+
+
+def report_active_deletion(metrics: Metrics, registration: model.Registration) -> None:
+    """A registration deleted while active is counted and logged: its retention deletes only
+    terminal ones, and admission lets only a cluster admin, the namespace controller or the
+    garbage collector delete an active one; the record of a possibly live worker is gone."""
+    if registration.terminal:
+        return
+    logger.warning(
+        "active registration deleted namespace=%s name=%s registered-by=%s: not by Coroner (its retention "
+        "deletes only terminal ones); by a cluster admin, the namespace controller or the garbage collector",
+        registration.namespace,
+        registration.name,
+        registration.registered_by or "(unrecorded)",
+    )
+    metrics.active_deletions.inc()  # after the line: whoever sees the count finds it logged
