@@ -48,11 +48,14 @@ def can_i(cluster: Cluster, verb: str, who: str) -> str:
 
 @pytest.fixture
 def clean_slate(cluster: Cluster) -> Iterator[Cluster]:
-    """No kustomize install (its cluster-scoped objects carry the chart's names), the Prometheus
-    Operator's CRDs present; afterwards the release is gone and the kustomize API is back for the
-    tests that follow in this session."""
+    """No kustomize install (its cluster-scoped objects carry the chart's names), no Node an earlier
+    test made (this control plane has no kubelet, so such a Node stays Ready with no agent, which the
+    release's DaemonSet would be expected on), the Prometheus Operator's CRDs present; afterwards the
+    release is gone and the kustomize API is back for the tests that follow in this session."""
     production = kube.kubectl(cluster, "kustomize", str(kube.MANIFESTS / "overlays" / "production")).stdout
     kube.kubectl(cluster, "delete", "--ignore-not-found", "--wait=true", "-f", "-", stdin=production)
+    if not cluster.nodes:
+        kube.kubectl(cluster, "delete", "nodes", "--all", "--wait=true")
     for crd in tools.prometheus_operator_crds().values():
         kube.kubectl(cluster, "apply", "--server-side", "-f", str(crd))
     try:
@@ -372,7 +375,16 @@ def test_helm_test_passes_while_doctor_is_green_and_fails_when_it_is_red(
         kube.wait_for(lambda: _swept(admin), timeout=120, what="the operator's first sweep recorded on its Lease")
         # Green to begin with, as the cluster's admin sees it (registrations an earlier test left in a
         # namespace being deleted would be doctor's business too).
-        kube.wait_for(lambda: _doctor(cluster).returncode == 0, timeout=120, interval=2, what="doctor green")
+        failing: list[str] = []
+
+        def green() -> bool:
+            failing[:] = _failing(_doctor(cluster))
+            return not failing
+
+        try:
+            kube.wait_for(green, timeout=120, interval=2, what="doctor green")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; doctor's FAILs: {failing}") from None
         green = helm_cmd(cluster, "test", RELEASE, "--namespace", NAMESPACE, check=False)
         assert green.returncode == 0, f"{green.stdout}{green.stderr}\n{runs[-1].stdout if runs else ''}"
         assert f"TEST SUITE:     {TEST_POD}" in green.stdout and "Phase:          Succeeded" in green.stdout
@@ -408,6 +420,13 @@ def _doctor(cluster: Cluster) -> subprocess.CompletedProcess[str]:
          f"--kubeconfig={cluster.kubeconfig}"],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
+
+
+def _failing(doctor: subprocess.CompletedProcess[str]) -> list[str]:
+    """The checks doctor FAILs, each with its summary ([] when it exits 0), for a wait's message."""
+    if doctor.returncode == 0:
+        return []
+    return [line for line in doctor.stdout.splitlines() if "FAIL" in line] or [doctor.stdout + doctor.stderr]
 
 
 def _swept(admin: k8s.ApiClient) -> bool:

@@ -125,6 +125,7 @@ def node(cluster: Cluster, tmp_path: pathlib.Path) -> Iterator[Node]:
     made = Node(cluster, tmp_path, f"confined-{uuid.uuid4().hex[:6]}", REAL_BOOT)
     yield made
     made.stop_agent()
+    kube.kubectl(cluster, "delete", "node", made.name, "--ignore-not-found")
 
 
 def test_the_real_agent_still_attests_under_the_profile(

@@ -57,8 +57,13 @@ def robot(granted: Cluster, admin: k8s.ApiClient, namespace: str) -> Iterator[k8
 
 
 def test_a_robots_out_of_service_taint_decides_as_a_persons_and_doctor_names_the_robot(
-    granted: Cluster, admin: k8s.ApiClient, namespace: str, robot: k8s.ApiClient
+    granted: Cluster, admin: k8s.ApiClient, namespace: str, robot: k8s.ApiClient, operator_lease: str
 ) -> None:
+    # The operator's policy as components/node-loss sets it (whatever an operator an earlier test ran published).
+    taken = policy_json.dump_policy(Policy(node_out_of_service_evidence=True))
+    k8s.CoordinationV1Api(admin).patch_namespaced_lease(
+        operator_lease, SYSTEM, {"metadata": {"annotations": {api.POLICY_ANNOTATION: taken}}}
+    )
     node = f"node-taint-{uuid.uuid4().hex[:6]}"
     ensure_node(granted, name=node)
     kube.create_registration(admin, namespace, kube.registration_body(name="stranded", node=node))
