@@ -32,15 +32,11 @@ running container of an injected Pod that has no registration.
 from __future__ import annotations
 
 import dataclasses
-import enum
-import fcntl
 import logging
 import os
 import pathlib
 import re
 import select
-import signal
-import struct
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -51,46 +47,17 @@ import urllib3
 from coroner import launcher, pidfs
 from coroner.client.rest import ApiError, Rest
 from coroner.core import procfs
+from coroner.core.exits import REAP_WAIT_SECONDS, Ending, ending
 from coroner.core.inject import registration_name
+from coroner.pidfs import exit_status
 
 logger = logging.getLogger("coroner.registrar")
 
-#: `PIDFD_GET_INFO` = _IOWR(PIDFS_IOCTL_MAGIC 0xFF, 11, struct pidfd_info), its first 64 bytes
-#: (PIDFD_INFO_SIZE_VER0); `exit_code` (a wait status) is the `__s32` at offset 60 since Linux 6.15.
-_PIDFD_INFO_SIZE: Final = 64
-PIDFD_GET_INFO: Final = (3 << 30) | (_PIDFD_INFO_SIZE << 16) | (0xFF << 8) | 11
-PIDFD_INFO_EXIT: Final = 1 << 3
-_EXIT_CODE_OFFSET: Final = 60
-#: How long to wait after a pidfd fires for the runtime to reap the process (the kernel gives the
-#: exit status only then; a shim reaps within milliseconds).
-REAP_WAIT_SECONDS: Final = 2.0
 #: A container whose registration failed is tried again after 1 s, then after twice as long each
 #: time, up to a minute: a refusal that lasts (a name taken, the RBAC binding missing) is said once a
 #: minute, and one that ends (the binding made) is registered within a minute of it.
 RETRY_FIRST_SECONDS: Final = 1.0
 RETRY_MAX_SECONDS: Final = 60.0
-
-
-class Ending(enum.StrEnum):
-    """How a registered process ended, as far as the registrar can tell."""
-
-    CLEAN = "CleanExit"
-    """Exit status 0, or killed by SIGTERM (a stop that was honoured): it says goodbye."""
-    UNCLEAN = "UncleanExit"
-    """Anything else: the agent attests the death, and it is retired."""
-    UNKNOWN = "ExitStatusUnavailable"
-    """The kernel did not say (before Linux 6.15, or not reaped in time): never read as clean."""
-
-
-def ending(wait_status: int | None) -> Ending:
-    """What a wait status (as `waitpid` gives it; None: not known) says of the exit."""
-    if wait_status is None:
-        return Ending.UNKNOWN
-    if os.WIFEXITED(wait_status):
-        return Ending.CLEAN if os.WEXITSTATUS(wait_status) == 0 else Ending.UNCLEAN
-    if os.WIFSIGNALED(wait_status) and os.WTERMSIG(wait_status) == signal.SIGTERM:
-        return Ending.CLEAN
-    return Ending.UNCLEAN
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -143,22 +110,6 @@ def mains(seen: Iterable[Seen], *, own_pid: int) -> dict[str, Seen]:
         if first is None or (process.start_time, process.pid) < (first.start_time, first.pid):
             found[process.container] = process
     return found
-
-
-def exit_status(pidfd: int) -> int | None:
-    """The wait status of the process behind `pidfd` once it was reaped; None while it was not, or
-    where the kernel does not say."""
-    info = bytearray(_PIDFD_INFO_SIZE)
-    struct.pack_into("=Q", info, 0, PIDFD_INFO_EXIT)
-    try:
-        fcntl.ioctl(pidfd, PIDFD_GET_INFO, info)
-    except OSError:
-        return None  # ENOTTY/EINVAL: a kernel without PIDFD_GET_INFO
-    (mask,) = struct.unpack_from("=Q", info, 0)
-    if not mask & PIDFD_INFO_EXIT:
-        return None
-    (status,) = struct.unpack_from("=i", info, _EXIT_CODE_OFFSET)
-    return int(status)
 
 
 def scan(proc_root: str = "/proc") -> list[Seen]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pathlib
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
+from coroner import launcher as worker_launcher
 from coroner_dev import fleet
 from coroner_dev.devcluster.cluster import Cluster
 from support import components, kube
@@ -116,27 +118,59 @@ def test_two_simulated_nodes_never_attest_each_others_registrations(
 def test_a_clean_exit_under_coroner_run_ends_terminal_released_or_retired_on_its_exit(
     nodes: dict[str, Node], launch: object, admin: k8s.ApiClient, namespace: str
 ) -> None:
-    """`coroner run` says goodbye once its child exited, racing that exit's Dead attestation and the
-    retirement (docs/cli.md): the goodbye nearly always lands first, Released with no retirement;
-    when the retirement won (CI's loaded parallel lane saw it), the registration is Retired on the
-    exit itself, PidfdExited. Either ending is terminal and true, and the launcher exits with the
-    child's 0. The Python API says goodbye while alive: tests/integration/test_launcher.py."""
+    """`coroner run` says goodbye once its child exited, and the agent holds that exit's Dead for the
+    goodbye (docs/api.md): Released, never retired, and the launcher exits with the child's 0. The
+    Python API says goodbye while alive: tests/integration/test_launcher.py."""
     nodes["a"].start_agent()
     worker = launch("batch", nodes["a"], "sleep", "2")  # type: ignore[operator]
     assert worker.launcher.wait(timeout=30) == 0
-    body = kube.wait_for(
-        lambda: (
-            (b := kube.get_registration(admin, namespace, "batch"))
-            and (components.condition(b, "Released") or "retirement" in b.get("status", {}))
-            and b
-        ),
-        what="Released or Retired",
-    )
-    if components.condition(body, "Released"):
-        assert "retirement" not in body.get("status", {})
-    else:
-        assert body["status"]["retirement"]["reason"] == "PidfdExited"
+    body = kube.wait_for(lambda: _terminal(admin, namespace, "batch"), what="Released or Retired")
+    assert components.condition(body, "Released") and "retirement" not in body.get("status", {}), body
     kube.wait_for(lambda: components.reason(admin, namespace, "batch") == "AlreadyTerminal", what="AlreadyTerminal")
+
+
+def _terminal(admin: k8s.ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
+    body = kube.get_registration(admin, namespace, name)
+    return body if components.condition(body, "Released") or "retirement" in body.get("status", {}) else None
+
+
+@pytest.mark.parametrize("status", [0, "SIGTERM"])
+def test_a_clean_exit_whose_goodbye_comes_seconds_late_is_released_and_not_retired(
+    nodes: dict[str, Node], worker_config: pathlib.Path, admin: k8s.ApiClient, namespace: str, status: object
+) -> None:
+    """The registrant says goodbye for a clean exit (exit 0, or SIGTERM honoured) after the agent has
+    seen it: a reaper or an API server seconds slower than the agent. The agent reads the exit status
+    from its pidfd and holds the Dead for the goodbye, which lands first. (Without the hold, the Dead
+    was written at once and the operator retired a worker that had ended cleanly.)"""
+    node = nodes["a"]
+    node.start_agent()
+    name = f"late-goodbye-{status}".lower()
+    worker = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    client = worker_launcher.client_for(str(worker_config))
+    try:
+        incarnation = worker_launcher.probe_incarnation(worker.pid, node_name=node.name)
+        held = worker_launcher.register(
+            client=client, namespace=namespace, node_name=node.name, incarnation=incarnation, name=name
+        )
+        kube.wait_for(lambda: attestation(admin, namespace, name).get("verdict") == "Alive", what=f"{name} Alive")
+        if status == 0:
+            assert worker.stdin is not None
+            worker.stdin.close()  # its input ends: it exits 0
+        else:
+            worker.send_signal(signal.SIGTERM)
+        worker.wait()
+        time.sleep(3)  # the agent has seen the exit long since
+        assert _terminal(admin, namespace, name) is None, "retired while its registrant was still to say goodbye"
+        worker_launcher.say_goodbye(held, message="the worker exited cleanly")
+        body = kube.wait_for(lambda: _terminal(admin, namespace, name), what="terminal")
+        assert components.condition(body, "Released") and "retirement" not in body.get("status", {}), body
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+        if worker.stdin is not None:
+            worker.stdin.close()
+        client.close()
 
 
 @pytest.mark.filterwarnings("ignore:record_property is incompatible:pytest.PytestWarning")

@@ -24,7 +24,8 @@ from kubernetes import client as k8s
 
 from coroner import launcher, pidfs
 from coroner.core import api, procfs
-from coroner.registrar import Ending, Registrar, registration_name
+from coroner.core.exits import Ending
+from coroner.registrar import Registrar, registration_name
 from coroner_dev import fleet
 from coroner_dev.devcluster import cgroups
 from coroner_dev.devcluster.cluster import Cluster

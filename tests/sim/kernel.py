@@ -19,7 +19,7 @@ import random
 from collections.abc import Iterable
 from typing import Any
 
-from sim.prod import api
+from sim.prod import api, exits
 
 ROOT_NS = api.ROOT_PID_NAMESPACE_INODE
 #: The inode numbers child pid namespaces get, lowest free first: inode numbers are recycled, even
@@ -338,6 +338,13 @@ class SimProcReader:
         if proc is None:
             raise OSError(errno.EBADF, "Bad file descriptor")
         return proc.exited
+
+    def pidfd_exit(self, fd: int) -> exits.Exit:
+        if fd not in self._fds:
+            raise OSError(errno.EBADF, "Bad file descriptor")
+        # Exit statuses are not modelled: the kernel says nothing, as before Linux 6.15, so no
+        # Dead is held for a goodbye here.
+        return exits.Exit(exits.Ending.UNKNOWN)
 
     def close_pidfd(self, fd: int) -> None:
         self._fds.pop(fd, None)

@@ -17,7 +17,7 @@ from coroner.cli import plan as cli_plan
 from coroner.client.rest import ApiError
 
 # The pure core: vocabulary, model, decision, conditions, /proc parsers, the operator's cache.
-from coroner.core import api, conditions, decision, fingerprint, model, procfs, wire
+from coroner.core import api, conditions, decision, exits, fingerprint, model, procfs, wire
 from coroner.core.decision import AgentFacts, Decision, Facts, Policy, decide, lease_expiry
 from coroner.core.decision import facts as decision_facts
 from coroner.core.reasons import ConditionType, Evidence, Reason, Verdict
@@ -59,6 +59,7 @@ __all__ = [
     "decide",
     "decision",
     "decision_facts",
+    "exits",
     "fingerprint",
     "lease_expiry",
     "lease_facts",

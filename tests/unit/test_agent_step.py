@@ -16,7 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coroner.core import model
+from coroner.core import exits, model
+from coroner.core.exits import Ending, Exit
 from coroner.core.reasons import Evidence, Verdict
 from coroner_agent import step
 from coroner_agent.effects import AgentEffects, FirstLook
@@ -305,3 +306,99 @@ def test_a_requeue_is_asked_only_for_an_unconfirmed_absence_and_never_in_the_pas
         assert effects.requeue_at > NOW
         assert effects.first_look is not None
         assert effects.requeue_at == effects.first_look.at + datetime.timedelta(seconds=WINDOW)
+
+
+# --- a clean exit waits for its goodbye ---------------------------------------------------------------
+
+GRACE = step.RELEASE_GRACE_SECONDS
+POLL = datetime.timedelta(seconds=step.REAP_POLL_SECONDS)
+
+
+def exited(how: Exit | None) -> ProbeResult:
+    return ProbeResult(verdict=Verdict.DEAD, evidence=Evidence.PIDFD_EXITED, detail="probed", exit=how)
+
+
+def attest_exit(how: Exit | None, *, first_look: FirstLook | None, now: datetime.datetime) -> AgentEffects:
+    body = body_of()
+    return step.attest(
+        key=KEY,
+        body=body,
+        registration=model.parse_registration(body),
+        probe=exited(how),
+        attester=ATTESTER,
+        boot_id=BOOT,
+        host_id=HOST,
+        first_look=first_look,
+        now=now,
+    )
+
+
+CLEAN = Exit(Ending.CLEAN, 0)
+TERMINATED = Exit(Ending.CLEAN, 15)
+KILLED = Exit(Ending.UNCLEAN, 9)
+FAILED = Exit(Ending.UNCLEAN, 1 << 8)
+UNREAPED = Exit(Ending.UNREAPED)
+UNSAID = Exit(Ending.UNKNOWN)
+CLEAN_LOOK = FirstLook(look="clean-exit", at=NOW - 2 * SECOND)
+REAP_LOOK = FirstLook(look="unreaped", at=NOW - SECOND)
+
+
+@pytest.mark.parametrize(
+    ("how", "first_look", "now", "requeue_at", "remembered"),
+    [
+        pytest.param(KILLED, None, NOW, None, None, id="killed: Dead at once"),
+        pytest.param(FAILED, None, NOW, None, None, id="exit status 1: Dead at once"),
+        pytest.param(UNSAID, None, NOW, None, None, id="the kernel cannot say: Dead at once, never held"),
+        pytest.param(None, None, NOW, None, None, id="not read: Dead at once"),
+        pytest.param(CLEAN, None, NOW, NOW + GRACE * SECOND, FirstLook(look="clean-exit", at=NOW), id="exit 0: held"),
+        pytest.param(
+            TERMINATED, None, NOW, NOW + GRACE * SECOND, FirstLook(look="clean-exit", at=NOW), id="SIGTERM: held"
+        ),
+        pytest.param(CLEAN, CLEAN_LOOK, NOW, CLEAN_LOOK.at + GRACE * SECOND, CLEAN_LOOK, id="held from the first look"),
+        pytest.param(CLEAN, CLEAN_LOOK, CLEAN_LOOK.at + GRACE * SECOND, None, None, id="grace over: Dead"),
+        pytest.param(
+            UNREAPED, None, NOW, NOW + POLL, FirstLook(look="unreaped", at=NOW), id="unreaped: read again soon"
+        ),
+        pytest.param(UNREAPED, REAP_LOOK, NOW, NOW + POLL, REAP_LOOK, id="unreaped: the reap window runs on"),
+        pytest.param(
+            UNREAPED, REAP_LOOK, REAP_LOOK.at + 2 * SECOND, None, None, id="never reaped: Dead at the window's end"
+        ),
+        pytest.param(
+            CLEAN, REAP_LOOK, NOW, NOW + GRACE * SECOND, FirstLook(look="clean-exit", at=NOW), id="reaped clean: grace"
+        ),
+        pytest.param(KILLED, CLEAN_LOOK, NOW, None, None, id="unclean after any look: Dead at once"),
+    ],
+)
+def test_a_clean_exit_is_held_for_its_goodbye_and_nothing_else_is(
+    how: Exit | None,
+    first_look: FirstLook | None,
+    now: datetime.datetime,
+    requeue_at: datetime.datetime | None,
+    remembered: FirstLook | None,
+) -> None:
+    effects = attest_exit(how, first_look=first_look, now=now)
+    if requeue_at is None:
+        assert written(effects) == ("Dead", "PidfdExited")
+    else:
+        assert effects.write is None and effects.requeue_at == requeue_at and effects.first_look == remembered
+
+
+@given(
+    how=st.sampled_from([CLEAN, TERMINATED, KILLED, FAILED, UNREAPED, UNSAID, None]),
+    looks=st.lists(st.floats(min_value=0.0, max_value=3.0, allow_nan=False), min_size=1, max_size=40),
+)
+def test_an_exit_is_written_dead_within_the_reap_window_and_the_grace(how: Exit | None, looks: list[float]) -> None:
+    """However often it is looked at, an exit is never held past the reap window plus the grace: the
+    hold delays a Dead, it never replaces it."""
+    bound = datetime.timedelta(seconds=exits.REAP_WAIT_SECONDS + GRACE)
+    now, first_look = NOW, None
+    for gap in [*looks, bound.total_seconds()]:
+        effects = attest_exit(how, first_look=first_look, now=now)
+        if effects.write is not None:
+            assert written(effects) == ("Dead", "PidfdExited")
+            return
+        assert effects.requeue_at is not None and now < effects.requeue_at <= NOW + bound
+        first_look = effects.first_look
+        now += datetime.timedelta(seconds=gap)
+    effects = attest_exit(how, first_look=first_look, now=NOW + bound)
+    assert written(effects) == ("Dead", "PidfdExited")

@@ -23,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coroner.core import api
+from coroner.core.exits import Ending, Exit
 from coroner.core.procfs import IncarnationKey
 from coroner.core.reasons import Evidence, Verdict
 from coroner_agent.pidfds import PidfdTable, PidfdWatcher
@@ -43,6 +44,10 @@ OTHER_CLOCK = 4026532400
 NODE = "node-a"
 
 
+#: What a kernel before 6.15 says of any exit.
+UNREAD = Exit(Ending.UNKNOWN)
+
+
 @dataclasses.dataclass(eq=False)
 class FakeProcess:
     """One task as a root-namespace /proc shows it."""
@@ -56,6 +61,8 @@ class FakeProcess:
     tgid: int = 0
     exited: bool = False
     """The whole thread group exited (a pidfd for it is readable); it stays until reaped."""
+    exit: Exit = UNREAD
+    """How it ended, as the kernel says once it is reaped."""
     generation: int = 0
     time_namespace: int = HOST_CLOCK
     """Whose CLOCK_BOOTTIME the process reads: a launcher in another one records its child's start
@@ -188,6 +195,10 @@ class FakeProc:
     def pidfd_exited(self, fd: int) -> bool:
         self.calls["poll"] = self.calls.get("poll", 0) + 1
         return self.fds[fd].exited
+
+    def pidfd_exit(self, fd: int) -> Exit:
+        task = self.fds[fd]
+        return task.exit if self.processes.get(task.host_pid) is not task else Exit(Ending.UNREAPED)
 
     def close_pidfd(self, fd: int) -> None:
         assert fd in self.fds and fd not in self.closed, f"fd {fd} closed twice or never opened"

@@ -4,14 +4,11 @@ server: tests/integration/test_registrar.py."""
 
 from __future__ import annotations
 
-import os
-import signal
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coroner.registrar import Ending, Seen, container_of, ending, mains, registration_name
+from coroner.registrar import Seen, container_of, mains, registration_name
 
 pytestmark = pytest.mark.unit
 
@@ -63,29 +60,6 @@ def test_the_main_process_of_each_container(processes: list[Seen], expected: dic
     own = seen(5, container=OWN)
     found = mains([own, *processes], own_pid=5)
     assert {container: process.pid for container, process in found.items()} == expected
-
-
-@pytest.mark.parametrize(
-    ("status", "expected"),
-    [
-        pytest.param(0, Ending.CLEAN, id="exit-0"),
-        pytest.param(3 << 8, Ending.UNCLEAN, id="exit-3"),
-        pytest.param(signal.SIGTERM, Ending.CLEAN, id="sigterm-honoured"),
-        pytest.param(signal.SIGKILL, Ending.UNCLEAN, id="sigkill-or-oom"),
-        pytest.param(signal.SIGSEGV | 0x80, Ending.UNCLEAN, id="segfault-core"),
-        pytest.param(None, Ending.UNKNOWN, id="unknown"),
-    ],
-)
-def test_what_an_exit_status_says(status: int | None, expected: Ending) -> None:
-    assert ending(status) is expected
-
-
-@given(code=st.integers(0, 255), sig=st.integers(1, 64))
-def test_only_exit_0_and_sigterm_are_clean(code: int, sig: int) -> None:
-    assert (ending(code << 8) is Ending.CLEAN) == (code == 0)
-    if sig not in (signal.SIGSTOP, 0x7F):  # not a stopped status
-        assert (ending(sig) is Ending.CLEAN) == (sig == signal.SIGTERM)
-    assert os.WIFEXITED(code << 8)
 
 
 @st.composite

@@ -23,6 +23,7 @@ number, a new start time and a new /proc inode (71328 -> 71337), and a live proc
 from __future__ import annotations
 
 from coroner.core import api
+from coroner.core.exits import Ending, Exit
 from coroner.core.procfs import IncarnationKey, ProcessView
 from coroner.core.reasons import Evidence, Verdict
 from coroner_agent import verdict
@@ -74,7 +75,16 @@ def _from_held_pidfd(*, key: IncarnationKey, held: PinnedPidfd, reader: ProcRead
         return verdict.unknown(
             Evidence.PIDFD_UNAVAILABLE, f"polling the pidfd of host pid {held.host_pid} failed: {exc}"
         )
-    return verdict.exited(host_pid=held.host_pid) if exited else verdict.runs(host_pid=held.host_pid)
+    if exited:
+        return verdict.exited(host_pid=held.host_pid, how=_how_it_ended(reader, held.fd))
+    return verdict.runs(host_pid=held.host_pid)
+
+
+def _how_it_ended(reader: ProcReader, fd: int) -> Exit:
+    try:
+        return reader.pidfd_exit(fd)
+    except OSError:
+        return Exit(Ending.UNKNOWN)  # unread is never clean
 
 
 def _resolve(
@@ -318,9 +328,10 @@ def _keep(
 ) -> ProbeResult:
     """The verdict of a verified pidfd, which the table keeps (or closes, if it has one already)."""
     if exited:
+        how = _how_it_ended(reader, fd)
         if not pidfds.adopt(key, fd=fd, host_pid=host_pid, exited=True):
             reader.close_pidfd(fd)
-        return verdict.exited(host_pid=host_pid, state=view.state)
+        return verdict.exited(host_pid=host_pid, state=view.state, how=how)
     kept = pidfds.adopt(key, fd=fd, host_pid=host_pid)
     if not kept:
         reader.close_pidfd(fd)  # a concurrent probe may have pinned it first: one fd per incarnation is enough

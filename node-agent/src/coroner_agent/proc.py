@@ -19,6 +19,7 @@ from typing import Final, Protocol
 
 from coroner import pidfs
 from coroner.core import api, procfs
+from coroner.core.exits import Exit
 from coroner.core.procfs import ParseError, ProcessView
 from coroner.core.reasons import Evidence
 from coroner_agent import verdict
@@ -65,6 +66,10 @@ class ProcReader(Protocol):
 
     def pidfd_exited(self, fd: int) -> bool:
         """Readable: the whole thread group exited (a lone exited leader does not count)."""
+        ...
+
+    def pidfd_exit(self, fd: int) -> Exit:
+        """How the process of a readable pidfd ended (`coroner.pidfs.exit_of`)."""
         ...
 
     def close_pidfd(self, fd: int) -> None: ...
@@ -138,6 +143,9 @@ class HostProcReader:
         poller = select.poll()
         poller.register(fd, select.POLLIN)
         return any(events & select.POLLIN for _, events in poller.poll(0))
+
+    def pidfd_exit(self, fd: int) -> Exit:
+        return pidfs.exit_of(fd)
 
     def close_pidfd(self, fd: int) -> None:
         os.close(fd)

@@ -15,7 +15,13 @@ For one registration:
   and the step asks to come back when the window ends (`requeue_at`); the written attestation
   carries both looks. A Reused sighting is written as it is seen and counts as the first look at
   the absence (the number was held by another process, so the incarnation was already gone).
-  Anything else seen in between starts over. A readable pidfd is the kernel's word: no wait.
+  Anything else seen in between starts over. A readable pidfd is the kernel's word: no wait for
+  confirmation — but a clean exit (exit status 0, or SIGTERM honoured) is its registrant's to end
+  as `Released` (`coroner run` and the registrar say goodbye for it), so its Dead is held for
+  `release_grace_seconds` after it was first seen, and a process not reaped yet (whose status the
+  kernel gives only once it is) for up to `REAP_WAIT_SECONDS`, looked at every `REAP_POLL_SECONDS`.
+  A goodbye that comes in time ends it Released; one that does not leaves it to the Dead written
+  then. An exit status the kernel cannot give is never waited for: unknown is never clean.
 * the write happens only when the attestation says something the stored one does not
   (`needs_write`): an unchanged verdict is never written again, however old.
 """
@@ -28,6 +34,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from coroner.core import model, wire
+from coroner.core.exits import REAP_WAIT_SECONDS, Ending
 from coroner.core.reasons import Evidence, Verdict
 from coroner_agent.effects import AgentEffects, FirstLook, Key, WriteAttestation
 from coroner_agent.verdict import ProbeResult
@@ -45,14 +52,25 @@ _ABSENCE = {
 }
 
 
+#: How long the Dead of a clean exit waits for its registrant's goodbye (a PATCH sent within
+#: milliseconds of the exit; seconds on a loaded API server).
+RELEASE_GRACE_SECONDS = 5.0
+#: How often a pidfd whose process is not reaped yet is read again for its exit status.
+REAP_POLL_SECONDS = 0.1
+#: What a look at an exited incarnation waits for, by how it ended.
+_CLEAN_EXIT = "clean-exit"
+_UNREAPED = "unreaped"
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Attester:
-    """Who attests, as every attestation records it, and the confirmation window it keeps."""
+    """Who attests, as every attestation records it, and the windows it keeps."""
 
     node_name: str
     pod_name: str
     identity: str
     absence_confirm_seconds: float
+    release_grace_seconds: float = RELEASE_GRACE_SECONDS
 
 
 def probe_needed(*, registration: model.Registration, node_name: str) -> bool:
@@ -98,6 +116,10 @@ def attest(
     attestation = wire.attestation_body(**built)
     # What the attestation says (an agent without its boot id says Unknown whatever the probe did).
     evidence = attestation["evidence"]
+    if evidence == Evidence.PIDFD_EXITED.value and probe is not None and probe.exit is not None:
+        held = _held_for_goodbye(probe.exit.ending, first_look=first_look, attester=attester, now=now)
+        if held is not None:
+            return AgentEffects(key=key, first_look=held[0], requeue_at=held[1])
     dead_or_reused = attestation["verdict"] in (Verdict.DEAD.value, Verdict.REUSED.value)
     look = _ABSENCE.get(evidence) if dead_or_reused else None
     if look is None:
@@ -110,6 +132,26 @@ def attest(
         return AgentEffects(key=key, first_look=seen, requeue_at=due)
     confirmed = wire.attestation_body(**built, first_observed=seen.at)
     return _written(key, body, registration, confirmed, first_look=seen)
+
+
+def _held_for_goodbye(
+    ending: Ending, *, first_look: FirstLook | None, attester: Attester, now: datetime.datetime
+) -> tuple[FirstLook, datetime.datetime] | None:
+    """(the look to remember, when to look again) while the Dead of an exit waits for its goodbye;
+    None once it need not (an unclean or unknown exit, or the window over)."""
+    if ending is Ending.CLEAN:
+        look, window = _CLEAN_EXIT, attester.release_grace_seconds
+    elif ending is Ending.UNREAPED:
+        look, window = _UNREAPED, REAP_WAIT_SECONDS
+    else:
+        return None
+    seen = first_look if first_look is not None and first_look.look == look else FirstLook(look=look, at=now)
+    due = seen.at + datetime.timedelta(seconds=window)
+    if due <= now:
+        return None
+    if look == _UNREAPED:
+        due = min(due, now + datetime.timedelta(seconds=REAP_POLL_SECONDS))
+    return seen, due
 
 
 def _written(

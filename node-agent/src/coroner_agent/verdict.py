@@ -50,6 +50,7 @@ import dataclasses
 from typing import Protocol
 
 from coroner.core import api, procfs
+from coroner.core.exits import Exit
 from coroner.core.procfs import IncarnationKey, ParseError, ProcessView
 from coroner.core.reasons import Evidence, Verdict
 
@@ -83,6 +84,9 @@ class ProbeResult:
     reuser_exited: bool = False
     """Reused, and the pidfd of that holder is readable: it exited but is not reaped yet, so the
     number is still held (by a zombie). No event will come for it: the caller looks again soon."""
+    exit: Exit | None = None
+    """PidfdExited: how the process ended, as far as the kernel says (a clean exit is given the
+    time its registrant needs to say goodbye, `coroner_agent.step`)."""
 
 
 def unknown(evidence: Evidence, detail: str, host_pid: int | None = None) -> ProbeResult:
@@ -268,14 +272,17 @@ def inode_contradiction(*, key: IncarnationKey, view: ProcessView) -> ProbeResul
     )
 
 
-def exited(*, host_pid: int, state: str | None = None) -> ProbeResult:
-    """Dead: the incarnation's pidfd is readable, so its whole thread group exited."""
+def exited(*, host_pid: int, state: str | None = None, how: Exit | None = None) -> ProbeResult:
+    """Dead: the incarnation's pidfd is readable, so its whole thread group exited (`how`: its exit
+    status, as far as the kernel says)."""
     shown = f"host pid {host_pid}" if state is None else f"host pid {host_pid} (state {state})"
+    said = "" if how is None else f"; {how.describe()}"
     return ProbeResult(
         verdict=Verdict.DEAD,
         evidence=Evidence.PIDFD_EXITED,
-        detail=f"the pidfd of {shown} is readable: its whole thread group exited",
+        detail=f"the pidfd of {shown} is readable: its whole thread group exited{said}",
         host_pid=host_pid,
+        exit=how,
     )
 
 
