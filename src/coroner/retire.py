@@ -1,7 +1,9 @@
 """The one retire protocol: how a registration decided retirable is retired, by the operator or a person.
 
-Used by the operator (its executor's retire effect) and by ``kubectl coroner apply``, over a small
-port (`RetirePort`) each of them implements with its own client. Step by step:
+Pure functions and the one write, shared by the operator (its reconciler gathers the reads, its
+step decides, its executor sends the write) and by ``kubectl coroner apply`` (`coroner.cli.commands.
+apply.retire`, over the person's session). Each caller reads through a small port (`RetirePort`)
+implemented with its own client. Step by step:
 
 1. **Capability** — ``port.can_retire(namespace, name)``: the ``retire`` verb. ``kubectl coroner
    apply`` asks the API server (a SelfSubjectAccessReview sent after the decision); the operator
@@ -15,13 +17,14 @@ port (`RetirePort`) each of them implements with its own client. Step by step:
    the decision saw, `LEASE_FENCE_MOVED`: nothing is written, the caller decides again from fresh
    state.
 3. **Decide again** — `decide` once more with the live Leases and the granted capability (the
-   other facts as decided), at the port's clock: a renewal the cache had not seen yet must not be
-   missed. Not retirable any more: `ABANDONED`.
-4. **Compare-and-swap** — ``port.patch_status`` with the one retirement patch
-   (`coroner.core.wire.retirement_ops`): a JSON patch that first ``test``s the resourceVersion
-   decided from (and the attestation relied on, verbatim), then writes the conditions and
-   ``status.retirement`` (who retired — the operator's identity or the person's — when, on which
-   evidence). The API server answers:
+   other facts as decided), at the caller's clock: a renewal the cache had not seen yet must not
+   be missed. Not retirable any more: `ABANDONED`. Steps 1-3 on the reads' answers are the pure
+   `retirement`, which returns the write (`RetireWrite`) or why nothing is written.
+4. **Compare-and-swap** — `write`, the protocol's one request: ``port.patch_status`` with the one
+   retirement patch (`coroner.core.wire.retirement_ops`): a JSON patch that first ``test``s the
+   resourceVersion decided from (and the attestation relied on, verbatim), then writes the
+   conditions and ``status.retirement`` (who retired — the operator's identity or the person's —
+   when, on which evidence). The API server answers (`written`, pure):
    an admission controller's refusal, in the API server's words (a ValidatingAdmissionPolicy's
    "... with binding ... denied request: ...", 403 or 422 by the validation's ``reason``, or a
    webhook's "admission webhook ... denied the request") → `REFUSED_BY_ADMISSION`, naming the policy
@@ -29,8 +32,8 @@ port (`RetirePort`) each of them implements with its own client. Step by step:
    ``retire`` verb went since step 1 → `PERMISSION_MISSING`, as is any other 403 (RBAC); 409 or 422
    (a ``test`` failed: it moved) or 404 (it is gone) → `CONFLICT`; no answer → `UNREACHABLE` (it
    may have landed: read it again to know); any other status → `FAILED`.
-5. **Event** — ``port.post_event`` about the object as written (reason ``Retired``). The
-   retirement stands whether or not its Event is posted: a failure is reported in
+5. **Event** — `retired_event`, about the object as written (reason ``Retired``), posted by the
+   caller. The retirement stands whether or not its Event is posted: a failure is reported in
    `RetireResult.event_error`, never as a failed retirement.
 
 Errors of the reads of steps 1-2 other than "not granted" are `FAILED` (nothing written). One
@@ -38,18 +41,17 @@ error mapping: a port raises `PortError` (an HTTP status, or None for no answer)
 the API server said or did not say, and `outcome_of_write` is the only place a status becomes an
 outcome. Any other exception is a bug and propagates.
 
-Pure but for the awaits on the port: no client, no clock, no logging here.
+Pure but for `write`'s await on the port: no client, no clock, no logging here.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import dataclasses
 import datetime
 import enum
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from coroner.core import api, model
@@ -110,7 +112,15 @@ def admission_refusal(error: PortError) -> AdmissionRefusal | None:
     return AdmissionRefusal(kind=kind, name=found["name"], binding=binding, message=(found["said"] or "").strip())
 
 
-class RetirePort(Protocol):
+class RetireWritePort(Protocol):
+    """The one request a retirement writes with: the compare-and-swap (`write`)."""
+
+    async def patch_status(self, *, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
+        """A JSON patch of the registration's /status; returns the object as written."""
+        ...
+
+
+class RetirePort(RetireWritePort, Protocol):
     """The four requests a retirement makes; each implementation maps its client's errors to `PortError`."""
 
     async def can_retire(self, *, namespace: str, name: str) -> bool | None:
@@ -119,10 +129,6 @@ class RetirePort(Protocol):
 
     async def list_leases(self, *, namespace: str) -> Sequence[Mapping[str, Any]]:
         """The Leases of `namespace`, read live (not from a cache)."""
-        ...
-
-    async def patch_status(self, *, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
-        """A JSON patch of the registration's /status; returns the object as written."""
         ...
 
     async def post_event(self, *, involved: Mapping[str, Any], reason: str, evidence: str, message: str) -> None:
@@ -258,38 +264,31 @@ def event_message(*, evidence: str, detail: str, retirer: Retirer) -> str:
     return f"{evidence}: retired by {retirer.name} with {retirer.via}: {detail}"
 
 
-#: The resourceVersion of the view a retirement write was decided on, while that write is sent: for
-#: tracing, and for the simulation's stale-view oracle, which a request cannot tell (its `test` op is
-#: what the write relies on, not necessarily what the decision saw).
-RETIRING_VIEW: contextvars.ContextVar[str | None] = contextvars.ContextVar("coroner_retiring_view", default=None)
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RetireWrite:
+    """Step 4's request: the compare-and-swap patch of a registration decided retirable on the live Leases."""
+
+    intent: RetireIntent
+    decision: Decision
+    """The decision made on the live Leases (step 3): what the patch records."""
+    leases: Mapping[str, LeaseFacts]
+    """The live Lease read of step 2, by name."""
+    ops: list[dict[str, Any]]
+    """`coroner.core.wire.retirement_ops`: its first op ``test``s the resourceVersion decided from."""
 
 
-async def _write(
-    port: RetirePort, *, namespace: str, name: str, ops: list[dict[str, Any]], view: str | None
-) -> dict[str, Any]:
-    token = RETIRING_VIEW.set(view)
-    try:
-        return await port.patch_status(namespace=namespace, name=name, ops=ops)
-    finally:
-        RETIRING_VIEW.reset(token)
-
-
-async def retire(
-    port: RetirePort, intent: RetireIntent, *, retirer: Retirer, clock: Callable[[], datetime.datetime]
-) -> RetireResult:
-    """Runs steps 1-5 (see the module docstring) for one registration decided retirable."""
-    namespace, name = intent.namespace, intent.name
-    subject = f"WorkerRegistration {namespace}/{name}"
-    # Steps 1 and 2, both sent after the decision, at the same time.
-    granted, listed = await asyncio.gather(
-        port.can_retire(namespace=namespace, name=name),
-        port.list_leases(namespace=namespace),
-        return_exceptions=True,
-    )
-    if isinstance(granted, BaseException) and not isinstance(granted, PortError):
-        raise granted
-    if isinstance(listed, BaseException) and not isinstance(listed, PortError):
-        raise listed
+def retirement(
+    intent: RetireIntent,
+    *,
+    granted: bool | PortError | None,
+    listed: Sequence[Mapping[str, Any]] | PortError,
+    retirer: Retirer,
+    now: datetime.datetime,
+) -> RetireWrite | RetireResult:
+    """Steps 1-3 (see the module docstring) on what the reads of steps 1 and 2 answered, both sent
+    after the decision of `intent`: the write to send, or why nothing is written."""
+    namespace = intent.namespace
+    subject = f"WorkerRegistration {namespace}/{intent.name}"
     if isinstance(granted, PortError):  # the review itself failed: unknown, so not granted either
         return RetireResult(
             outcome=RetireOutcome.FAILED,
@@ -316,8 +315,7 @@ async def retire(
             "nothing written.",
             leases=live,
         )
-    # Step 3.
-    now = clock()
+    # Step 3: decided on the live Leases; the decision the patch records.
     again = decide(registration=intent.registration, facts=fenced(intent.facts, live), policy=intent.policy, now=now)
     if not again.retirable or again.death_evidence is None:
         return RetireResult(
@@ -326,41 +324,74 @@ async def retire(
             decision=again,
             leases=live,
         )
-    # Step 4.
     ops = retirement_ops(
-        intent.body, intent.registration, again, retired_by=retirer.name, now=clock(), writer=retirer.writer
+        intent.body, intent.registration, again, retired_by=retirer.name, now=now, writer=retirer.writer
     )
+    return RetireWrite(intent=intent, decision=again, leases=live, ops=ops)
+
+
+#: The resourceVersion of the view a retirement write was decided on, while that write is sent: for
+#: tracing, and for the simulation's stale-view oracle, which a request cannot tell (its `test` op is
+#: what the write relies on, not necessarily what the decision saw).
+RETIRING_VIEW: contextvars.ContextVar[str | None] = contextvars.ContextVar("coroner_retiring_view", default=None)
+
+
+async def write(port: RetireWritePort, request: RetireWrite) -> RetireResult:
+    """Step 4, the one write of the protocol: sends `request`'s compare-and-swap through `port` and
+    says what came of it (`outcome_of_write`, the one mapping of its failures)."""
+    intent = request.intent
+    token = RETIRING_VIEW.set(intent.resource_version)
     try:
-        patched = await _write(port, namespace=namespace, name=name, ops=ops, view=intent.registration.resource_version)
+        patched = await port.patch_status(namespace=intent.namespace, name=intent.name, ops=request.ops)
     except PortError as error:
-        outcome = outcome_of_write(error)
+        return written(request, error)
+    finally:
+        RETIRING_VIEW.reset(token)
+    return written(request, patched)
+
+
+def written(request: RetireWrite, answer: dict[str, Any] | PortError) -> RetireResult:
+    """What the API server's answer to `request` means: RETIRED with the object as written, or the
+    outcome its error maps to."""
+    again, live = request.decision, request.leases
+    if isinstance(answer, PortError):
+        outcome = outcome_of_write(answer)
+        subject = f"WorkerRegistration {request.intent.namespace}/{request.intent.name}"
         return RetireResult(
             outcome=outcome,
-            detail=_write_failed(outcome, error, subject=subject, resource_version=intent.resource_version),
+            detail=_write_failed(outcome, answer, subject=subject, resource_version=request.intent.resource_version),
             decision=again,
             leases=live,
-            error=error,
-            refusal=admission_refusal(error) if outcome is RetireOutcome.REFUSED_BY_ADMISSION else None,
+            error=answer,
+            refusal=admission_refusal(answer) if outcome is RetireOutcome.REFUSED_BY_ADMISSION else None,
         )
-    # Step 5.
-    evidence = again.death_evidence.value
-    event_error: PortError | None = None
-    try:
-        await port.post_event(
-            involved=patched,
-            reason=EventReason.RETIRED.value,
-            evidence=evidence,
-            message=event_message(evidence=evidence, detail=again.detail, retirer=retirer),
-        )
-    except PortError as error:
-        event_error = error
+    evidence = again.death_evidence.value if again.death_evidence is not None else "Unknown"
     return RetireResult(
-        outcome=RetireOutcome.RETIRED,
-        detail=f"{evidence}: {again.detail}",
-        decision=again,
-        leases=live,
-        patched=patched,
-        event_error=event_error,
+        outcome=RetireOutcome.RETIRED, detail=f"{evidence}: {again.detail}", decision=again, leases=live, patched=answer
+    )
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RetiredEvent:
+    """Step 5: the ``Retired`` Event about the object as written."""
+
+    involved: Mapping[str, Any]
+    reason: str
+    evidence: str
+    message: str
+
+
+def retired_event(result: RetireResult, *, retirer: Retirer) -> RetiredEvent | None:
+    """The Event a RETIRED result is announced by (None for any other outcome). The retirement
+    stands whether or not it is posted."""
+    if result.outcome is not RetireOutcome.RETIRED or result.patched is None or result.decision is None:
+        return None
+    evidence = result.evidence or "Unknown"
+    return RetiredEvent(
+        involved=result.patched,
+        reason=EventReason.RETIRED.value,
+        evidence=evidence,
+        message=event_message(evidence=evidence, detail=result.decision.detail, retirer=retirer),
     )
 
 

@@ -1,6 +1,6 @@
 """The retirement's Lease fence against the real API server: one read per batch, never a stale one.
 
-The operator's executor reads a namespace's Leases once for every retirement decided before the
+The operator's reconciler reads a namespace's Leases once for every retirement decided before the
 read was sent, and each retirement holds that read until its own write is answered; a retirement
 decided while the batch before it writes waits for the next read. Here the first retirement's
 write is held at its I/O boundary while a second registration is decided retirable from a cache
@@ -71,23 +71,24 @@ def test_a_retirement_decided_while_the_last_batch_writes_is_fenced_by_a_read_se
     op.world.put_lease(admin.sanitize_for_serialization(agent_lease))
     op.world.put_registration(first)
     outcomes: list[RetireOutcome] = []
-    retire_of = op.executor._retired
+    run_of = op.executor.run
 
-    async def recorded(key: Any, intent: Any, result: Any) -> None:
-        outcomes.append(result.outcome)
-        await retire_of(key, intent, result)
+    async def recorded(effects: Any, **kwargs: Any) -> Any:
+        if effects.record is not None:  # what a retirement's outcome tells the cache
+            outcomes.append(effects.record.result.outcome)
+        return await run_of(effects, **kwargs)
 
-    op.executor._retired = recorded  # type: ignore[method-assign]
+    op.executor.run = recorded  # type: ignore[method-assign]
 
     async def scenario() -> None:
         one = asyncio.ensure_future(op.reconciler.reconcile((namespace, "first")))
         await asyncio.wait_for(door.writing.wait(), timeout=30)  # first's fence read answered, its write held
-        assert op.executor.lease_reads.requests == 1
+        assert op.reconciler.lease_reads.requests == 1
         op.world.put_registration(second)  # decided now, from a cache without its worker's Lease
         two = asyncio.ensure_future(op.reconciler.reconcile((namespace, "second")))
         for _ in range(50):
             await asyncio.sleep(0.01)
-        assert op.executor.lease_reads.requests == 1, "no read while the first batch writes"
+        assert op.reconciler.lease_reads.requests == 1, "no read while the first batch writes"
         # The worker takes its Lease (a renewal the operator's cache has not seen).
         k8s.CoordinationV1Api(admin).create_namespaced_lease(
             namespace,
@@ -104,6 +105,6 @@ def test_a_retirement_decided_while_the_last_batch_writes_is_fenced_by_a_read_se
     finally:
         op.close()
     assert outcomes == [RetireOutcome.RETIRED, RetireOutcome.LEASE_FENCE_MOVED], outcomes
-    assert op.executor.lease_reads.requests == 2, "one read per batch: the second decided after the first was sent"
+    assert op.reconciler.lease_reads.requests == 2, "one read per batch: the second decided after the first was sent"
     assert components.retired(admin, namespace, "first")
     assert not components.retired(admin, namespace, "second"), "retired on a read sent before its worker's Lease"

@@ -42,6 +42,7 @@ from sim.prod import (
     agent_prober,
     agent_service,
     api,
+    cli_apply,
     cli_plan,
     fingerprint,
     model,
@@ -590,5 +591,5 @@ class Human:
             self.trial.loop.start(None, self._retire(port, intent, retirer))
 
     async def _retire(self, port: _RetirePort, intent: Any, retirer: Any) -> None:
-        result = await retire_protocol.retire(port, intent, retirer=retirer, clock=lambda: dt(self.trial.now))
+        result = await cli_apply.retire(port, intent, retirer=retirer, clock=lambda: dt(self.trial.now))
         self.trial.stats[f"human:{result.outcome.value}"] += 1

@@ -10,8 +10,9 @@ from __future__ import annotations
 # API client (`kubeapi.KubeApi`, over the simulation's transport), and the one retire protocol.
 from coroner import retire as retire_protocol
 
-# `kubectl coroner apply`: the human's compare-and-swap retirement.
+# `kubectl coroner apply`: the human's plan and compare-and-swap retirement.
 from coroner.cli import plan as cli_plan
+from coroner.cli.commands import apply as cli_apply
 
 # The production client's error (what a port raises for an API server's refusal).
 from coroner.client.rest import ApiError
@@ -54,6 +55,7 @@ __all__ = [
     "agent_service",
     "agent_verdict",
     "api",
+    "cli_apply",
     "cli_plan",
     "conditions",
     "decide",

@@ -19,7 +19,7 @@ from coroner.core.model import format_time
 from coroner.core.world import World
 from coroner.retire import RetireOutcome
 from coroner_operator.app import Operator
-from coroner_operator.executor import RetireFailed, WriteRefused
+from coroner_operator.effects import RetireFailed, WriteRefused
 from coroner_operator.metrics import Metrics
 from coroner_operator.settings import OperatorSettings
 from unit.builders import NAME, NAMESPACE, make_registration, shipped_admission_policies
@@ -280,7 +280,7 @@ def test_the_reads_a_retirement_acted_on_serve_the_next_batch_once_its_write_is_
 
     async def record(**_: Any) -> None:
         now = time.monotonic()
-        await asyncio.wait_for(op.executor.lease_reads.get(NAMESPACE, decided_at=now), timeout=5)
+        await asyncio.wait_for(op.reconciler.lease_reads.get(NAMESPACE, decided_at=now), timeout=5)
         reads.append("leases")
         async with op.permissions.admission_held(decided_at=now):
             reads.append("admission")

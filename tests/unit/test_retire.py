@@ -13,12 +13,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from coroner.cli.commands.apply import retire
 from coroner.core import wire
 from coroner.core.decision import Facts, Policy, decide
 from coroner.core.model import format_time, parse_registration
 from coroner.core.reasons import Reason
 from coroner.core.wire import Writer
-from coroner.retire import PortError, RetireIntent, RetireOutcome, Retirer, RetireResult, outcome_of_write, retire
+from coroner.retire import PortError, RetireIntent, RetireOutcome, Retirer, RetireResult, outcome_of_write
 from unit.builders import NAME, NAMESPACE, NOW, make_facts, make_lease, make_registration
 
 pytestmark = pytest.mark.unit

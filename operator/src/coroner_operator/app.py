@@ -109,7 +109,6 @@ class Operator:
             enqueue=enqueue,
             identity=identity,
             clock=clock,
-            monotonic=monotonic,
         )
         self.reconciler = Reconciler(
             world=world,

@@ -1,4 +1,5 @@
-"""The reconcile of one registration: gather the facts, call the pure step, run its effects.
+"""The reconcile of one registration: gather the facts, call the pure step, run its effects, and
+call the step again on what came of them until nothing follows.
 
 controller-runtime's `Reconcile(ctx, req) -> (Result, error)`: `Reconciler.reconcile(key)` returns
 a `Result` (when to come back) or raises (the runtime, `coroner.runtime.controller`, retries with
@@ -18,7 +19,13 @@ Three phases, one module each:
    live GET of a Node missing from the cache once its quarantine ended (like the pod garbage
    collector: only a 404, or another UID, counts as the Node being gone);
 2. **decide** (`coroner_operator.step.reconcile`): pure, returns `Effects`;
-3. **execute** (`coroner_operator.executor.Executor`): the writes, and what came of them.
+3. **execute** (`coroner_operator.executor.Executor`): the writes, each outcome returned as a value,
+   and the step's next call (`step.after`) decides what follows from it.
+
+A retirable registration's `Effects` ask for the facts its retirement is decided on, read after
+the decision: the admission policies and the namespace's Lease fence (fresh reads, batched
+`FreshRead.hold`s), and the namespace's retire capability; gathered here, the step decides on them
+once (`step.retire`) and returns the compare-and-swap as an effect.
 """
 
 from __future__ import annotations
@@ -28,23 +35,28 @@ import contextlib
 import dataclasses
 import datetime
 import time
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from coroner.core import model
 from coroner.core.decision import NodeFacts, Policy
 from coroner.core.model import Key
 from coroner.core.world import World
+from coroner.retire import PortError
 from coroner.runtime.controller import Result, detach
 from coroner_operator import step
 from coroner_operator.effects import Effects
-from coroner_operator.executor import Executor
+from coroner_operator.executor import Executor, port_call
+from coroner_operator.freshread import FreshRead
 from coroner_operator.kubeapi import KubeApi
 from coroner_operator.metrics import DecisionGauge
 from coroner_operator.permissions import PermissionRefresher
 
 A = TypeVar("A")
 B = TypeVar("B")
+
+#: A namespace's Leases as a live read found them, or what kept the read from answering.
+Fence = Sequence[Mapping[str, Any]] | PortError
 
 
 class Reconciler:
@@ -70,6 +82,11 @@ class Reconciler:
         self.gauge = gauge
         self.clock = clock
         self.monotonic = monotonic
+        # Right before a retirement: the Lease fence, read once for every retirement in the namespace
+        # decided before the read started (and held by each until its write is answered).
+        self.lease_reads: FreshRead[str, list[dict[str, Any]]] = FreshRead(
+            lambda ns: self.kube.list_leases(namespace=ns), clock=monotonic
+        )
 
     async def reconcile(self, key: Key) -> Result:
         while True:
@@ -89,18 +106,48 @@ class Reconciler:
             async with contextlib.AsyncExitStack() as holds:
                 verified, fence = await _together(
                     holds.enter_async_context(self.permissions.admission_held(decided_at=decided_at)),
-                    self.executor.fence(key[0], decided_at=decided_at, holds=holds),
+                    self.fence(key[0], decided_at=decided_at, holds=holds),
                 )
                 if verified:
                     self.gauge.set(key, effects.reason)
-                    await self.executor.run(effects, holds=holds, fence=fence)
+                    granted, fence = await _retire_facts(lambda: self.world.retire_permission.get(key[0]), fence)
+                    retiring = step.retire(
+                        effects, granted=granted, fence=fence, retirer=self.executor.retirer, now=self.clock()
+                    )
+                    if retiring.retire_write is None:
+                        await holds.aclose()  # nothing to write: the reads may serve the next batch now
+                    await self.execute(retiring, holds=holds)
                     return Result(requeue_at=effects.requeue_at)
         if effects is None:
             self.gauge.set(key, None)
             return Result()
         self.gauge.set(key, effects.reason)
-        await self.executor.run(effects)
+        await self.execute(effects)
         return Result(requeue_at=effects.requeue_at)
+
+    async def execute(self, effects: Effects, *, holds: contextlib.AsyncExitStack | None = None) -> None:
+        """Runs `effects`, then what the step makes of each outcome, until nothing follows; raises
+        what the last of them leaves failed (the runtime retries it with backoff)."""
+        while True:
+            outcome = await self.executor.run(effects, holds=holds)
+            follow = step.after(effects, outcome, retirer=self.executor.retirer, now=self.clock())
+            if follow is None:
+                if effects.fail is not None:
+                    raise effects.fail
+                return
+            effects = follow
+
+    async def fence(self, namespace: str, *, decided_at: float, holds: contextlib.AsyncExitStack) -> Fence:
+        """The Leases of `namespace` from a read sent no earlier than `decided_at` (a
+        `time.monotonic()` reading taken before the cache was read), held in `holds` (the next read
+        of the namespace waits until the retirement lets go of it); or what the API server said
+        instead (the retire protocol's FAILED)."""
+        held = self.lease_reads.hold(namespace, decided_at=decided_at)
+        try:
+            result: list[dict[str, Any]] = await port_call(holds.enter_async_context(held))
+        except PortError as error:
+            return error
+        return result
 
     async def decide(self, key: Key) -> tuple[float, Effects | None]:
         """Gathers the facts about `key` and returns what the step makes of them (None: not cached),
@@ -148,6 +195,20 @@ class Reconciler:
             self.world.put_node(live)
             return None
         return dataclasses.replace(view, exists=False)
+
+
+async def _retire_facts(granted: Callable[[], bool | None], fence: Fence) -> tuple[bool | None, Fence]:
+    """The retire protocol's two facts, the capability and the Lease fence, answered as its port
+    answers them (`kubectl coroner apply` sends a review and a Lease read at once): here the
+    capability is the namespace's cached review (admission checks the verb on the write itself)
+    and the fence the read just answered. Both are taken a turn of the event loop later, after
+    every task already ready (a capability refresh answered meanwhile is seen), so retirements
+    and their reads interleave with the rest in the order the simulation's seeds were drawn for."""
+    return await asyncio.gather(_later(granted), _later(lambda: fence))
+
+
+async def _later(answer: Callable[[], A]) -> A:
+    return answer()
 
 
 async def _together(first: Awaitable[A], second: Awaitable[B]) -> tuple[A, B]:

@@ -2,8 +2,8 @@
 
 Re-reads and recomputes the plan, compares it with the fingerprints a person approved
 (`coroner.cli.plan.assess_apply`), and retires each approved row with the operator's retire
-protocol (`coroner.retire`): capability review, Lease fence, decide again, compare-and-swap patch,
-Event.
+protocol (`coroner.retire`, `retire` below): capability review, Lease fence, decide again,
+compare-and-swap patch, Event.
 """
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
+import datetime
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Final, TextIO
 
 import click
@@ -46,10 +48,14 @@ from coroner.core.world import World
 from coroner.retire import (
     AdmissionRefusal,
     PortError,
+    RetireIntent,
     RetireOutcome,
     RetirePort,
+    Retirer,
     RetireResult,
-    retire,
+    retired_event,
+    retirement,
+    write,
 )
 
 #: Rows retired at the same time by default, and at most (each is four requests in a row).
@@ -391,6 +397,37 @@ def _port_errors(session: Session) -> Iterator[None]:
         raise PortError(int(exc.status), server_message(exc), reason=str(exc.reason or "")) from exc
     except urllib3.exceptions.HTTPError as exc:
         raise PortError(None, session.unreachable(exc).message) from exc
+
+
+async def retire(
+    port: RetirePort, intent: RetireIntent, *, retirer: Retirer, clock: Callable[[], datetime.datetime]
+) -> RetireResult:
+    """One person's retirement of a registration decided retirable (`coroner.retire`'s steps 1-5):
+    the review and the Lease read sent at the same time, both after the decision; the pure steps
+    on their answers; the compare-and-swap; the Event."""
+    granted, listed = await asyncio.gather(
+        port.can_retire(namespace=intent.namespace, name=intent.name),
+        port.list_leases(namespace=intent.namespace),
+        return_exceptions=True,
+    )
+    if isinstance(granted, BaseException) and not isinstance(granted, PortError):
+        raise granted
+    if isinstance(listed, BaseException) and not isinstance(listed, PortError):
+        raise listed
+    decided = retirement(intent, granted=granted, listed=listed, retirer=retirer, now=clock())
+    if isinstance(decided, RetireResult):
+        return decided
+    result = await write(port, decided)
+    event = retired_event(result, retirer=retirer)
+    if event is None:
+        return result
+    try:
+        await port.post_event(
+            involved=event.involved, reason=event.reason, evidence=event.evidence, message=event.message
+        )
+    except PortError as error:
+        return dataclasses.replace(result, event_error=error)
+    return result
 
 
 #: What apply's rows say for each outcome of the retire protocol.
