@@ -2,9 +2,10 @@
 cloud provider, `coroner_dev.devcluster.karpenter`) provisions and terminates real dev nodes
 (containerd + kubelet each) for the node cluster, and Coroner runs as it ships on them.
 
-Workers here are `coroner run` workers (`realnode.worker_pod`) in a Deployment whose Pods select a
+Workers here are `coroner run` workers (`realnode.worker_pod`) whose Pods (of a Deployment, or bare) select a
 NodePool of their own (`karpenter.sh/nodepool`), so nothing fits them on the cluster's two static
-nodes: only a node Karpenter launches can run them. The NodePool's `limits` allow one node at a time.
+nodes: only a node Karpenter launches can run them. Each NodePool's `limits` keep its nodes to
+one to three.
 
 Every dev node shares this machine's one network namespace, where only one agent can bind a fixed
 metrics port: while these tests run, the agent DaemonSet takes a free port instead (`--metrics-port=0`,
