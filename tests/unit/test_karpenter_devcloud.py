@@ -8,6 +8,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import threading
 
 import pytest
 
@@ -71,6 +72,19 @@ def test_a_name_that_is_no_dns_label_is_refused_before_any_path_is_made(tmp_path
 def test_terminating_an_instance_with_no_record_succeeds_and_touches_nothing(tmp_path: pathlib.Path) -> None:
     assert karpenter_instances.terminate(tmp_path, "pool-gone1") is False
     assert karpenter_instances.terminate_all(tmp_path) == []
+
+
+def test_an_instance_another_process_is_terminating_is_not_terminated_beside_it(tmp_path: pathlib.Path) -> None:
+    # Karpenter's Delete (a process of its own, which outlives Karpenter's stop) and `down` both end
+    # instances: two at once removed each other's cgroups under their walk (FileNotFoundError).
+    finished = threading.Event()
+    second = threading.Thread(
+        target=lambda: (karpenter_instances.terminate(tmp_path, "pool-both1"), finished.set()), daemon=True
+    )
+    with karpenter_instances.terminating(tmp_path, "pool-both1"):
+        second.start()
+        assert not finished.wait(0.5)
+    assert finished.wait(10)
 
 
 def test_a_nodes_own_processes_are_told_from_strangers_naming_its_directory(tmp_path: pathlib.Path) -> None:

@@ -214,11 +214,28 @@ def boot(directory: pathlib.Path, name: str) -> None:
         raise
 
 
+@contextlib.contextmanager
+def terminating(directory: pathlib.Path, name: str) -> Iterator[None]:
+    """One termination of instance NAME at a time. Karpenter's `Delete` runs `terminate` as a process
+    of its own, which goes on when Karpenter is stopped, while `down` terminates every instance: two
+    walks of one node's cgroups remove each other's directories under them."""
+    path = _path(directory, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gobuild.build_lock(path.with_name(f".{name}.terminating")):
+        yield
+
+
 def terminate(directory: pathlib.Path, name: str) -> bool:
-    """Terminates instance NAME (see the module's docstring); False when it has no record."""
+    """Terminates instance NAME (see the module's docstring); False when it has no record (never
+    launched, or already terminated)."""
+    directory = directory.resolve()
+    with terminating(directory, name):
+        return _terminate(directory, name)
+
+
+def _terminate(directory: pathlib.Path, name: str) -> bool:
     from coroner_dev.devcluster.nodebinaries import ensure_node_binaries
 
-    directory = directory.resolve()
     cluster = Cluster.load(directory)
     instance = read(directory, name)
     if instance is None or cluster is None:
