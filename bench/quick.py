@@ -47,6 +47,7 @@ BENCHMARKS: dict[str, list[str]] = {
         "--starts", "6", "--parallelism", "2", "--steady-seconds", "5", "--kill-pods", "1", "--kill-rounds", "1",
         "--kill-window", "3", "--name", "quick-imagefree",
     ],
+    "karpenter": ["--disruptions", "1", "--expire-after", "30s", "--name", "quick-karpenter"],
 }  # fmt: skip
 NOT_BENCHMARKS = frozenset({"quick", "report"})
 
