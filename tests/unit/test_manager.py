@@ -119,3 +119,19 @@ def test_leaving_early_stops_without_the_hooks() -> None:
 
     asyncio.run(scenario())
     assert order == ["closed"]
+
+
+def test_a_failed_loop_is_logged_as_its_process_logs(caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario() -> None:
+        async def failing() -> None:
+            raise RuntimeError("bug")
+
+        async with Manager(name="agent") as manager:
+            manager.add(failing())
+            manager.start()
+            await asyncio.sleep(0.01)
+
+    asyncio.run(scenario())
+    assert [(r.name, r.getMessage()) for r in caplog.records] == [
+        ("coroner.agent", "agent loop failed: RuntimeError('bug')")
+    ]

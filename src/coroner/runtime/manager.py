@@ -14,8 +14,9 @@ resync, the runtime's timers and workers, an HTTP server). The manager
   closers, last added first. A failure or a cancellation skips what is left of the hooks, never
   `stop`.
 
-`run(stop)` is the whole life: start, wait for `stop`, shut down; leaving `async with` stops. `signalled()` is an event that
-SIGTERM and SIGINT set, for a process that owns its event loop (the operator's is kopf's).
+`run(stop)` is the whole life: start, wait for `stop`, shut down; leaving `async with` stops.
+`signalled()` is an event that SIGTERM and SIGINT set, for a process that owns its event loop (the
+operator's is kopf's). A manager named `name` logs as `coroner.<name>`, as its process does.
 """
 
 from __future__ import annotations
@@ -28,18 +29,16 @@ import signal
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-logger = logging.getLogger("coroner.runtime")
-
 Loop = Coroutine[Any, Any, None]
 
 
 def log_failure(name: str, error: BaseException) -> None:
-    logger.error("%s loop failed: %r", name, error)
+    logging.getLogger(f"coroner.{name}").error("%s loop failed: %r", name, error)
 
 
 def stop_process(name: str, error: BaseException) -> None:
     """Stops this process as SIGTERM does (its shutdown runs): for a process that something restarts."""
-    logger.error("%s loop failed, stopping: %r", name, error)
+    logging.getLogger(f"coroner.{name}").error("%s loop failed, stopping: %r", name, error)
     os.kill(os.getpid(), signal.SIGTERM)
 
 
