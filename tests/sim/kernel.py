@@ -34,6 +34,8 @@ OTHER_TIME_NS = 4026532300
 
 #: Where pidfd inode numbers start: any offset will do; it keeps them apart from pids and serials.
 PIDFS_FIRST_INODE = 100_000
+#: The wait status of a process killed by SIGKILL (with its namespace, by its fate, by a reboot).
+SIGKILLED = 9
 
 
 class SimProcess:
@@ -53,6 +55,7 @@ class SimProcess:
         "start_time",
         "threads",
         "time_ns",
+        "wait_status",
     )  # fmt: skip
 
     def __init__(
@@ -72,6 +75,8 @@ class SimProcess:
         self.generation = generation
         self.comm = "worker"
         self.serial = serial
+        self.wait_status = SIGKILLED
+        """How it ended, as its parent's wait gives it (killed, unless it was made to end otherwise)."""
 
     @property
     def pidfd_inode(self) -> int:
@@ -129,6 +134,8 @@ class SimNode:
         self.serials = 0
         self.generations = 1000
         self.namespace_serials = 0
+        self.exit_info = False
+        """The kernel gives an exit's wait status to a pidfd's holder (`PIDFD_GET_INFO`, Linux 6.15+)."""
         self.boot(now)
 
     def boot(self, now: float) -> None:
@@ -206,9 +213,12 @@ class SimNode:
         self.procs[host_pid] = proc
         return proc
 
-    def exit(self, proc: SimProcess, *, reap: bool = True) -> list[SimProcess]:
-        """`proc` exits; the processes that exited with it are returned (itself first). A namespace's
-        pid 1 takes every process of its namespace with it: killed and reaped before it."""
+    def exit(self, proc: SimProcess, *, reap: bool = True, status: int = SIGKILLED) -> list[SimProcess]:
+        """`proc` exits with wait status `status`; the processes that exited with it are returned
+        (itself first). A namespace's pid 1 takes every process of its namespace with it: killed and
+        reaped before it."""
+        if not proc.exited:
+            proc.wait_status = status
         ended = [proc]
         if not proc.exited and self.namespaces.get(proc.ns) is proc:
             for other in [p for p in self.procs.values() if p.ns == proc.ns and p is not proc]:
@@ -340,11 +350,14 @@ class SimProcReader:
         return proc.exited
 
     def pidfd_exit(self, fd: int) -> exits.Exit:
-        if fd not in self._fds:
+        proc = self._fds.get(fd)
+        if proc is None:
             raise OSError(errno.EBADF, "Bad file descriptor")
-        # Exit statuses are not modelled: the kernel says nothing, as before Linux 6.15, so no
-        # Dead is held for a goodbye here.
-        return exits.Exit(exits.Ending.UNKNOWN)
+        if not self.node.exit_info:
+            return exits.Exit(exits.Ending.UNKNOWN)
+        if not proc.reaped:
+            return exits.Exit(exits.Ending.UNREAPED)
+        return exits.Exit(exits.ending(proc.wait_status), proc.wait_status)
 
     def close_pidfd(self, fd: int) -> None:
         self._fds.pop(fd, None)

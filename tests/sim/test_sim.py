@@ -367,11 +367,11 @@ def test_a_retirement_refused_by_admission_is_handled_by_the_production_executor
 
 
 def test_a_write_between_the_decision_and_the_retirement_is_a_conflict_the_operator_recovers_from() -> None:
-    # Seed 22 with only this fault: one worker, killed. Another client annotates the registration
+    # Seed 13 with only this fault: one worker, killed. Another client annotates the registration
     # each time a retirement's Lease fence is read (twice), so each compare-and-swap tests a
     # resourceVersion that has moved: refused, read again, decided again, retired on the third.
     with run.installed():
-        trial = run.one(22, faults=("bystander_write",))
+        trial = run.one(13, faults=("bystander_write",))
     assert trial.stats["bystander_writes"] == 2
     assert trial.stats["operator:coroner_cas_conflicts"] == 2
     assert trial.stats["operator:coroner_retirements:PidfdExited"] == 1

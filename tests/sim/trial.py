@@ -47,6 +47,8 @@ FAULTS = (
     "sieve_unobserved",
     "agent_unprivileged",
 )
+#: The wait status of a process killed by SIGTERM: a stop honoured, a clean exit.
+CLEAN_SIGTERM = 15
 #: Worker fates (what happens to the process), drawn per worker.
 FATES = ("kill", "zombie", "goodbye", "pthread_exit", "live", "pid_reuse", "kill_unreaped", "restart")
 #: The notifications a time-travel fault can be anchored at (Sieve's stale-state pattern is
@@ -153,6 +155,8 @@ class Trial:
         for fault in faults:
             self.stats[f"fault:{fault}"] += 1
         self.nodes = [kernel.SimNode(name=f"n{i}", rng=rng, now=0.0) for i in range(rng.choice((1, 1, 2)))]
+        for node in self.nodes:
+            node.exit_info = rng.random() < 0.8
         self.agents = {node.name: SimAgent(self, node, lag=0.01 + rng.random() ** 2 * 1.5) for node in self.nodes}
         operators = 2 if "two_operators" in faults else 1
         self.operators = [
@@ -412,17 +416,21 @@ class Trial:
         if fate == "restart":
             self._restart(worker)
             return
-        self._exit(worker, reap=True)
         if fate == "goodbye":
+            # A clean exit (0, or the SIGTERM of a stop honoured) and its launcher's goodbye.
+            self._exit(worker, reap=True, status=self.rng.choice((0, CLEAN_SIGTERM)))
             self.at(self.now + self.latency(), worker.goodbye)
-        elif fate == "pid_reuse":
+            return
+        # A kill, most often; sometimes a clean exit whose launcher is gone and never says goodbye.
+        self._exit(worker, reap=True, status=0 if self.rng.random() < 0.2 else kernel.SIGKILLED)
+        if fate == "pid_reuse":
             self._reuse(worker)
 
-    def _exit(self, worker: Worker, *, reap: bool) -> None:
+    def _exit(self, worker: Worker, *, reap: bool, status: int = kernel.SIGKILLED) -> None:
         proc = worker.proc
         if proc is None or proc.exited or worker.node.boot_id != worker.boot_id:
             return
-        self._ended(worker.node, worker.node.exit(proc, reap=reap))
+        self._ended(worker.node, worker.node.exit(proc, reap=reap, status=status))
         self.log(f"exit {worker.name} pid {proc.host_pid} reap={reap}")
 
     def _ended(self, node: kernel.SimNode, procs: list[kernel.SimProcess]) -> None:
