@@ -7,12 +7,9 @@ data (`AgentEffects.requeue_at`): nothing of either is patched here.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
-from collections.abc import Iterator
 from typing import Any
 
-from sim import memo
 from sim.prod import model
 
 EPOCH = datetime.datetime(2026, 12, 1, 12, 0, 0, tzinfo=datetime.UTC)
@@ -33,34 +30,3 @@ def dt(t: float) -> datetime.datetime:
 
 def iso(t: float, *, fraction: bool = True) -> str:
     return model.format_time(dt(t), fraction=fraction)
-
-
-#: parse_registration results by the identity of the (immutable) body parsed; see `installed`.
-PARSED: dict[tuple[int, bool], tuple[Any, Any]] = {}
-_parse = model.parse_registration
-
-
-def _memo_parse(obj: object, *, raw_attestation: bool = True) -> Any:
-    key = (id(obj), raw_attestation)
-    hit = PARSED.get(key)
-    if hit is not None and hit[0] is obj:
-        return hit[1]
-    registration = _parse(obj, raw_attestation=raw_attestation)
-    PARSED[key] = (obj, registration)
-    return registration
-
-
-@contextlib.contextmanager
-def installed(*, memos: bool = True) -> Iterator[None]:
-    """Memoizes `model.parse_registration` by the identity of the body: the model API server's
-    bodies are immutable, the parse is pure, and the agent, the operator and the oracles parse
-    the very same objects (the trial clears the memo, which also keeps each body alive while its
-    id is a key). With `memos`, the pure functions of `sim.memo` are memoized by value too."""
-    saved = model.parse_registration
-    model.parse_registration = _memo_parse  # type: ignore[assignment]
-    try:
-        with memo.installed() if memos else contextlib.nullcontext():
-            yield
-    finally:
-        model.parse_registration = saved
-        PARSED.clear()

@@ -45,7 +45,6 @@ from sim.prod import (
     cli_apply,
     cli_plan,
     fingerprint,
-    model,
     operator_app,
     operator_kubeapi,
     operator_metrics,
@@ -133,36 +132,30 @@ class SimPidfds(agent_pidfds.PidfdTable):
                 self.agent.later(0.0005, lambda incarnation=incarnation: self.fired(incarnation))
 
 
-class SimProber(agent_prober.ProcProber):
-    """The production `ProcProber` over the model kernel's /proc and pidfds; each probe's verdict is
-    also shown to the trial's oracle (`Trial.on_probe`) against the kernel's truth."""
+def sim_prober(agent: SimAgent) -> agent_prober.ProcProber:
+    """The production `ProcProber` over the model kernel's /proc, pidfds and node files; each probe's
+    verdict is also shown to the trial's oracle (`Trial.on_probe`) against the kernel's truth."""
+    return agent_prober.ProcProber(
+        node_name=agent.node.name,
+        loop=agent.trial.loop,
+        on_exit=agent.on_pidfd,
+        reader=agent.reader,
+        pidfd_table=lambda fired: SimPidfds(agent, fired),
+        node_facts=lambda: _node_facts_now(agent),
+        observe=lambda key, result: agent.trial.on_probe(agent, key, result),
+    )
 
-    def __init__(self, agent: SimAgent) -> None:
-        self.agent = agent
-        super().__init__(
-            node_name=agent.node.name,
-            loop=agent.trial.loop,
-            on_exit=agent.on_pidfd,
-            reader=agent.reader,
-            pidfd_table=lambda fired: SimPidfds(agent, fired),
-            node_facts=self._node_facts_now,
-        )
 
-    def _node_facts_now(self) -> agent_probe.LocalNode:
-        node, reader = self.agent.node, self.agent.reader
-        flaky = reader.flaky
-        if flaky is not None and flaky.active():
-            return _read_node_files(node, reader)  # its reads may fail (and draw from the seed): not cached
-        key = (node.name, node.boot_id, node.host_id, reader.view_ns)
-        facts = _NODE_FACTS.get(key)
-        if facts is None:
-            facts = _NODE_FACTS[key] = _read_node_files(node, reader)
-        return facts
-
-    def probe(self, *, key: tuple[str, str], registration: model.Registration) -> agent_probe.ProbeResult:
-        result = super().probe(key=key, registration=registration)
-        self.agent.trial.on_probe(self.agent, key, result)
-        return result
+def _node_facts_now(agent: SimAgent) -> agent_probe.LocalNode:
+    node, reader = agent.node, agent.reader
+    flaky = reader.flaky
+    if flaky is not None and flaky.active():
+        return _read_node_files(node, reader)  # its reads may fail (and draw from the seed): not cached
+    key = (node.name, node.boot_id, node.host_id, reader.view_ns)
+    facts = _NODE_FACTS.get(key)
+    if facts is None:
+        facts = _NODE_FACTS[key] = _read_node_files(node, reader)
+    return facts
 
 
 def _read_node_files(node: kernel.SimNode, reader: kernel.SimProcReader) -> agent_probe.LocalNode:
@@ -232,7 +225,7 @@ class SimAgent:
         if self.flake:
             self.reader.flaky = _Window(trial, trial.flaky_window, trial.rng)
             self.reader.flake = self.flake
-        self.prober = SimProber(self)
+        self.prober = sim_prober(self)
         self.rest = SimRest(
             trial.server, identity=self.identity, wrote=self._wrote, reachable=lambda: not trial.partitioned(self)
         )

@@ -17,8 +17,9 @@ from coroner.cli.commands import apply as cli_apply
 # The production client's error (what a port raises for an API server's refusal).
 from coroner.client.rest import ApiError
 
-# The pure core: vocabulary, model, decision, conditions, /proc parsers, the operator's cache.
-from coroner.core import api, conditions, decision, exits, fingerprint, model, procfs, wire
+# The pure core: vocabulary, model, decision, conditions, /proc parsers, the operator's cache; the
+# memos its pure functions are built with (off unless a batch turns them on).
+from coroner.core import api, conditions, decision, exits, fingerprint, memo, model, procfs, wire
 from coroner.core.decision import AgentFacts, Decision, Facts, Policy, decide, lease_expiry
 from coroner.core.decision import facts as decision_facts
 from coroner.core.reasons import ConditionType, Evidence, Reason, Verdict
@@ -65,6 +66,7 @@ __all__ = [
     "fingerprint",
     "lease_expiry",
     "lease_facts",
+    "memo",
     "model",
     "operator_app",
     "operator_kubeapi",

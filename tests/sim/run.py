@@ -21,9 +21,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from sim import memo
-from sim.clock import PARSED, installed
 from sim.mutants import ACTIVE, MUTANTS
+from sim.prod import memo
 from sim.trial import COUNTERS, FAULTS, Trial
 
 REPLAY = ".venv/bin/python bench/sim.py --replay {seed}{mutant}"
@@ -73,6 +72,18 @@ def totals(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
+def installed(*, memos: bool = True) -> Any:
+    """With `memos`, the production memos of pure functions (`coroner.core.memo`) answer while the
+    batch runs: the model API server's bodies are immutable and every component and oracle parses
+    the very same objects, and the same /proc texts and instants recur on every probe and
+    reconcile. Each trial empties them before it starts and after it ends, so a trial never sees an
+    answer computed under another trial or mutant. Without, every call goes to the function (the
+    two give the same totals: tests/sim/test_long_run.py)."""
+    with memo.remembering() if memos else contextlib.nullcontext():
+        yield
+
+
+@contextlib.contextmanager
 def _mutant(name: str | None) -> Any:
     if name is None:
         yield
@@ -119,8 +130,7 @@ def collecting_between_trials() -> Any:
     def between() -> None:
         while ACTIVE:  # no local name may keep the finished trial alive through the collection
             ACTIVE.pop().loop.abandon()
-        PARSED.clear()
-        memo.clear()
+        memo.forget()
         finished[0] += 1
         if finished[0] % 8 == 0:  # a collection has a fixed cost too: one per 8 trials' garbage
             gc.collect()

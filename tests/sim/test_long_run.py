@@ -1,6 +1,6 @@
 """The simulation at scale: the same seeds give the same totals however the run is spread over
 processes, split into chunks, stopped and resumed (bench/sim.py --resume), and with or without
-the memos of pure production functions (sim/memo.py)."""
+the memos of pure production functions (coroner.core.memo)."""
 
 from __future__ import annotations
 

@@ -16,12 +16,12 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from sim import kernel, memo
+from sim import kernel
 from sim.apiserver import Key, Server, released, retired
-from sim.clock import PARSED, dt
+from sim.clock import dt
 from sim.components import LEASE_SECONDS, Human, SimAgent, SimOperator, Worker
 from sim.loop import ROOT, SimLoop
-from sim.prod import Evidence, Policy, Verdict, model
+from sim.prod import Evidence, Policy, Verdict, memo, model
 
 #: Every fault a trial may draw; `Trial.faults` is the list a seed drew (empty: none).
 FAULTS = (
@@ -765,8 +765,7 @@ class Trial:
     # --- the run ----------------------------------------------------------------------------------
 
     def execute(self) -> TrialResult:
-        PARSED.clear()
-        memo.clear()
+        memo.forget()
         self.setup()
         self.run(FAULT_END)
         # Heal: withheld events are delivered, partitions end, capped watches catch up, components up.

@@ -434,7 +434,8 @@ def test_recorded_incarnation_never_raises_anything_else(
 
 # --- purity ---------------------------------------------------------------------------------------
 
-#: procfs is shared by the agent and the launcher, and both rely on it doing no I/O.
+#: procfs is shared by the agent and the launcher, and both rely on it doing no I/O (`memo` is
+#: the core's memos of pure functions, standard library only).
 ALLOWED_IMPORTS = {
     "__future__",
     "collections.abc",
@@ -444,6 +445,7 @@ ALLOWED_IMPORTS = {
     "coroner",
     "coroner.core",
     "coroner.core.api",
+    "coroner.core.memo",
 }
 
 

@@ -42,7 +42,9 @@ class ProcProber:
     prober's callback for an exited incarnation, the table that pins pidfds and reports their
     readability; default a `PidfdWatcher` on `loop`) and `node_facts` (this node's boot id, host id
     and pid namespaces; default `LocalNode.read` of the files named). The simulation (tests/sim)
-    gives its model kernel's; everything else here runs as shipped."""
+    gives its model kernel's; everything else here runs as shipped. `observe`, if given, is shown
+    each probe's key and result once the prober has acted on it (the simulation's oracle checks
+    every verdict against its kernel's truth)."""
 
     def __init__(
         self,
@@ -58,6 +60,7 @@ class ProcProber:
         reader: ProcReader | None = None,
         pidfd_table: Callable[[Callable[[IncarnationKey], None]], PidfdTable] | None = None,
         node_facts: Callable[[], LocalNode] | None = None,
+        observe: Callable[[Key, ProbeResult], None] | None = None,
     ) -> None:
         self.node_name = node_name
         self.boot_id_file = boot_id_file
@@ -66,6 +69,7 @@ class ProcProber:
         self._node_facts = node_facts if node_facts is not None else self._read_node_files
         self.index = PidIndex()
         self._on_exit = on_exit
+        self._observe = observe
         # Without pidfds nothing is pinned: every verdict comes from /proc on resync (benchmarks
         # compare the two paths). A table with no room pins nothing and never guesses.
         if pidfd_table is not None:
@@ -125,6 +129,8 @@ class ProcProber:
         self._remember(key, registration.incarnation)
         self._watch_reuser(key, result.reuser)
         self._schedule_retry(key, wanted=result.reuser_exited)
+        if self._observe is not None:
+            self._observe(key, result)
         return result
 
     def _watch_reuser(self, key: Key, reuser: IncarnationKey | None) -> None:

@@ -14,6 +14,7 @@ import datetime
 import enum
 from collections.abc import Sequence
 
+from coroner.core import memo
 from coroner.core.model import Condition, format_time
 from coroner.core.reasons import ConditionType, Reason
 
@@ -127,6 +128,7 @@ def _status(status: ConditionStatus | str | bool) -> str:
     return ConditionStatus(status).value
 
 
+@memo.by_instant
 def _whole_seconds(moment: datetime.datetime) -> datetime.datetime:
     aware = moment if moment.tzinfo is not None else moment.replace(tzinfo=datetime.UTC)
     return aware.astimezone(datetime.UTC).replace(microsecond=0)

@@ -24,7 +24,7 @@ import re
 from collections.abc import Mapping
 from typing import Final
 
-from coroner.core import api
+from coroner.core import api, memo
 
 #: Largest integer any parsed field may hold: the kernel prints these as 64-bit unsigned at most.
 U64_MAX: Final = 2**64 - 1
@@ -188,6 +188,7 @@ def _unsigned(value: str, *, what: str, minimum: int = 0, maximum: int = U64_MAX
     return number
 
 
+@memo.by_text
 def parse_stat(raw: str | bytes) -> Stat:
     """`/proc/<pid>/stat`, split after the last `)` so that any comm parses."""
     text = _text(raw, what="stat")
@@ -240,6 +241,7 @@ def _status_fields(text: str, *, what: str = "status") -> Mapping[str, str]:
     return fields
 
 
+@memo.by_text
 def parse_status(raw: str | bytes) -> Status:
     """`/proc/<pid>/status`: State, Tgid, Pid, PPid, Threads and the NSpid chain."""
     text = _text(raw, what="status")
@@ -315,6 +317,7 @@ def _recorded_integer(value: object, *, what: str, minimum: int, maximum: int) -
     raise ParseError(f"{what}: {type(value).__name__} is not a number")
 
 
+@memo.by_fields
 def recorded_incarnation(
     *, boot_id: object, pid_namespace: object, pid: object, start_time: object, pidfd_inode: object = None
 ) -> IncarnationKey:
@@ -352,6 +355,7 @@ def pid_namespace_of(*, status: Status, pid_namespace_link: str | bytes | None, 
     return from_link
 
 
+@memo.by_fields
 def process_view(
     *,
     stat: str | bytes,

@@ -10,6 +10,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Final
 
+from coroner.core import memo
 from coroner.core.model import Registration
 from coroner.core.reasons import Evidence
 
@@ -126,6 +127,7 @@ class Policy:
         return datetime.timedelta(seconds=intervals * interval_seconds)
 
 
+@memo.by_key(memo.instant_and_number)
 def lease_expiry(renew_time: datetime.datetime | None, duration_seconds: float | None) -> datetime.datetime | None:
     """renewTime + leaseDurationSeconds, or None where either is unknown."""
     if renew_time is None or duration_seconds is None:

@@ -8,6 +8,7 @@ import types
 from collections.abc import Mapping, Sequence
 from typing import Final, TypeVar
 
+from coroner.core import memo
 from coroner.core.api import REGISTERED_BY_ANNOTATION
 from coroner.core.model.records import (
     HEARTBEAT_INTERVAL_MAX,
@@ -160,6 +161,7 @@ def _condition_paths(index: int) -> tuple[str, str, str, str, str, str, str]:
     return _CONDITION_PATHS[index] if index < len(_CONDITION_PATHS) else _spelled_condition_paths(index)
 
 
+@memo.by_identity
 def parse_registration(obj: object, *, raw_attestation: bool = True) -> Registration:
     """A `Registration` from a raw API object; never raises, whatever `obj` is.
 

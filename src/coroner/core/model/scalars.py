@@ -8,7 +8,7 @@ import math
 import re
 from typing import Final
 
-from coroner.core import api
+from coroner.core import api, memo
 
 UTC: Final = datetime.UTC
 
@@ -25,6 +25,7 @@ _RFC3339: Final = re.compile(
 DIGITS: Final = re.compile(r"[0-9]{1,20}", re.ASCII)
 
 
+@memo.by_text
 def parse_time(value: object) -> datetime.datetime | None:
     """An RFC 3339 timestamp (``Z`` or a numeric offset, optional fraction) as an aware UTC datetime.
 
@@ -64,6 +65,11 @@ def _parse_text(value: str) -> datetime.datetime | None:
         return None
 
 
+def _format_time_key(value: object, *, fraction: object = False) -> object:
+    return (value, fraction) if type(value) is datetime.datetime and type(fraction) is bool else None
+
+
+@memo.by_key(_format_time_key)
 def format_time(value: datetime.datetime, *, fraction: bool = False) -> str:
     """RFC 3339 in UTC ending in ``Z``; seconds precision unless `fraction` (then microseconds).
 
