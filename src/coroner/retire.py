@@ -46,7 +46,6 @@ Pure but for `write`'s await on the port: no client, no clock, no logging here.
 
 from __future__ import annotations
 
-import contextvars
 import dataclasses
 import datetime
 import enum
@@ -330,23 +329,14 @@ def retirement(
     return RetireWrite(intent=intent, decision=again, leases=live, ops=ops)
 
 
-#: The resourceVersion of the view a retirement write was decided on, while that write is sent: for
-#: tracing, and for the simulation's stale-view oracle, which a request cannot tell (its `test` op is
-#: what the write relies on, not necessarily what the decision saw).
-RETIRING_VIEW: contextvars.ContextVar[str | None] = contextvars.ContextVar("coroner_retiring_view", default=None)
-
-
 async def write(port: RetireWritePort, request: RetireWrite) -> RetireResult:
     """Step 4, the one write of the protocol: sends `request`'s compare-and-swap through `port` and
     says what came of it (`outcome_of_write`, the one mapping of its failures)."""
     intent = request.intent
-    token = RETIRING_VIEW.set(intent.resource_version)
     try:
         patched = await port.patch_status(namespace=intent.namespace, name=intent.name, ops=request.ops)
     except PortError as error:
         return written(request, error)
-    finally:
-        RETIRING_VIEW.reset(token)
     return written(request, patched)
 
 

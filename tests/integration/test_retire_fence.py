@@ -40,10 +40,12 @@ class HeldWrites(KubeApi):
         self.go = asyncio.Event()
         self.writing = asyncio.Event()
 
-    async def patch_status(self, *, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
+    async def patch_status(
+        self, *, namespace: str, name: str, ops: list[dict[str, Any]], decided_on: str | None = None
+    ) -> dict[str, Any]:
         self.writing.set()
         await self.go.wait()
-        return await super().patch_status(namespace=namespace, name=name, ops=ops)
+        return await super().patch_status(namespace=namespace, name=name, ops=ops, decided_on=decided_on)
 
 
 def _dead(admin: k8s.ApiClient, agent: k8s.ApiClient, namespace: str, name: str) -> dict[str, Any]:

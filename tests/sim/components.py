@@ -46,14 +46,13 @@ from sim.prod import (
     cli_plan,
     fingerprint,
     operator_app,
-    operator_kubeapi,
     operator_metrics,
     operator_settings,
     procfs,
     retire_protocol,
     wire,
 )
-from sim.transport import Latency, SimRest
+from sim.transport import Latency, RecordingKubeApi, SimRest
 
 if TYPE_CHECKING:
     from sim.trial import Trial
@@ -345,10 +344,8 @@ class SimOperator:
         self.owner = owner = Owner(self.name)
         self.context = owner.context()
         self.rest = SimRest(trial.server, identity=self.identity, wrote=self._wrote)
-        kube = operator_kubeapi.KubeApi(
-            self.rest,  # type: ignore[arg-type]
-            blocking=Latency(trial.loop, self.rest, latency=trial.latency),
-            clock=self.clock,
+        kube = RecordingKubeApi(
+            self.rest, latency=Latency(trial.loop, self.rest, latency=trial.latency), clock=self.clock
         )
         self.operator = operator_app.Operator(
             world=World(),

@@ -23,7 +23,7 @@ import yaml
 
 from coroner.client.rest import ApiError
 from sim.apiserver import Server, SimApiError
-from sim.prod import api, retire_protocol
+from sim.prod import api, operator_kubeapi
 
 if TYPE_CHECKING:
     from sim.loop import SimLoop
@@ -148,10 +148,12 @@ class Latency:
         self.loop = loop
         self.rest = rest
         self.latency = latency
+        self.decided_on: int | None = None
+        """The view the next call's retirement was decided on (`RecordingKubeApi`), taken by `run`."""
 
     async def run(self, call: Callable[[], T]) -> T:
         future: asyncio.Future[T] = self.loop.create_future()
-        view_rv = _retirement_view() if _is_patch(call) else None
+        view_rv, self.decided_on = self.decided_on, None
 
         def arrive() -> None:
             if future.cancelled():
@@ -173,15 +175,18 @@ class Latency:
         """Nothing to release: no threads, no sockets."""
 
 
-def _is_patch(call: Callable[[], Any]) -> bool:
-    """Whether `call` is a PATCH (`KubeApi` hands `Rest.request` over as a partial: method first)."""
-    args = getattr(call, "args", ())
-    return bool(args) and args[0] == "PATCH"
+class RecordingKubeApi(operator_kubeapi.KubeApi):
+    """The production `KubeApi` (the operator's API port), whose retirement writes also tell the
+    transport the view they were decided on (`decided_on`, which production logs and does not send):
+    the `stale_view` oracle's record. `KubeApi.patch_status` hands its request to `Latency.run`
+    before it first waits, so the view goes with that very request."""
 
+    def __init__(self, rest: SimRest, *, latency: Latency, **options: Any) -> None:
+        super().__init__(rest, blocking=latency, **options)  # type: ignore[arg-type]
+        self.latency = latency
 
-def _retirement_view() -> int | None:
-    """The resourceVersion the retire protocol sending this request decided on, if a retirement
-    sends it (its `RETIRING_VIEW` seam), for the `stale_view` oracle only (the request itself carries
-    only what production put in it)."""
-    version = retire_protocol.RETIRING_VIEW.get()
-    return int(version) if version is not None else None
+    async def patch_status(
+        self, *, namespace: str, name: str, ops: list[dict[str, Any]], decided_on: str | None = None
+    ) -> dict[str, Any]:
+        self.latency.decided_on = int(decided_on) if decided_on is not None else None
+        return await super().patch_status(namespace=namespace, name=name, ops=ops, decided_on=decided_on)

@@ -57,7 +57,9 @@ class FakeKube:
     async def get_node(self, *, name: str) -> dict[str, Any] | None:
         return None
 
-    async def patch_status(self, *, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
+    async def patch_status(
+        self, *, namespace: str, name: str, ops: list[dict[str, Any]], decided_on: str | None = None
+    ) -> dict[str, Any]:
         self.patches.append(ops)
         if self.patch_error is not None:
             raise self.patch_error
@@ -206,7 +208,9 @@ class RefusingKube(FakeKube):
         self.refusal = ApiError(status, "Forbidden", json.dumps({"kind": "Status", "message": message, "code": status}))
         self.body = make_registration()
 
-    async def patch_status(self, *, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
+    async def patch_status(
+        self, *, namespace: str, name: str, ops: list[dict[str, Any]], decided_on: str | None = None
+    ) -> dict[str, Any]:
         self.patches.append(ops)
         if any(_retires(op) for op in ops):
             raise self.refusal

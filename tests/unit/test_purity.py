@@ -42,9 +42,8 @@ def expand(module: str) -> list[str]:
 PURE = sorted({m for source in pure_contract()["source_modules"] for m in expand(source)})
 #: What the pure modules may import: computation only, and each other. `asyncio` only to await a
 #: port (the retire protocol's); its clocks, sleeps and connections are forbidden calls below.
-#: `contextvars` for the retire protocol's RETIRING_VIEW (state of the running task, no I/O).
 ALLOWED = {
-    "__future__", "asyncio", "collections", "collections.abc", "contextvars", "copy", "dataclasses", "datetime", "enum",
+    "__future__", "asyncio", "collections", "collections.abc", "copy", "dataclasses", "datetime", "enum",
     "functools", "hashlib", "heapq", "itertools", "json", "marshal", "math", "re", "types", "typing",
     "coroner", "coroner.core", "coroner_operator", *PURE,
 }  # fmt: skip

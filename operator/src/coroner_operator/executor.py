@@ -30,7 +30,7 @@ import urllib3
 from coroner.client.rest import ApiError
 from coroner.core import model
 from coroner.core.world import World
-from coroner.retire import RETIRING_VIEW, PortError, RetireOutcome, Retirer, RetireResult, RetireWrite
+from coroner.retire import PortError, RetireOutcome, Retirer, RetireResult, RetireWrite
 from coroner_operator.effects import (
     Delete,
     Effects,
@@ -153,16 +153,16 @@ class Executor:
         written, or what it said (or that it did not answer). `holds` (the reads it was decided on)
         is let go of once it is answered: they may serve the next batch now, not after this
         retirement's Event (which waits while the Event backlog is full)."""
-        view = RETIRING_VIEW.set(request.intent.resource_version)
         try:
             answer: dict[str, Any] | PortError = await port_call(
-                self.kube.patch_status(namespace=key[0], name=key[1], ops=request.ops)
+                self.kube.patch_status(
+                    namespace=key[0], name=key[1], ops=request.ops, decided_on=request.intent.resource_version
+                )
             )
         except PortError as error:
             answer = error
         finally:
             await holds.aclose()
-            RETIRING_VIEW.reset(view)
         return RetireAnswer(answer=answer)
 
     def _record(self, key: Key, record: RetireRecord) -> None:

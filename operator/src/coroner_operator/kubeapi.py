@@ -121,8 +121,16 @@ class KubeApi:
                 return None
             raise
 
-    async def patch_status(self, *, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
-        """A JSON patch of /status (never a merge patch: its `test`s are the compare-and-swap)."""
+    async def patch_status(
+        self, *, namespace: str, name: str, ops: list[dict[str, Any]], decided_on: str | None = None
+    ) -> dict[str, Any]:
+        """A JSON patch of /status (never a merge patch: its `test`s are the compare-and-swap).
+
+        `decided_on`, for a retirement, is the resourceVersion of the view it was decided on: not
+        sent (the `test`s are what the write relies on), only logged; a port that records writes
+        (the simulation's stale-view oracle) reads it here."""
+        if decided_on is not None:
+            logger.debug("retirement write namespace=%s name=%s decided_on=%s", namespace, name, decided_on)
         return await self._request(
             "PATCH", registrations_path(namespace, name) + "/status", body=ops, content_type=JSON_PATCH
         )
