@@ -90,8 +90,9 @@ check: lint node-deps
 	echo "simulation batch exit $$sim"; \
 	test $$sim -eq 0
 
+# The pure tests, on every core (they start no cluster and no process to share).
 unit: $(BIN)/.installed
-	$(BIN)/pytest -m "unit and not sim" $(PYTEST_DURATIONS)
+	$(BIN)/pytest -n $(PYTEST_WORKERS) -m "unit and not sim" $(PYTEST_DURATIONS)
 
 # Every benchmark at its smallest size, its results in a temporary directory (never bench/results):
 # that each still starts, runs and writes its record. BENCH_OUT=DIR keeps them there.
