@@ -56,7 +56,11 @@ def test_a_goodbye_the_operator_did_not_write_is_kept_exactly_as_written(
         "type": "Released", "status": "True", "reason": "CleanExit", "message": "bye",
         "lastTransitionTime": datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds"),
     }  # fmt: skip
-    kube.patch_status(admin, namespace, "bye", {"status": {"conditions": [goodbye], "state": "Released"}})
+    # After the operator's first Retirable, which the goodbye keeps as written (a merge patch replaces
+    # the whole list, and only the operator may change its own conditions).
+    kube.wait_for(lambda: components.reason(admin, namespace, "bye"), what="the operator's first Retirable")
+    written = kube.get_registration(admin, namespace, "bye")["status"]["conditions"]
+    kube.patch_status(admin, namespace, "bye", {"status": {"conditions": [*written, goodbye], "state": "Released"}})
     kube.wait_for(
         lambda: components.reason(admin, namespace, "bye") == "AlreadyTerminal", what="Retirable AlreadyTerminal"
     )
