@@ -63,7 +63,8 @@ def _replay(seed: int, mutant: str | None, trace: bool, faults: tuple[str, ...] 
     print(f"seed {seed}: faults {list(result.faults)}, {result.steps} steps, mutant {mutant}")
     for worker in trial.workers:
         print(
-            f"  {worker.name}: node {worker.node.name}, fate {worker.fate}, pid ns {worker.ns}, heartbeat {worker.heartbeat}"
+            f"  {worker.name}: node {worker.node.name}, fate {worker.fate}, container {worker.container},"
+            f" heartbeat {worker.heartbeat}"
         )
     if trace:
         for line in trial.trace or []:
