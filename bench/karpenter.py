@@ -73,28 +73,7 @@ def agent_on_a_shared_network(cluster: Cluster) -> None:
 
 def objects(cluster: Cluster, args: argparse.Namespace) -> list[dict[str, Any]]:
     """The NodePool (its nodes expire; two at a time) and the two worker Deployments."""
-    pool = {
-        "apiVersion": "karpenter.sh/v1",
-        "kind": "NodePool",
-        "metadata": {"name": POOL},
-        "spec": {
-            "template": {
-                "spec": {
-                    "nodeClassRef": {
-                        "group": "devcloud.coroner.dev",
-                        "kind": "DevNodeClass",
-                        "name": karpenter.NODE_CLASS,
-                    },
-                    "requirements": [
-                        {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["dev.host"]}
-                    ],
-                    "expireAfter": args.expire_after,
-                }
-            },
-            "limits": {"cpu": "4"},
-            "disruption": {"consolidationPolicy": "WhenEmpty", "consolidateAfter": "Never"},
-        },
-    }
+    pool = karpenter.node_pool(POOL, cpu_limit="4", expire_after=args.expire_after)
     deployments = []
     for name, replicas in (("polite", 2), ("stubborn", 1)):
         command = ["sleep", "3600"] if name == "polite" else ["sh", "-c", "trap '' TERM; while :; do sleep 1; done"]

@@ -99,33 +99,6 @@ def karpenter_cluster(node_cluster: Cluster) -> Iterator[Cluster]:
         realnode.install(node_cluster)
 
 
-def nodepool(name: str, *, cpu_limit: str = "2") -> dict[str, Any]:
-    """A NodePool of dev instances, at most CPU_LIMIT CPUs of them (one node per 2), never consolidated
-    by itself (the scenarios decide when a node goes)."""
-    return {
-        "apiVersion": "karpenter.sh/v1",
-        "kind": "NodePool",
-        "metadata": {"name": name},
-        "spec": {
-            "template": {
-                "spec": {
-                    "nodeClassRef": {
-                        "group": "devcloud.coroner.dev",
-                        "kind": "DevNodeClass",
-                        "name": karpenter.NODE_CLASS,
-                    },
-                    "requirements": [
-                        {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["dev.host"]}
-                    ],
-                    "expireAfter": "Never",
-                }
-            },
-            "limits": {"cpu": cpu_limit},
-            "disruption": {"consolidationPolicy": "WhenEmpty", "consolidateAfter": "Never"},
-        },
-    }
-
-
 def worker_deployment(cluster: Cluster, name: str, *, namespace: str, pool: str, replicas: int) -> dict[str, Any]:
     """`coroner run` workers that only a node of POOL can run."""
     pod = realnode.worker_pod(
@@ -178,7 +151,7 @@ def test_pending_workers_make_karpenter_provision_a_node_where_the_agent_lands_a
     karpenter_cluster: Cluster, worker_namespace: str, record_property: Any
 ) -> None:
     cluster, pool = karpenter_cluster, f"up-{uuid.uuid4().hex[:6]}"
-    realnode.apply_objects(cluster, [nodepool(pool)])
+    realnode.apply_objects(cluster, [karpenter.node_pool(pool)])
     realnode.apply_objects(
         cluster, [worker_deployment(cluster, "scaled", namespace=worker_namespace, pool=pool, replicas=2)]
     )
@@ -289,7 +262,7 @@ def test_a_deleted_nodeclaim_is_drained_by_karpenter_one_eviction_at_a_time_and_
     instance, removes the Node. The evicted workers are rescheduled onto a node Karpenter launches for
     them (the NodePool allows two at a time)."""
     cluster, pool, ns = karpenter_cluster, f"dis-{uuid.uuid4().hex[:6]}", worker_namespace
-    realnode.apply_objects(cluster, [nodepool(pool, cpu_limit="4")])
+    realnode.apply_objects(cluster, [karpenter.node_pool(pool, cpu_limit="4")])
     polite = worker_deployment(cluster, "polite", namespace=ns, pool=pool, replicas=2)
     stubborn = worker_deployment(cluster, "stubborn", namespace=ns, pool=pool, replicas=1)
     container = stubborn["spec"]["template"]["spec"]["containers"][0]
@@ -414,7 +387,7 @@ def test_workers_karpenter_cannot_drain_end_truthfully_and_one_still_running_whe
       once its Node has been gone for the quarantine.
     """
     cluster, pool, ns = karpenter_cluster, f"tgp-{uuid.uuid4().hex[:6]}", worker_namespace
-    held_pool = nodepool(pool)
+    held_pool = karpenter.node_pool(pool)
     held_pool["spec"]["template"]["spec"]["terminationGracePeriod"] = "20s"
     pods = {}
     for role in ("held", "tolerant"):
@@ -554,7 +527,7 @@ def test_consolidation_churn_provisions_and_consolidates_nodes_and_retires_no_li
     but by Karpenter and the Deployment."""
     cluster, pool, ns = karpenter_cluster, f"churn-{uuid.uuid4().hex[:6]}", worker_namespace
     operator_with(cluster, components=("node-loss",), operator_args=NODE_LOSS_ARGS)
-    churn_pool = nodepool(pool, cpu_limit="6")
+    churn_pool = karpenter.node_pool(pool, cpu_limit="6")
     churn_pool["spec"]["disruption"] = {
         "consolidationPolicy": "WhenEmptyOrUnderutilized",
         "consolidateAfter": "0s",

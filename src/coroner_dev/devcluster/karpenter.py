@@ -254,3 +254,27 @@ def stop(directory: pathlib.Path) -> list[str]:
             stop_process(process)
         save(dataclasses.replace(cluster, processes=tuple(p for p in cluster.processes if p.name != PROCESS)))
     return karpenter_instances.terminate_all(directory)
+
+
+def node_pool(name: str, *, cpu_limit: str = "2", expire_after: str = "Never") -> dict[str, Any]:
+    """A NodePool of dev instances (`dev.host`), at most CPU_LIMIT CPUs of them (one node per 2), whose
+    nodes expire after EXPIRE_AFTER, never consolidated by itself (whoever applies it decides when a
+    node goes, or patches its disruption)."""
+    return {
+        "apiVersion": "karpenter.sh/v1",
+        "kind": "NodePool",
+        "metadata": {"name": name},
+        "spec": {
+            "template": {
+                "spec": {
+                    "nodeClassRef": {"group": "devcloud.coroner.dev", "kind": "DevNodeClass", "name": NODE_CLASS},
+                    "requirements": [
+                        {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["dev.host"]}
+                    ],
+                    "expireAfter": expire_after,
+                }
+            },
+            "limits": {"cpu": cpu_limit},
+            "disruption": {"consolidationPolicy": "WhenEmpty", "consolidateAfter": "Never"},
+        },
+    }
