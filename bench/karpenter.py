@@ -74,28 +74,12 @@ def agent_on_a_shared_network(cluster: Cluster) -> None:
 def objects(cluster: Cluster, args: argparse.Namespace) -> list[dict[str, Any]]:
     """The NodePool (its nodes expire; two at a time) and the two worker Deployments."""
     pool = karpenter.node_pool(POOL, cpu_limit="4", expire_after=args.expire_after)
-    deployments = []
-    for name, replicas in (("polite", 2), ("stubborn", 1)):
-        command = ["sleep", "3600"] if name == "polite" else ["sh", "-c", "trap '' TERM; while :; do sleep 1; done"]
-        pod = realnode.worker_pod(
-            name, namespace=NAMESPACE, node="", cluster=cluster, command=command, restart_policy="Always"
-        )
-        spec = pod["spec"]
-        del spec["nodeName"]
-        spec["nodeSelector"] = {"karpenter.sh/nodepool": POOL}
-        spec["terminationGracePeriodSeconds"] = 5 if name == "stubborn" else 30
-        spec["containers"][0]["resources"] = {"requests": {"cpu": "50m", "memory": "64Mi"}}
-        deployments.append({
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": name, "namespace": NAMESPACE},
-            "spec": {
-                "replicas": replicas,
-                "selector": {"matchLabels": {"app": name}},
-                "template": {"metadata": {"labels": {"app": name}}, "spec": spec},
-            },
-        })  # fmt: skip
-    return [pool, *deployments]
+    polite = realnode.pool_deployment(cluster, "polite", namespace=NAMESPACE, pool=POOL, replicas=2, grace_seconds=30)
+    stubborn = realnode.pool_deployment(
+        cluster, "stubborn", namespace=NAMESPACE, pool=POOL, replicas=1, grace_seconds=5,
+        command=["sh", "-c", "trap '' TERM; while :; do sleep 1; done"],
+    )  # fmt: skip
+    return [pool, polite, stubborn]
 
 
 def terminal_time(registration: dict[str, Any]) -> float | None:

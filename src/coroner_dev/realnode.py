@@ -458,3 +458,41 @@ def worker_rbac(namespace: str, *, service_account: str = "coroner-worker") -> l
 def apply_objects(cluster: Cluster, objects: list[dict[str, Any]]) -> None:
     """`kubectl apply` of OBJECTS (as one List)."""
     kubectl(cluster, "apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
+
+
+def pool_deployment(
+    cluster: Cluster,
+    name: str,
+    *,
+    namespace: str,
+    pool: str,
+    replicas: int,
+    command: list[str] | None = None,
+    grace_seconds: int | None = None,
+) -> dict[str, Any]:
+    """A Deployment of `coroner run` workers (`worker_pod`) that only a node of Karpenter's NodePool
+    POOL can run, each asking for a little CPU and memory so the pool sizes nodes for them."""
+    pod = worker_pod(
+        name,
+        namespace=namespace,
+        node="",
+        cluster=cluster,
+        command=command or ["sleep", "3600"],
+        restart_policy="Always",
+    )
+    spec = pod["spec"]
+    del spec["nodeName"]
+    spec["nodeSelector"] = {"karpenter.sh/nodepool": pool}
+    if grace_seconds is not None:
+        spec["terminationGracePeriodSeconds"] = grace_seconds
+    spec["containers"][0]["resources"] = {"requests": {"cpu": "50m", "memory": "64Mi"}}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": spec},
+        },
+    }

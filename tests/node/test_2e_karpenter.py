@@ -99,27 +99,6 @@ def karpenter_cluster(node_cluster: Cluster) -> Iterator[Cluster]:
         realnode.install(node_cluster)
 
 
-def worker_deployment(cluster: Cluster, name: str, *, namespace: str, pool: str, replicas: int) -> dict[str, Any]:
-    """`coroner run` workers that only a node of POOL can run."""
-    pod = realnode.worker_pod(
-        name, namespace=namespace, node="", cluster=cluster, command=["sleep", "3600"], restart_policy="Always"
-    )
-    spec = pod["spec"]
-    del spec["nodeName"]
-    spec["nodeSelector"] = {"karpenter.sh/nodepool": pool}
-    spec["containers"][0]["resources"] = {"requests": {"cpu": "50m", "memory": "64Mi"}}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {"metadata": {"labels": {"app": name}}, "spec": spec},
-        },
-    }
-
-
 def claims_of(cluster: Cluster, pool: str) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = get_json(cluster, "nodeclaims", "-l", f"karpenter.sh/nodepool={pool}")["items"]
     return items
@@ -153,7 +132,7 @@ def test_pending_workers_make_karpenter_provision_a_node_where_the_agent_lands_a
     cluster, pool = karpenter_cluster, f"up-{uuid.uuid4().hex[:6]}"
     realnode.apply_objects(cluster, [karpenter.node_pool(pool)])
     realnode.apply_objects(
-        cluster, [worker_deployment(cluster, "scaled", namespace=worker_namespace, pool=pool, replicas=2)]
+        cluster, [realnode.pool_deployment(cluster, "scaled", namespace=worker_namespace, pool=pool, replicas=2)]
     )
 
     claim = wait_for(lambda: (c := claims_of(cluster, pool)) and c[0], timeout=120, what=f"a NodeClaim of {pool}")
@@ -263,8 +242,8 @@ def test_a_deleted_nodeclaim_is_drained_by_karpenter_one_eviction_at_a_time_and_
     them (the NodePool allows two at a time)."""
     cluster, pool, ns = karpenter_cluster, f"dis-{uuid.uuid4().hex[:6]}", worker_namespace
     realnode.apply_objects(cluster, [karpenter.node_pool(pool, cpu_limit="4")])
-    polite = worker_deployment(cluster, "polite", namespace=ns, pool=pool, replicas=2)
-    stubborn = worker_deployment(cluster, "stubborn", namespace=ns, pool=pool, replicas=1)
+    polite = realnode.pool_deployment(cluster, "polite", namespace=ns, pool=pool, replicas=2)
+    stubborn = realnode.pool_deployment(cluster, "stubborn", namespace=ns, pool=pool, replicas=1)
     container = stubborn["spec"]["template"]["spec"]["containers"][0]
     # The worker's own process ignores SIGTERM (`coroner run` passes it on): killed at its grace period.
     container["command"] = [*container["command"][:-2], "sh", "-c", "trap '' TERM; while :; do sleep 1; done"]
@@ -533,7 +512,7 @@ def test_consolidation_churn_provisions_and_consolidates_nodes_and_retires_no_li
         "consolidateAfter": "0s",
         "budgets": [{"nodes": "100%"}],
     }
-    workers = worker_deployment(cluster, "churned", namespace=ns, pool=pool, replicas=0)
+    workers = realnode.pool_deployment(cluster, "churned", namespace=ns, pool=pool, replicas=0)
     workers["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "800m"
     realnode.apply_objects(cluster, [churn_pool, workers])
     watch, started = Churn(cluster, ns, pool), time.time()
