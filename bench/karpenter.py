@@ -234,9 +234,8 @@ def main() -> int:
     result["load"] = load.summary()
     result["load"]["note"] = c.SHARED_MACHINE_NOTE
     result["wall_seconds"] = round(time.time() - started_wall, 1)
-    path = c.write_result(args.name, result)
     print(json.dumps(result, indent=2))
-    c.log(f"wrote {path}")
+    c.write_result(args.name, result)  # says where it wrote
     return 0
 
 
